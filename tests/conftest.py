@@ -1,0 +1,141 @@
+"""Shared fixtures: one real PostgreSQL per test session, roles as in production.
+
+The suite migrates one database as the non-superuser owner, then every test that uses
+``db`` starts from empty queue tables. Tests connect as the role whose behaviour they
+check: ``worker`` (member of service_role), ``reader`` (member of authenticated) or
+``owner``; ``admin`` (superuser) is only for arranging what no production role may do,
+such as moving a lease into the past.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from leaseq.db import connect
+from leaseq.migrate import migrate
+from tests.support import postgres
+from tests.support.postgres import Cluster, Conn
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--soak", action="store_true", help="run the long soak tests")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--soak"):
+        return
+    skip = pytest.mark.skip(reason="soak test: run with --soak")
+    for item in items:
+        if "soak" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _no_leaseq_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Settings come from arguments in tests, never from the developer's shell."""
+    for key in list(os.environ):
+        if key.startswith("LEASEQ_") and not key.startswith("LEASEQ_TEST_"):
+            monkeypatch.delenv(key)
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    with postgres.start_cluster() as found:
+        postgres.create_login_roles(found)
+        yield found
+
+
+@dataclass(frozen=True)
+class Database:
+    """A migrated database and the DSNs of the roles that use it."""
+
+    cluster: Cluster
+    name: str
+
+    def dsn(self, role: str | None) -> str:
+        return self.cluster.dsn(user=role, dbname=self.name)
+
+    @property
+    def owner_dsn(self) -> str:
+        return self.dsn(postgres.OWNER)
+
+    @property
+    def worker_dsn(self) -> str:
+        return self.dsn(postgres.WORKER)
+
+    @property
+    def reader_dsn(self) -> str:
+        return self.dsn(postgres.READER)
+
+    @property
+    def admin_dsn(self) -> str:
+        return self.dsn(None)
+
+    def connect(self, role: str | None) -> Conn:
+        return self.cluster.connect(user=role, dbname=self.name)
+
+
+@pytest.fixture(scope="session")
+def migrated_database(cluster: Cluster) -> Iterator[Database]:
+    name = f"leaseq_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    postgres.create_database(cluster, name)
+    database = Database(cluster, name)
+    with connect(database.owner_dsn) as conn:
+        migrate(conn)
+    postgres.grant_group_roles(cluster)
+    yield database
+    postgres.drop_database(cluster, name)
+
+
+@pytest.fixture
+def db(migrated_database: Database) -> Database:
+    """The migrated database with empty queue tables."""
+    with migrated_database.connect(postgres.OWNER) as conn:
+        conn.execute("truncate app.jobs, app.job_events, app.tenant_readers")
+    return migrated_database
+
+
+@pytest.fixture
+def fresh_database(cluster: Cluster) -> Iterator[Callable[[], Database]]:
+    """Factory for empty databases owned by the owner role (for migration tests)."""
+    made: list[str] = []
+
+    def make() -> Database:
+        name = f"leaseq_fresh_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+        postgres.create_database(cluster, name)
+        made.append(name)
+        return Database(cluster, name)
+
+    yield make
+    for name in made:
+        postgres.drop_database(cluster, name)
+
+
+@pytest.fixture
+def owner(db: Database) -> Iterator[Conn]:
+    with db.connect(postgres.OWNER) as conn:
+        yield conn
+
+
+@pytest.fixture
+def worker(db: Database) -> Iterator[Conn]:
+    with db.connect(postgres.WORKER) as conn:
+        yield conn
+
+
+@pytest.fixture
+def reader(db: Database) -> Iterator[Conn]:
+    with db.connect(postgres.READER) as conn:
+        yield conn
+
+
+@pytest.fixture
+def admin(db: Database) -> Iterator[Conn]:
+    with db.connect(None) as conn:
+        yield conn

