@@ -1,0 +1,70 @@
+"""leaseq: a durable, multi-tenant job queue in PostgreSQL, drained by AWS Lambda."""
+
+from leaseq.client import QueueClient, enqueue_job, enqueue_jobs
+from leaseq.db import connect
+from leaseq.deadline import Deadline, MonotonicDeadline, lease_for
+from leaseq.errors import (
+    ConfigurationError,
+    DatabaseError,
+    DatabaseUnavailableError,
+    IdempotencyConflictError,
+    InvalidRequestError,
+    JobNotFoundError,
+    LeaseLostError,
+    LeaseqError,
+    PermissionDeniedError,
+    SchemaVersionError,
+)
+from leaseq.job_context import JobContext
+from leaseq.jobs import ClaimedJob, EnqueueRequest, EnqueueResult, JobOutcome, JobState
+from leaseq.migrate import MigrationReport, migrate
+from leaseq.reaper import ReapReport, reap_once
+from leaseq.registry import Registration, Registry
+from leaseq.retry import RetryPolicy
+from leaseq.settings import DatabaseSettings, LeaseqSettings, ReaperSettings, WorkerSettings
+from leaseq.signals import DiscardJob, JobTimeout, RetryJob
+from leaseq.worker import DrainReport, JobRecord, Worker, WorkerConfig
+
+__all__ = [
+    "ClaimedJob",
+    "ConfigurationError",
+    "DatabaseError",
+    "DatabaseSettings",
+    "DatabaseUnavailableError",
+    "Deadline",
+    "DiscardJob",
+    "DrainReport",
+    "EnqueueRequest",
+    "EnqueueResult",
+    "IdempotencyConflictError",
+    "InvalidRequestError",
+    "JobContext",
+    "JobNotFoundError",
+    "JobOutcome",
+    "JobRecord",
+    "JobState",
+    "JobTimeout",
+    "LeaseLostError",
+    "LeaseqError",
+    "LeaseqSettings",
+    "MigrationReport",
+    "MonotonicDeadline",
+    "PermissionDeniedError",
+    "QueueClient",
+    "ReapReport",
+    "ReaperSettings",
+    "Registration",
+    "Registry",
+    "RetryJob",
+    "RetryPolicy",
+    "SchemaVersionError",
+    "Worker",
+    "WorkerConfig",
+    "WorkerSettings",
+    "connect",
+    "enqueue_job",
+    "enqueue_jobs",
+    "lease_for",
+    "migrate",
+    "reap_once",
+]

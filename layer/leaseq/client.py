@@ -1,0 +1,220 @@
+"""QueueClient: one method per SQL function, over one reusable connection.
+
+The client owns a single connection (no pool: a Lambda execution environment runs one
+invocation at a time) and re-validates it before use, because a connection frozen
+with its execution environment may be dead when the environment thaws. Every call
+is safe to repeat once after a reconnect: enqueue is idempotent, finishes and renewals
+are fenced by the lease token, and a repeated claim at worst leaves a lease to expire.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import timedelta
+from typing import Any, LiteralString, TypeVar
+from uuid import UUID
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from leaseq import queries
+from leaseq.db import Connection, translate_errors
+from leaseq.errors import DatabaseUnavailableError, IdempotencyConflictError
+from leaseq.jobs import ClaimedJob, EnqueueRequest, EnqueueResult, JobOutcome, JobState
+
+T = TypeVar("T")
+
+#: Reconnect proactively after this long without use: idle connections of frozen
+#: Lambda environments are purged by the network long before a server would notice.
+DEFAULT_MAX_IDLE_SECONDS = 240.0
+
+
+def _rows(conn: psycopg.Connection[Any], query: LiteralString,
+          params: Mapping[str, Any]) -> list[dict[str, Any]]:
+    with translate_errors(), conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(query, params)
+        return cur.fetchall()
+
+
+def enqueue_jobs(conn: psycopg.Connection[Any],
+                 requests: Sequence[EnqueueRequest]) -> list[EnqueueResult]:
+    """Enqueue many jobs in one round trip on the caller's connection.
+
+    Runs inside the caller's open transaction when there is one, so the jobs exist if
+    and only if the caller's work commits. Conflicts are reported per item, not raised.
+    """
+    if not requests:
+        return []
+    params = {
+        "tenant_ids": [r.tenant_id for r in requests],
+        "operation_keys": [r.operation_key for r in requests],
+        "kinds": [r.kind for r in requests],
+        "payloads": [Jsonb(r.payload) for r in requests],
+        "available_ats": [r.available_at for r in requests],
+        "max_attempts": [r.max_attempts for r in requests],
+        "correlation_ids": [r.correlation_id for r in requests],
+    }
+    rows = _rows(conn, queries.ENQUEUE_JOBS, params)
+    return [
+        EnqueueResult(
+            index=int(row["ord"]) - 1,
+            job_id=row["job_id"],
+            status=row["status"],
+            state=JobState(row["state"]),
+        )
+        for row in rows
+    ]
+
+
+def enqueue_job(conn: psycopg.Connection[Any], request: EnqueueRequest) -> EnqueueResult:
+    """Enqueue one job on the caller's connection; a conflicting repeat raises."""
+    (result,) = enqueue_jobs(conn, [request])
+    if result.status == "conflict":
+        raise IdempotencyConflictError(
+            f"operation_key {request.operation_key!r} of tenant {request.tenant_id} already "
+            f"names job {result.job_id} with a different kind or payload; use a new "
+            "operation_key for a different job, or repeat the original kind and payload",
+            sqlstate="23505",
+        )
+    return result
+
+
+class QueueClient:
+    """The queue's SQL contract as methods, named after the functions they call."""
+
+    def __init__(
+        self,
+        connect: Callable[[], Connection],
+        *,
+        max_idle_seconds: float = DEFAULT_MAX_IDLE_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._connect = connect
+        self._max_idle = max_idle_seconds
+        self._clock = clock
+        self._conn: Connection | None = None
+        self._last_used = 0.0
+        self.reconnects = 0
+
+    # Connection lifecycle -------------------------------------------------------
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _fresh_connection(self) -> Connection:
+        self.close()
+        self._conn = self._connect()
+        self.reconnects += 1
+        return self._conn
+
+    def check(self) -> None:
+        """Make sure the connection is usable; reconnect once if it went stale.
+
+        Called at the start of each invocation. A connection that was idle longer
+        than ``max_idle_seconds`` is pinged first; a failed ping means a new one.
+        """
+        conn = self._conn
+        if conn is None or conn.closed or conn.broken:
+            self._fresh_connection()
+        elif self._clock() - self._last_used > self._max_idle:
+            try:
+                _rows(conn, queries.PING, {})
+            except DatabaseUnavailableError:
+                self._fresh_connection()
+        self._last_used = self._clock()
+
+    @property
+    def connection(self) -> Connection:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            return self._fresh_connection()
+        return self._conn
+
+    def _call(self, operation: Callable[[Connection], T]) -> T:
+        try:
+            result = operation(self.connection)
+        except DatabaseUnavailableError:
+            result = operation(self._fresh_connection())
+        self._last_used = self._clock()
+        return result
+
+    def _query(self, query: LiteralString, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+        return self._call(lambda conn: _rows(conn, query, params))
+
+    # Enqueue ------------------------------------------------------------------------
+
+    def enqueue_jobs(self, requests: Sequence[EnqueueRequest]) -> list[EnqueueResult]:
+        return self._call(lambda conn: enqueue_jobs(conn, requests))
+
+    def enqueue_job(self, request: EnqueueRequest) -> EnqueueResult:
+        return self._call(lambda conn: enqueue_job(conn, request))
+
+    # Claim and lease ----------------------------------------------------------------
+
+    def claim_ready_jobs(self, owner: str, limit: int, lease: timedelta) -> list[ClaimedJob]:
+        rows = self._query(
+            queries.CLAIM_READY_JOBS, {"owner": owner, "limit": limit, "lease": lease}
+        )
+        return [ClaimedJob.from_row(row) for row in rows]
+
+    def claim_jobs(self, tenant_id: UUID, owner: str, limit: int,
+                   lease: timedelta) -> list[ClaimedJob]:
+        rows = self._query(
+            queries.CLAIM_JOBS,
+            {"tenant_id": tenant_id, "owner": owner, "limit": limit, "lease": lease},
+        )
+        return [ClaimedJob.from_row(row) for row in rows]
+
+    def ready_tenants(self, limit: int = 100) -> list[dict[str, Any]]:
+        return self._query(queries.READY_TENANTS, {"limit": limit})
+
+    def renew_job_lease(self, job: ClaimedJob, lease: timedelta) -> bool:
+        rows = self._query(
+            queries.RENEW_JOB_LEASE,
+            {"tenant_id": job.tenant_id, "job_id": job.id, "owner": job.lease_owner,
+             "token": job.lease_token, "lease": lease},
+        )
+        return bool(rows[0]["renewed"])
+
+    # Finish -------------------------------------------------------------------------
+
+    def finish_jobs(self, owner: str, outcomes: Sequence[JobOutcome]) -> dict[UUID, JobState]:
+        """Record outcomes in one statement; jobs whose lease was lost are absent."""
+        if not outcomes:
+            return {}
+        params = {
+            "owner": owner,
+            "tenant_ids": [o.job.tenant_id for o in outcomes],
+            "job_ids": [o.job.id for o in outcomes],
+            "tokens": [o.job.lease_token for o in outcomes],
+            "outcomes": [o.outcome for o in outcomes],
+            "details": [Jsonb(o.detail) for o in outcomes],
+            "retry_delays": [o.retry_delay for o in outcomes],
+        }
+        rows = self._query(queries.FINISH_JOBS, params)
+        return {row["job_id"]: JobState(row["state"]) for row in rows}
+
+    def release_jobs(self, owner: str, jobs: Iterable[ClaimedJob]) -> set[UUID]:
+        """Give back claimed jobs that were never started (the attempt is not counted)."""
+        jobs = list(jobs)
+        if not jobs:
+            return set()
+        rows = self._query(
+            queries.RELEASE_JOBS,
+            {"owner": owner, "tenant_ids": [j.tenant_id for j in jobs],
+             "job_ids": [j.id for j in jobs], "tokens": [j.lease_token for j in jobs]},
+        )
+        return {row["job_id"] for row in rows}
+
+    # Reaper -------------------------------------------------------------------------
+
+    def release_expired_jobs(self, tenant_id: UUID, limit: int = 100) -> int:
+        rows = self._query(queries.RELEASE_EXPIRED_JOBS, {"tenant_id": tenant_id, "limit": limit})
+        return int(rows[0]["released"])
+
+    def release_all_expired_jobs(self, limit: int = 1000) -> int:
+        rows = self._query(queries.RELEASE_ALL_EXPIRED_JOBS, {"limit": limit})
+        return int(rows[0]["released"])

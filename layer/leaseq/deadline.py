@@ -1,0 +1,55 @@
+"""Time budgets. The library never reads a clock of its own accord: it asks a
+``Deadline`` how long it has, so a Lambda context, a wall clock or a test's manual
+clock can drive the same code, and tests never sleep.
+
+The lease timeline of one invocation::
+
+    start ─────────────── claim ─── run jobs ───────────── margin ─┤ hard deadline
+                          lease = remaining - margin ──────────────┤
+    Every outcome is recorded before its lease expires, because a job is only
+    started while the time left covers its budget plus the margin.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Protocol
+
+#: The SQL contract's lease bounds (sql/0003).
+MIN_LEASE = timedelta(seconds=1)
+MAX_LEASE = timedelta(days=1)
+
+
+class Deadline(Protocol):
+    def remaining(self) -> float:
+        """Seconds left, never negative."""
+        ...
+
+
+class MonotonicDeadline:
+    """A deadline ``seconds`` from now on a monotonic clock."""
+
+    def __init__(self, seconds: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._end = clock() + seconds
+
+    def remaining(self) -> float:
+        return max(0.0, self._end - self._clock())
+
+
+def lease_for(remaining: float, *, margin: float, cap: float | None = None) -> timedelta | None:
+    """The lease to take with ``remaining`` seconds left, or None if too little is left.
+
+    The lease ends ``margin`` seconds before the deadline, so the worker can still
+    record outcomes after its last job; ``cap`` shortens it so that a crashed
+    invocation's jobs come back sooner (long handlers then renew).
+    """
+    seconds = remaining - margin
+    if cap is not None:
+        seconds = min(seconds, cap)
+    lease = timedelta(seconds=seconds)
+    if lease < MIN_LEASE:
+        return None
+    return min(lease, MAX_LEASE)

@@ -1,0 +1,67 @@
+"""Stop a handler whose time budget is spent.
+
+In the main thread (a Lambda handler, the CLI) a real-time interval timer raises
+``JobTimeout`` inside the handler, which interrupts pure Python code and blocking
+system calls alike. Elsewhere the handler runs in a daemon thread that is abandoned
+at the deadline: the job is still failed as retryable on time, but the abandoned
+code may finish later, which at-least-once execution already allows.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import Any, TypeVar
+
+from leaseq.signals import JobTimeout
+
+T = TypeVar("T")
+
+
+def _raise_timeout(signum: int, frame: FrameType | None) -> None:
+    raise JobTimeout("the job's time budget is spent")
+
+
+def _can_use_alarm() -> bool:
+    return (
+        hasattr(signal, "setitimer")
+        and threading.current_thread() is threading.main_thread()
+        and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    )
+
+
+def call_with_timeout(func: Callable[[], T], seconds: float) -> T:
+    """Run ``func``; raise :class:`JobTimeout` if it runs longer than ``seconds``."""
+    if seconds <= 0:
+        raise JobTimeout("no time budget left for the job")
+    if _can_use_alarm():
+        previous = signal.signal(signal.SIGALRM, _raise_timeout)
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        try:
+            return func()
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+    return _call_in_thread(func, seconds)
+
+
+def _call_in_thread(func: Callable[[], T], seconds: float) -> T:
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = func()
+        except BaseException as exc:  # handed back to the caller's thread below
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target, name="leaseq-job", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise JobTimeout("the job's time budget is spent (handler thread abandoned)")
+    if "error" in outcome:
+        raise outcome["error"]
+    value: T = outcome["value"]
+    return value

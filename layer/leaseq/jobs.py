@@ -1,0 +1,121 @@
+"""Value types that cross the library's boundary: requests in, jobs and results out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any, Literal
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class JobState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    RETRY_WAIT = "retry_wait"
+    SUCCEEDED = "succeeded"
+    DEAD = "dead"
+    CANCELLED = "cancelled"
+
+
+class EnqueueRequest(BaseModel):
+    """One job to enqueue. The bounds mirror the SQL contract, so bad input is refused
+    before it reaches the database, with pydantic's field-by-field explanation."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tenant_id: UUID
+    operation_key: str = Field(min_length=1, max_length=255)
+    kind: str = Field(min_length=1, max_length=128)
+    payload: dict[str, Any] = Field(default_factory=dict)
+    available_at: datetime | None = None
+    max_attempts: int | None = Field(default=None, ge=1, le=20)
+    correlation_id: str | None = Field(default=None, min_length=1, max_length=200)
+
+    @field_validator("operation_key", "kind")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be blank")
+        return value
+
+    @field_validator("available_at")
+    @classmethod
+    def _aware(cls, value: datetime | None) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("must include a time zone (for example 2026-01-01T00:00:00Z)")
+        return value
+
+
+EnqueueStatus = Literal["created", "existing", "conflict"]
+
+
+@dataclass(frozen=True)
+class EnqueueResult:
+    """What happened to one request: a new job, the job the key already named, or a
+    conflict (the key names a job with another kind or payload; nothing was written)."""
+
+    index: int
+    job_id: UUID
+    status: EnqueueStatus
+    state: JobState
+
+    @property
+    def created(self) -> bool:
+        return self.status == "created"
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    """A job this worker holds a lease on; ``lease_token`` fences every later write."""
+
+    id: UUID
+    tenant_id: UUID
+    operation_key: str
+    kind: str
+    payload: dict[str, Any]
+    attempts: int
+    max_attempts: int
+    available_at: datetime
+    created_at: datetime
+    lease_owner: str
+    lease_token: UUID
+    lease_expires_at: datetime
+    correlation_id: str | None = None
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> ClaimedJob:
+        return cls(
+            id=row["id"],
+            tenant_id=row["tenant_id"],
+            operation_key=row["operation_key"],
+            kind=row["kind"],
+            payload=row["payload"],
+            attempts=row["attempts"],
+            max_attempts=row["max_attempts"],
+            available_at=row["available_at"],
+            created_at=row["created_at"],
+            lease_owner=row["lease_owner"],
+            lease_token=row["lease_token"],
+            lease_expires_at=row["lease_expires_at"],
+            correlation_id=row.get("correlation_id"),
+        )
+
+    @property
+    def is_last_attempt(self) -> bool:
+        return self.attempts >= self.max_attempts
+
+
+OutcomeKind = Literal["succeeded", "retry", "dead"]
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """The result of running one job, waiting to be recorded under its lease."""
+
+    job: ClaimedJob
+    outcome: OutcomeKind
+    detail: Any = None
+    retry_delay: timedelta | None = None

@@ -1,0 +1,98 @@
+"""Settings, validated once at the edge and passed in explicitly.
+
+``LeaseqSettings.from_env()`` is the only place the library reads the environment;
+every variable is declared once, as an alias on the field it fills.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+
+from leaseq.errors import ConfigurationError
+
+
+class DatabaseSettings(BaseModel):
+    """Where the database is and how to log in: a DSN, a Secrets Manager secret, or
+    host + user with an RDS IAM token (for RDS Proxy)."""
+
+    model_config = ConfigDict(frozen=True, populate_by_name=True)
+
+    url: SecretStr | None = Field(default=None, alias="DATABASE_URL")
+    host: str | None = Field(default=None, alias="LEASEQ_DB_HOST")
+    port: int = Field(default=5432, ge=1, le=65535, alias="LEASEQ_DB_PORT")
+    name: str | None = Field(default=None, alias="LEASEQ_DB_NAME")
+    user: str | None = Field(default=None, alias="LEASEQ_DB_USER")
+    iam_auth: bool = Field(default=False, alias="LEASEQ_DB_IAM_AUTH")
+    sslmode: str = Field(default="require", alias="LEASEQ_DB_SSLMODE")
+    secret_arn: str | None = Field(default=None, alias="LEASEQ_DATABASE_SECRET_ARN")
+    secret_max_age_seconds: int = Field(default=300, ge=0, le=86_400,
+                                        alias="LEASEQ_SECRET_MAX_AGE_SECONDS")
+    max_idle_seconds: float = Field(default=240.0, gt=0, alias="LEASEQ_DB_MAX_IDLE_SECONDS")
+
+    @model_validator(mode="after")
+    def _one_way_in(self) -> DatabaseSettings:
+        if self.url is None and self.secret_arn is None and not (self.host and self.iam_auth):
+            raise ValueError(
+                "no database configured: set DATABASE_URL, or LEASEQ_DATABASE_SECRET_ARN, "
+                "or LEASEQ_DB_HOST + LEASEQ_DB_USER + LEASEQ_DB_NAME with LEASEQ_DB_IAM_AUTH=true")
+        if self.iam_auth and not (self.host and self.user and self.name):
+            raise ValueError(
+                "LEASEQ_DB_IAM_AUTH=true needs LEASEQ_DB_HOST, LEASEQ_DB_USER and LEASEQ_DB_NAME")
+        return self
+
+
+class WorkerSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, populate_by_name=True)
+
+    batch_size: int = Field(default=10, ge=1, le=100, alias="LEASEQ_BATCH_SIZE")
+    lease_margin_seconds: float = Field(default=5.0, ge=0.5, le=600,
+                                        alias="LEASEQ_LEASE_MARGIN_SECONDS")
+    job_timeout_seconds: float = Field(default=30.0, gt=0, le=86_400,
+                                       alias="LEASEQ_JOB_TIMEOUT_SECONDS")
+    max_lease_seconds: float | None = Field(default=None, ge=1, le=86_400,
+                                            alias="LEASEQ_MAX_LEASE_SECONDS")
+    worker_id: str | None = Field(default=None, min_length=1, max_length=120,
+                                  alias="LEASEQ_WORKER_ID")
+    handlers_module: str | None = Field(default=None, alias="LEASEQ_HANDLERS")
+    retry_base_seconds: float = Field(default=5.0, ge=0, le=86_400,
+                                      alias="LEASEQ_RETRY_BASE_SECONDS")
+    retry_max_seconds: float = Field(default=3600.0, ge=0, le=2_592_000,
+                                     alias="LEASEQ_RETRY_MAX_SECONDS")
+
+
+class ReaperSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, populate_by_name=True)
+
+    limit: int = Field(default=1000, ge=1, le=10_000, alias="LEASEQ_REAPER_LIMIT")
+
+
+class LeaseqSettings(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    database: DatabaseSettings
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    reaper: ReaperSettings = Field(default_factory=ReaperSettings)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> LeaseqSettings:
+        env: Mapping[str, Any] = os.environ if environ is None else environ
+        try:
+            return cls(
+                database=DatabaseSettings.model_validate(_known(env, DatabaseSettings)),
+                worker=WorkerSettings.model_validate(_known(env, WorkerSettings)),
+                reaper=ReaperSettings.model_validate(_known(env, ReaperSettings)),
+            )
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or 'settings'}: {err['msg']}"
+                for err in exc.errors())
+            raise ConfigurationError(f"invalid leaseq settings: {problems}") from exc
+
+
+def _known(env: Mapping[str, Any], model: type[BaseModel]) -> dict[str, Any]:
+    aliases = {f.alias for f in model.model_fields.values() if f.alias}
+    return {key: value for key, value in env.items() if key in aliases and value != ""}

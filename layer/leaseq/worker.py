@@ -1,0 +1,300 @@
+"""drain(): claim a batch, run it, record it, until the queue is empty or time is short.
+
+One pass per call (the scheduler is the loop). Each batch costs two statements: one
+fair claim across tenants and one finish that records every outcome with its audit
+rows. Outcomes are fenced by lease token, so a worker that lost its lease cannot
+overwrite what another worker did; that case is counted, logged and survived.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+from pydantic import BaseModel, ValidationError
+
+from leaseq.client import QueueClient
+from leaseq.deadline import Deadline, lease_for
+from leaseq.interrupt import call_with_timeout
+from leaseq.job_context import JobContext
+from leaseq.jobs import ClaimedJob, JobOutcome, JobState
+from leaseq.registry import Registration, Registry
+from leaseq.retry import RetryPolicy
+from leaseq.signals import DiscardJob, JobTimeout, RetryJob
+
+logger = logging.getLogger("leaseq.worker")
+
+#: Seconds kept free after a job's budget to record its outcome before the lease ends.
+FINISH_RESERVE = 1.0
+#: The SQL contract's result size bound (sql/0003).
+MAX_RESULT_BYTES = 262_144
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    owner: str
+    batch_size: int = 10
+    lease_margin: float = 5.0
+    job_timeout: float = 30.0
+    max_lease: float | None = None
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.batch_size <= 100:
+            raise ValueError("batch_size must be between 1 and 100")
+        if self.lease_margin < 0 or self.job_timeout <= 0:
+            raise ValueError("lease_margin must be >= 0 and job_timeout > 0")
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """One job's run, as reported to observers (logs, metrics)."""
+
+    job: ClaimedJob
+    outcome: Literal["succeeded", "retry", "dead", "released"]
+    state: JobState | None
+    duration: float
+    queue_lag: float
+    error: dict[str, Any] | None = None
+
+    @property
+    def lease_lost(self) -> bool:
+        return self.state is None
+
+
+@dataclass
+class DrainReport:
+    claimed: int = 0
+    succeeded: int = 0
+    retried: int = 0
+    dead: int = 0
+    lost_leases: int = 0
+    released: int = 0
+    batches: int = 0
+    time_left: float = 0.0
+    stopped: Literal["queue_empty", "deadline", "not_started"] = "not_started"
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _error(code: str, message: str, **extra: Any) -> dict[str, Any]:
+    return {"code": code, "message": message, **extra}
+
+
+def _json_result(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    return value
+
+
+class Worker:
+    def __init__(
+        self,
+        client: QueueClient,
+        registry: Registry,
+        config: WorkerConfig,
+        *,
+        on_job: Callable[[JobRecord], None] | None = None,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+        rand: Callable[[], float] = random.random,
+        timer: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.client = client
+        self.registry = registry
+        self.config = config
+        self._on_job = on_job
+        self._now = now
+        self._rand = rand
+        self._timer = timer
+
+    # The pass -------------------------------------------------------------------------
+
+    def drain(self, deadline: Deadline) -> DrainReport:
+        report = DrainReport()
+        cfg = self.config
+        while True:
+            remaining = deadline.remaining()
+            if remaining < cfg.job_timeout + cfg.lease_margin + FINISH_RESERVE:
+                report.stopped = "deadline"
+                break
+            lease = lease_for(remaining, margin=cfg.lease_margin, cap=cfg.max_lease)
+            if lease is None:
+                report.stopped = "deadline"
+                break
+            lease_ends_at = remaining - lease.total_seconds()
+            jobs = self.client.claim_ready_jobs(cfg.owner, cfg.batch_size, lease)
+            if not jobs:
+                report.stopped = "queue_empty"
+                break
+            report.batches += 1
+            report.claimed += len(jobs)
+            self._run_batch(jobs, deadline, lease_ends_at, report)
+        report.time_left = deadline.remaining()
+        return report
+
+    def _run_batch(self, jobs: list[ClaimedJob], deadline: Deadline, lease_ends_at: float,
+                   report: DrainReport) -> None:
+        """Run a claimed batch; record outcomes in as few statements as the leases allow.
+
+        Times are in "remaining seconds" units, which shrink as time passes: a lease
+        that ends at 12.0 ends when the deadline has 12 s left. Without a lease cap all
+        leases end at the margin, so the whole batch is recorded by one statement;
+        with a cap, outcomes are recorded early when a lease would end first.
+        """
+        pending: list[tuple[JobOutcome, float, float]] = []
+        lease_end = dict.fromkeys((job.id for job in jobs), lease_ends_at)
+        unstarted: list[ClaimedJob] = []
+        for position, job in enumerate(jobs):
+            registration = self.registry.get(job.kind)
+            budget = self._budget(registration)
+            now = deadline.remaining()
+            if now - self.config.lease_margin - FINISH_RESERVE < budget:
+                unstarted = jobs[position:]
+                break
+            recorded_by = now - budget - FINISH_RESERVE
+            if pending and max(lease_end[o.job.id] for o, _, _ in pending) > recorded_by:
+                self._record(pending, report)
+                pending = []
+            if lease_end[job.id] > recorded_by:
+                renewed = self._renew(job, deadline)
+                if renewed is None:
+                    report.lost_leases += 1
+                    self._observe(JobRecord(job, "retry", None, 0.0, 0.0))
+                    continue
+                lease_end[job.id] = renewed
+            lag = max(0.0, (self._now() - job.available_at).total_seconds())
+            started = self._timer()
+            outcome = self._run_one(job, registration, budget, deadline)
+            pending.append((outcome, self._timer() - started, lag))
+        self._record(pending, report)
+        if unstarted:
+            given_back = self.client.release_jobs(self.config.owner, unstarted)
+            report.released += len(given_back)
+            report.lost_leases += len(unstarted) - len(given_back)
+            for job in unstarted:
+                self._observe(JobRecord(job, "released",
+                                        JobState.PENDING if job.id in given_back else None,
+                                        0.0, 0.0))
+
+    def _budget(self, registration: Registration | None) -> float:
+        if registration is not None and registration.timeout is not None:
+            return registration.timeout
+        return self.config.job_timeout
+
+    def _policy(self, registration: Registration | None) -> RetryPolicy:
+        if registration is not None and registration.retry is not None:
+            return registration.retry
+        return self.config.retry
+
+    # One job ----------------------------------------------------------------------------
+
+    def _run_one(self, job: ClaimedJob, registration: Registration | None, budget: float,
+                 deadline: Deadline) -> JobOutcome:
+        log = {"job_id": str(job.id), "tenant_id": str(job.tenant_id), "kind": job.kind,
+               "attempt": job.attempts, "correlation_id": job.correlation_id}
+        if registration is None:
+            logger.error("no handler registered for this kind", extra=log)
+            return JobOutcome(job, "dead", _error(
+                "UNKNOWN_KIND", f"no handler is registered for kind {job.kind!r}",
+                kind=job.kind))
+        try:
+            payload: Any = job.payload
+            if registration.payload_model is not None:
+                payload = registration.payload_model.model_validate(job.payload)
+        except ValidationError as exc:
+            logger.error("payload does not match the kind's model", extra=log)
+            return JobOutcome(job, "dead", _error(
+                "INVALID_PAYLOAD", f"payload does not match {exc.title}",
+                errors=json.loads(exc.json(include_url=False, include_input=False))))
+
+        started = deadline.remaining()
+        context = JobContext(
+            job,
+            _remaining=lambda: max(0.0, budget - (started - deadline.remaining())),
+            _renew=lambda: self._renew(job, deadline) is not None,
+        )
+        policy = self._policy(registration)
+        logger.info("job started", extra=log)
+        try:
+            result = call_with_timeout(lambda: registration.handler(payload, context), budget)
+        except JobTimeout:
+            logger.warning("job overran its time budget and was interrupted", extra=log)
+            return self._retry(job, policy, None, _error(
+                "JOB_TIMEOUT", f"the handler ran longer than its budget of {budget:g} s"))
+        except RetryJob as exc:
+            logger.info("handler asked for a retry", extra=log)
+            return self._retry(job, policy, exc.delay, _error("RETRY_REQUESTED", exc.reason))
+        except DiscardJob as exc:
+            logger.warning("handler discarded the job", extra=log)
+            return JobOutcome(job, "dead", _error("DISCARDED", exc.reason))
+        except Exception as exc:
+            logger.warning("handler failed", extra={**log, "error": repr(exc)}, exc_info=True)
+            return self._retry(job, policy, None, _error(
+                "HANDLER_ERROR", str(exc) or type(exc).__name__, type=type(exc).__qualname__))
+        return self._success(job, result)
+
+    def _success(self, job: ClaimedJob, result: Any) -> JobOutcome:
+        try:
+            value = _json_result(result)
+            size = len(json.dumps(value).encode("utf-8"))
+        except (TypeError, ValueError) as exc:
+            return JobOutcome(job, "dead", _error(
+                "RESULT_NOT_JSON", f"the handler returned a value that is not JSON: {exc}"))
+        if size > MAX_RESULT_BYTES:
+            return JobOutcome(job, "dead", _error(
+                "RESULT_TOO_LARGE",
+                f"the handler's result is {size} bytes; at most {MAX_RESULT_BYTES} are stored"))
+        return JobOutcome(job, "succeeded", value)
+
+    def _retry(self, job: ClaimedJob, policy: RetryPolicy, delay: timedelta | None,
+               error: dict[str, Any]) -> JobOutcome:
+        if not policy.allows_another(job.attempts, job.max_attempts):
+            return JobOutcome(job, "dead", {**error, "final": True})
+        chosen = delay if delay is not None else policy.delay(job.attempts, rand=self._rand)
+        return JobOutcome(job, "retry", error, retry_delay=chosen)
+
+    def _renew(self, job: ClaimedJob, deadline: Deadline) -> float | None:
+        """Extend ``job``'s lease as far as allowed; the new end, or None if lost."""
+        remaining = deadline.remaining()
+        lease = lease_for(remaining, margin=self.config.lease_margin, cap=self.config.max_lease)
+        if lease is None or not self.client.renew_job_lease(job, lease):
+            return None
+        return remaining - lease.total_seconds()
+
+    # Recording --------------------------------------------------------------------------
+
+    def _record(self, outcomes: list[tuple[JobOutcome, float, float]],
+                report: DrainReport) -> None:
+        if not outcomes:
+            return
+        states = self.client.finish_jobs(self.config.owner, [o for o, _, _ in outcomes])
+        for outcome, duration, lag in outcomes:
+            state = states.get(outcome.job.id)
+            if state is None:
+                report.lost_leases += 1
+                logger.warning("lease lost before the outcome was recorded", extra={
+                    "job_id": str(outcome.job.id), "tenant_id": str(outcome.job.tenant_id),
+                    "kind": outcome.job.kind, "attempt": outcome.job.attempts})
+            elif state is JobState.SUCCEEDED:
+                report.succeeded += 1
+            elif state is JobState.DEAD:
+                report.dead += 1
+            else:
+                report.retried += 1
+            error = outcome.detail if outcome.outcome != "succeeded" else None
+            self._observe(JobRecord(outcome.job, outcome.outcome, state, duration, lag, error))
+
+    def _observe(self, record: JobRecord) -> None:
+        if self._on_job is None:
+            return
+        try:
+            self._on_job(record)
+        except Exception:
+            logger.exception("job observer failed; continuing")
