@@ -54,7 +54,10 @@ def enqueue(
 def enqueue_many(
     conn: Conn, tenant: uuid.UUID, count: int, *, prefix: str = "op"
 ) -> list[uuid.UUID]:
-    """Enqueue ``count`` jobs of one tenant in one batch call, oldest first."""
+    """Enqueue ``count`` jobs of one tenant in one batch call.
+
+    They share available_at and created_at, so claims take them in id order.
+    """
     rows = conn.execute(
         "select job_id from app.enqueue_jobs(%s, %s, %s, %s) order by ord",
         (

@@ -105,7 +105,7 @@ def test_concurrent_claimers_skip_locked_rows_instead_of_waiting(
     worker: Conn, db: Database
 ) -> None:
     tenant = new_tenant()
-    ids = enqueue_many(worker, tenant, 3)
+    ids = sorted(enqueue_many(worker, tenant, 3))  # same timestamps: id decides
     with db.connect(postgres.WORKER) as other:
         other.execute("set lock_timeout = '2s'")  # waiting would fail with 55P03
         with worker.transaction():
