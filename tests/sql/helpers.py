@@ -140,3 +140,44 @@ def raises_sqlstate(sqlstate: str, match: str | None = None) -> Iterator[None]:
     assert caught.value.sqlstate == sqlstate, (caught.value.sqlstate, str(caught.value))
     if match is not None:
         assert match in str(caught.value), str(caught.value)
+
+
+@contextmanager
+def event_insert_statements(admin: Conn, caller: Conn) -> Iterator[list[int]]:
+    """Record, per INSERT statement into app.job_events, how many rows it wrote.
+
+    A statement-level trigger with a transition table reports each statement as a
+    notice on the calling connection, so a set-based writer shows one entry holding
+    all its rows and a row-by-row loop shows one entry per row.
+    """
+    admin.execute(
+        """
+        create function public.leaseq_test_event_statements() returns trigger
+        language plpgsql as $$
+        begin
+          raise notice 'leaseq-test job_events insert: %', (select count(*) from new_rows);
+          return null;
+        end
+        $$
+        """
+    )
+    admin.execute(
+        "create trigger leaseq_test_event_statements after insert on app.job_events"
+        " referencing new table as new_rows for each statement"
+        " execute function public.leaseq_test_event_statements()"
+    )
+    seen: list[int] = []
+    prefix = "leaseq-test job_events insert: "
+
+    def on_notice(diag: psycopg.errors.Diagnostic) -> None:
+        message = diag.message_primary or ""
+        if message.startswith(prefix):
+            seen.append(int(message.removeprefix(prefix)))
+
+    caller.add_notice_handler(on_notice)
+    try:
+        yield seen
+    finally:
+        caller.remove_notice_handler(on_notice)
+        admin.execute("drop trigger leaseq_test_event_statements on app.job_events")
+        admin.execute("drop function public.leaseq_test_event_statements()")

@@ -14,6 +14,7 @@ from tests.sql.helpers import (
     claim_one,
     enqueue,
     enqueue_many,
+    event_insert_statements,
     events,
     expire_lease,
     job,
@@ -339,3 +340,19 @@ def test_renew_lease_outside_bounds_raises_22023_and_never_moves_expiry_into_the
 def test_renew_without_token_raises_22023(worker: Conn) -> None:
     with raises_sqlstate("22023", match="p_token is required"):
         _renew(worker, new_tenant(), uuid.uuid4(), WORKER_NAME, None)
+
+
+def test_claims_write_all_their_events_with_one_insert_statement(
+    worker: Conn, admin: Conn
+) -> None:
+    """Reference defect 18: claimed events were inserted one row at a time in a loop."""
+    tenants = [new_tenant() for _ in range(3)]
+    for t in tenants:
+        enqueue_many(worker, t, 4)
+
+    with event_insert_statements(admin, worker) as statements:
+        assert len(claim(worker, tenants[0], limit=4)) == 4
+        ready = worker.execute("select * from app.claim_ready_jobs('w', 8)").fetchall()
+        assert len(ready) == 8
+
+    assert statements == [4, 8]

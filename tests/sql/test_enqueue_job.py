@@ -11,6 +11,8 @@ from psycopg.types.json import Jsonb
 from tests.sql.helpers import (
     claim_one,
     enqueue,
+    enqueue_many,
+    event_insert_statements,
     event_types,
     events,
     job,
@@ -296,3 +298,11 @@ def test_batch_arrays_of_different_lengths_raise_22023(worker: Conn) -> None:
             "select * from app.enqueue_jobs(%s, %s, %s, %s)",
             ([new_tenant()], ["a", "b"], ["k"], [Jsonb({})]),
         )
+
+
+def test_batch_writes_its_created_events_with_one_insert_statement(
+    worker: Conn, admin: Conn
+) -> None:
+    with event_insert_statements(admin, worker) as statements:
+        enqueue_many(worker, new_tenant(), 5)
+    assert statements == [5]
