@@ -51,14 +51,18 @@ stable
 set search_path = ''
 as $$
 declare
-  v_raw text := current_setting('app.tenant_id', true);
+  -- Only the hex digits are cast: surrounding whitespace of any kind (not just spaces,
+  -- which is all btrim removes) would make the uuid cast raise instead of match.
+  v_hex text := (regexp_match(
+    current_setting('app.tenant_id', true),
+    '^\s*([0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12})\s*$',
+    'i'))[1];
   v_tenant uuid;
 begin
-  if v_raw is null
-     or v_raw !~* '^\s*[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}\s*$' then
+  if v_hex is null then
     return null;
   end if;
-  v_tenant := btrim(v_raw)::uuid;
+  v_tenant := v_hex::uuid;
   if exists (select 1 from app.tenant_readers r
              where r.role_name = current_user and r.tenant_id = v_tenant) then
     return v_tenant;
