@@ -15,7 +15,7 @@ from leaseq.errors import (
     PermissionDeniedError,
     SchemaVersionError,
 )
-from leaseq.job_context import JobContext
+from leaseq.job_context import JobContext, JobLogFields, current_job, job_log_fields
 from leaseq.jobs import ClaimedJob, EnqueueRequest, EnqueueResult, JobOutcome, JobState
 from leaseq.migrate import MigrationReport, migrate
 from leaseq.reaper import ReapReport, reap_once
@@ -39,6 +39,7 @@ __all__ = [
     "IdempotencyConflictError",
     "InvalidRequestError",
     "JobContext",
+    "JobLogFields",
     "JobNotFoundError",
     "JobOutcome",
     "JobRecord",
@@ -62,8 +63,10 @@ __all__ = [
     "WorkerConfig",
     "WorkerSettings",
     "connect",
+    "current_job",
     "enqueue_job",
     "enqueue_jobs",
+    "job_log_fields",
     "lease_for",
     "migrate",
     "reap_once",

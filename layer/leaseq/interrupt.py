@@ -9,6 +9,7 @@ code may finish later, which at-least-once execution already allows.
 
 from __future__ import annotations
 
+import contextvars
 import signal
 import threading
 from collections.abc import Callable
@@ -49,10 +50,11 @@ def call_with_timeout(func: Callable[[], T], seconds: float) -> T:
 
 def _call_in_thread(func: Callable[[], T], seconds: float) -> T:
     outcome: dict[str, Any] = {}
+    context = contextvars.copy_context()  # the handler keeps seeing which job it runs
 
     def target() -> None:
         try:
-            outcome["value"] = func()
+            outcome["value"] = context.run(func)
         except BaseException as exc:  # handed back to the caller's thread below
             outcome["error"] = exc
 

@@ -1,11 +1,23 @@
-"""What a running handler can see and do about its own job."""
+"""What a running handler can see and do about its own job, and which job is running.
+
+The worker marks the job it is running in a context variable, so any log line written
+while a handler runs (by leaseq, by the handler, by a library it calls) can carry the
+job's identity: :class:`JobLogFields` copies it onto log records. This stays standard
+``logging``; the Lambda adapter attaches the filter to its JSON handler.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Any
 
 from leaseq.jobs import ClaimedJob
+
+_current_job: ContextVar[ClaimedJob | None] = ContextVar("leaseq_current_job", default=None)
 
 
 @dataclass
@@ -18,6 +30,10 @@ class JobContext:
     def attempt(self) -> int:
         return self.job.attempts
 
+    @property
+    def correlation_id(self) -> str | None:
+        return self.job.correlation_id
+
     def remaining(self) -> float:
         """Seconds this handler may still run before it is interrupted."""
         return self._remaining()
@@ -29,3 +45,42 @@ class JobContext:
         a handler should then stop without side effects it cannot repeat.
         """
         return self._renew()
+
+
+def current_job() -> ClaimedJob | None:
+    """The job whose handler is running in this context, if any."""
+    return _current_job.get()
+
+
+@contextmanager
+def running(job: ClaimedJob) -> Iterator[None]:
+    token = _current_job.set(job)
+    try:
+        yield
+    finally:
+        _current_job.reset(token)
+
+
+def job_log_fields(job: ClaimedJob) -> dict[str, Any]:
+    """The fields every log line about ``job`` carries (None values are left out)."""
+    fields: dict[str, Any] = {
+        "job_id": str(job.id),
+        "tenant_id": str(job.tenant_id),
+        "kind": job.kind,
+        "attempt": job.attempts,
+    }
+    if job.correlation_id is not None:
+        fields["correlation_id"] = job.correlation_id
+    return fields
+
+
+class JobLogFields(logging.Filter):
+    """Add the running job's fields to every record that does not already carry them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        job = _current_job.get()
+        if job is not None:
+            for key, value in job_log_fields(job).items():
+                if not hasattr(record, key):
+                    setattr(record, key, value)
+        return True

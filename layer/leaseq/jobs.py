@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -9,6 +10,31 @@ from typing import Any, Literal
 from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+#: The SQL contract's payload and result size bound, in bytes of JSON text (sql/0003).
+MAX_DOCUMENT_BYTES = 262_144
+
+
+_NUL = "must not contain NUL characters (U+0000); PostgreSQL cannot store them"
+
+
+def contains_nul(value: Any) -> bool:
+    """Whether a JSON-like value holds U+0000 anywhere, which text and jsonb cannot store."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(contains_nul(k) or contains_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(contains_nul(item) for item in value)
+    return False
+
+
+def json_size(value: Any) -> int:
+    """Bytes of ``value`` as strict JSON text, the way PostgreSQL prints jsonb.
+
+    Raises ValueError or TypeError when the value is not strict JSON (NaN, sets, ...).
+    """
+    return len(json.dumps(value, allow_nan=False, ensure_ascii=False).encode("utf-8"))
 
 
 class JobState(StrEnum):
@@ -39,6 +65,26 @@ class EnqueueRequest(BaseModel):
     def _not_blank(cls, value: str) -> str:
         if not value.strip():
             raise ValueError("must not be blank")
+        return value
+
+    @field_validator("operation_key", "kind", "correlation_id")
+    @classmethod
+    def _no_nul_text(cls, value: str | None) -> str | None:
+        if value is not None and contains_nul(value):
+            raise ValueError(_NUL)
+        return value
+
+    @field_validator("payload")
+    @classmethod
+    def _storable_payload(cls, value: dict[str, Any]) -> dict[str, Any]:
+        try:
+            size = json_size(value)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"must be strict JSON (no NaN, Infinity, sets...): {exc}") from exc
+        if contains_nul(value):
+            raise ValueError(_NUL)
+        if size > MAX_DOCUMENT_BYTES:
+            raise ValueError(f"must be at most {MAX_DOCUMENT_BYTES} bytes as JSON (got {size})")
         return value
 
     @field_validator("available_at")

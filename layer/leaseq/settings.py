@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
@@ -27,7 +27,8 @@ class DatabaseSettings(BaseModel):
     name: str | None = Field(default=None, alias="LEASEQ_DB_NAME")
     user: str | None = Field(default=None, alias="LEASEQ_DB_USER")
     iam_auth: bool = Field(default=False, alias="LEASEQ_DB_IAM_AUTH")
-    sslmode: str = Field(default="require", alias="LEASEQ_DB_SSLMODE")
+    sslmode: Literal["disable", "allow", "prefer", "require", "verify-ca", "verify-full"] = Field(
+        default="require", alias="LEASEQ_DB_SSLMODE")
     secret_arn: str | None = Field(default=None, alias="LEASEQ_DATABASE_SECRET_ARN")
     secret_max_age_seconds: int = Field(default=300, ge=0, le=86_400,
                                         alias="LEASEQ_SECRET_MAX_AGE_SECONDS")
@@ -42,6 +43,10 @@ class DatabaseSettings(BaseModel):
         if self.iam_auth and not (self.host and self.user and self.name):
             raise ValueError(
                 "LEASEQ_DB_IAM_AUTH=true needs LEASEQ_DB_HOST, LEASEQ_DB_USER and LEASEQ_DB_NAME")
+        if self.iam_auth and self.sslmode in ("disable", "allow", "prefer"):
+            raise ValueError(
+                "LEASEQ_DB_IAM_AUTH=true needs TLS: set LEASEQ_DB_SSLMODE to require, verify-ca "
+                f"or verify-full (got {self.sslmode})")
         return self
 
 

@@ -16,16 +16,25 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
+from uuid import UUID
 
 from pydantic import BaseModel, ValidationError
 
 from leaseq.client import QueueClient
 from leaseq.deadline import Deadline, lease_for
+from leaseq.errors import InvalidRequestError
 from leaseq.interrupt import call_with_timeout
-from leaseq.job_context import JobContext
-from leaseq.jobs import ClaimedJob, JobOutcome, JobState
+from leaseq.job_context import JobContext, job_log_fields, running
+from leaseq.jobs import (
+    MAX_DOCUMENT_BYTES,
+    ClaimedJob,
+    JobOutcome,
+    JobState,
+    contains_nul,
+    json_size,
+)
 from leaseq.registry import Registration, Registry
-from leaseq.retry import RetryPolicy
+from leaseq.retry import MAX_RETRY_DELAY, RetryPolicy
 from leaseq.signals import DiscardJob, JobTimeout, RetryJob
 
 logger = logging.getLogger("leaseq.worker")
@@ -33,7 +42,7 @@ logger = logging.getLogger("leaseq.worker")
 #: Seconds kept free after a job's budget to record its outcome before the lease ends.
 FINISH_RESERVE = 1.0
 #: The SQL contract's result size bound (sql/0003).
-MAX_RESULT_BYTES = 262_144
+MAX_RESULT_BYTES = MAX_DOCUMENT_BYTES
 
 
 @dataclass(frozen=True)
@@ -85,7 +94,27 @@ class DrainReport:
 
 
 def _error(code: str, message: str, **extra: Any) -> dict[str, Any]:
-    return {"code": code, "message": message, **extra}
+    document: dict[str, Any] = _storable({"code": code, "message": message, **extra})
+    return document
+
+
+def _storable(value: Any) -> Any:
+    """A JSON value PostgreSQL's jsonb accepts: no U+0000, no NaN, only JSON types.
+
+    Error documents are built from whatever a handler raised; one unstorable message
+    must not make the statement that records a whole batch fail.
+    """
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, bool | int) or value is None:
+        return value
+    if isinstance(value, float):
+        return value if value == value and abs(value) != float("inf") else str(value)
+    if isinstance(value, dict):
+        return {_storable(str(key)): _storable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_storable(item) for item in value]
+    return _storable(str(value))
 
 
 def _json_result(value: Any) -> Any:
@@ -135,18 +164,23 @@ class Worker:
                 break
             report.batches += 1
             report.claimed += len(jobs)
-            self._run_batch(jobs, deadline, lease_ends_at, report)
+            if not self._run_batch(jobs, deadline, lease_ends_at, report):
+                # A job could not be started in the time left: claiming again would
+                # only take it and give it back, over and over.
+                report.stopped = "deadline"
+                break
         report.time_left = deadline.remaining()
         return report
 
     def _run_batch(self, jobs: list[ClaimedJob], deadline: Deadline, lease_ends_at: float,
-                   report: DrainReport) -> None:
+                   report: DrainReport) -> bool:
         """Run a claimed batch; record outcomes in as few statements as the leases allow.
 
         Times are in "remaining seconds" units, which shrink as time passes: a lease
         that ends at 12.0 ends when the deadline has 12 s left. Without a lease cap all
         leases end at the margin, so the whole batch is recorded by one statement;
         with a cap, outcomes are recorded early when a lease would end first.
+        Returns False when jobs had to be given back because time ran short.
         """
         pending: list[tuple[JobOutcome, float, float]] = []
         lease_end = dict.fromkeys((job.id for job in jobs), lease_ends_at)
@@ -174,14 +208,18 @@ class Worker:
             outcome = self._run_one(job, registration, budget, deadline)
             pending.append((outcome, self._timer() - started, lag))
         self._record(pending, report)
-        if unstarted:
-            given_back = self.client.release_jobs(self.config.owner, unstarted)
-            report.released += len(given_back)
-            report.lost_leases += len(unstarted) - len(given_back)
-            for job in unstarted:
-                self._observe(JobRecord(job, "released",
-                                        JobState.PENDING if job.id in given_back else None,
-                                        0.0, 0.0))
+        if not unstarted:
+            return True
+        given_back = self.client.release_jobs(self.config.owner, unstarted)
+        report.released += len(given_back)
+        report.lost_leases += len(unstarted) - len(given_back)
+        logger.info("gave back jobs that could not start in the time left", extra={
+            "given_back": len(given_back), "time_left": round(deadline.remaining(), 3)})
+        for job in unstarted:
+            self._observe(JobRecord(job, "released",
+                                    JobState.PENDING if job.id in given_back else None,
+                                    0.0, 0.0))
+        return False
 
     def _budget(self, registration: Registration | None) -> float:
         if registration is not None and registration.timeout is not None:
@@ -197,8 +235,12 @@ class Worker:
 
     def _run_one(self, job: ClaimedJob, registration: Registration | None, budget: float,
                  deadline: Deadline) -> JobOutcome:
-        log = {"job_id": str(job.id), "tenant_id": str(job.tenant_id), "kind": job.kind,
-               "attempt": job.attempts, "correlation_id": job.correlation_id}
+        with running(job):
+            return self._run_in_context(job, registration, budget, deadline)
+
+    def _run_in_context(self, job: ClaimedJob, registration: Registration | None,
+                        budget: float, deadline: Deadline) -> JobOutcome:
+        log = job_log_fields(job)
         if registration is None:
             logger.error("no handler registered for this kind", extra=log)
             return JobOutcome(job, "dead", _error(
@@ -238,15 +280,20 @@ class Worker:
             logger.warning("handler failed", extra={**log, "error": repr(exc)}, exc_info=True)
             return self._retry(job, policy, None, _error(
                 "HANDLER_ERROR", str(exc) or type(exc).__name__, type=type(exc).__qualname__))
+        logger.info("job handler returned", extra=log)
         return self._success(job, result)
 
     def _success(self, job: ClaimedJob, result: Any) -> JobOutcome:
         try:
             value = _json_result(result)
-            size = len(json.dumps(value).encode("utf-8"))
+            size = json_size(value)
         except (TypeError, ValueError) as exc:
             return JobOutcome(job, "dead", _error(
-                "RESULT_NOT_JSON", f"the handler returned a value that is not JSON: {exc}"))
+                "RESULT_NOT_JSON", f"the handler returned a value that is not strict JSON: {exc}"))
+        if contains_nul(value):
+            return JobOutcome(job, "dead", _error(
+                "RESULT_NOT_JSON",
+                "the handler's result contains NUL characters (U+0000), which cannot be stored"))
         if size > MAX_RESULT_BYTES:
             return JobOutcome(job, "dead", _error(
                 "RESULT_TOO_LARGE",
@@ -258,6 +305,7 @@ class Worker:
         if not policy.allows_another(job.attempts, job.max_attempts):
             return JobOutcome(job, "dead", {**error, "final": True})
         chosen = delay if delay is not None else policy.delay(job.attempts, rand=self._rand)
+        chosen = min(max(chosen, timedelta(0)), MAX_RETRY_DELAY)  # the SQL contract's bounds
         return JobOutcome(job, "retry", error, retry_delay=chosen)
 
     def _renew(self, job: ClaimedJob, deadline: Deadline) -> float | None:
@@ -274,14 +322,13 @@ class Worker:
                 report: DrainReport) -> None:
         if not outcomes:
             return
-        states = self.client.finish_jobs(self.config.owner, [o for o, _, _ in outcomes])
-        for outcome, duration, lag in outcomes:
+        recorded, states = self._finish([o for o, _, _ in outcomes])
+        for outcome, (_, duration, lag) in zip(recorded, outcomes, strict=True):
             state = states.get(outcome.job.id)
             if state is None:
                 report.lost_leases += 1
-                logger.warning("lease lost before the outcome was recorded", extra={
-                    "job_id": str(outcome.job.id), "tenant_id": str(outcome.job.tenant_id),
-                    "kind": outcome.job.kind, "attempt": outcome.job.attempts})
+                logger.warning("lease lost before the outcome was recorded; another worker "
+                               "or the reaper owns the job now", extra=job_log_fields(outcome.job))
             elif state is JobState.SUCCEEDED:
                 report.succeeded += 1
             elif state is JobState.DEAD:
@@ -290,6 +337,36 @@ class Worker:
                 report.retried += 1
             error = outcome.detail if outcome.outcome != "succeeded" else None
             self._observe(JobRecord(outcome.job, outcome.outcome, state, duration, lag, error))
+
+    def _finish(self, outcomes: list[JobOutcome]
+                ) -> tuple[list[JobOutcome], dict[UUID, JobState]]:
+        """Record a batch in one statement; if the statement is refused, one by one.
+
+        The worker sanitises what it sends, so a refusal means a bug; even then one
+        job's unstorable outcome must not cost the others theirs. A refused single
+        outcome is replaced by a minimal error that always fits.
+        """
+        owner = self.config.owner
+        try:
+            return outcomes, self.client.finish_jobs(owner, outcomes)
+        except InvalidRequestError as exc:
+            logger.error("outcomes refused as a batch; recording them one by one",
+                         extra={"error": exc.message, "outcomes": len(outcomes)})
+        recorded: list[JobOutcome] = []
+        states: dict[UUID, JobState] = {}
+        for outcome in outcomes:
+            try:
+                states.update(self.client.finish_jobs(owner, [outcome]))
+            except InvalidRequestError as exc:
+                logger.error("outcome refused; recording a minimal error instead",
+                             extra={**job_log_fields(outcome.job), "error": exc.message})
+                outcome = JobOutcome(
+                    outcome.job, "retry" if outcome.outcome == "retry" else "dead",
+                    _error("OUTCOME_NOT_STORABLE", exc.message, intended=outcome.outcome),
+                    retry_delay=timedelta(0) if outcome.outcome == "retry" else None)
+                states.update(self.client.finish_jobs(owner, [outcome]))
+            recorded.append(outcome)
+        return recorded, states
 
     def _observe(self, record: JobRecord) -> None:
         if self._on_job is None:
