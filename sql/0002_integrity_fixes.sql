@@ -22,6 +22,11 @@ alter table app.job_events
   add constraint job_events_job_fkey foreign key (tenant_id, job_id)
     references app.jobs (tenant_id, id) on delete cascade;
 
+-- On a database upgraded from the reference, RLS is still FORCED with only SELECT
+-- policies, so this UPDATE, run by a non-superuser owner, would silently match no row
+-- and leave every token in the details. 0004 settles RLS; unforcing it here is enough.
+alter table app.jobs no force row level security;
+alter table app.job_events no force row level security;
 alter table app.job_events add column lease_token uuid;
 update app.job_events
 set lease_token = (details ->> 'leaseToken')::uuid,

@@ -14,9 +14,11 @@
 --   enqueue batch      1 .. 1000 jobs; finish batch 1 .. 1000 outcomes
 --   payload            a JSON object of at most 256 KiB (as text); result at most 256 KiB
 --
--- The five reference functions keep their signatures. The single-job completions are
--- thin wrappers over app.finish_jobs so that every terminal transition, and the audit
--- row it writes, is expressed exactly once.
+-- The five reference functions keep their signatures. They are created with CREATE OR
+-- REPLACE because on a database where the reference schema was applied by hand they
+-- already exist; they are replaced in place (0004 then revokes the EXECUTE that PUBLIC
+-- kept there). The single-job completions are thin wrappers over app.finish_jobs so
+-- that every terminal transition, and the audit row it writes, is expressed exactly once.
 
 -- Argument checks ----------------------------------------------------------------------
 
@@ -277,7 +279,7 @@ $$;
 -- CTE, so the LIMIT applies to rows this transaction actually locked, and concurrent
 -- claimers walk past each other instead of queueing on the same rows. The UPDATE and
 -- the 'claimed' audit rows are written by the same statement (one INSERT ... SELECT).
-create function app.claim_jobs(
+create or replace function app.claim_jobs(
   p_tenant_id uuid,
   p_owner text,
   p_limit integer default 10,
@@ -482,7 +484,7 @@ begin
 end;
 $$;
 
-create function app.renew_job_lease(
+create or replace function app.renew_job_lease(
   p_tenant_id uuid,
   p_job_id uuid,
   p_owner text,
@@ -633,7 +635,7 @@ begin
 end;
 $$;
 
-create function app.complete_job(
+create or replace function app.complete_job(
   p_tenant_id uuid,
   p_job_id uuid,
   p_owner text,
@@ -651,7 +653,7 @@ as $$
   )
 $$;
 
-create function app.fail_job(
+create or replace function app.fail_job(
   p_tenant_id uuid,
   p_job_id uuid,
   p_owner text,
@@ -744,7 +746,7 @@ begin
 end;
 $$;
 
-create function app.release_expired_jobs(
+create or replace function app.release_expired_jobs(
   p_tenant_id uuid,
   p_limit integer default 100
 )
