@@ -1,0 +1,71 @@
+"""Where the schema owner's credentials come from.
+
+In AWS the owner is the RDS master user, whose RDS-managed secret holds only ``username``
+and ``password``; host, port and database name come from the function's environment
+(``LEASEQ_DB_HOST``, ``LEASEQ_DB_PORT``, ``LEASEQ_DB_NAME``), and a secret that carries them
+too fills what the environment leaves out. ``DATABASE_URL`` (a plain DSN) short-circuits all
+of it for local runs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from leaseq.errors import ConfigurationError
+from psycopg.conninfo import make_conninfo
+
+#: Reads a Secrets Manager secret (JSON) by ARN.
+SecretReader = Callable[[str], Mapping[str, Any]]
+
+
+def secrets_manager_reader(client: Any = None) -> SecretReader:
+    """A reader backed by boto3 (the Lambda runtime provides it; moto stands in for tests)."""
+
+    def read(secret_arn: str) -> Mapping[str, Any]:
+        nonlocal client
+        if client is None:
+            import boto3
+
+            client = boto3.client("secretsmanager")
+        value = client.get_secret_value(SecretId=secret_arn)
+        document = json.loads(value["SecretString"])
+        if not isinstance(document, dict):
+            raise ConfigurationError(f"secret {secret_arn} is not a JSON object")
+        return document
+
+    return read
+
+
+def owner_dsn_from_environment(environ: Mapping[str, str], read_secret: SecretReader) -> str:
+    """Build the schema owner's DSN; never logs or returns the password elsewhere."""
+    url = environ.get("DATABASE_URL")
+    if url:
+        return url
+    secret_arn = environ.get("LEASEQ_DATABASE_SECRET_ARN")
+    if not secret_arn:
+        raise ConfigurationError(
+            "no schema owner credentials: set LEASEQ_DATABASE_SECRET_ARN (a secret with "
+            "username and password) or DATABASE_URL"
+        )
+    secret = read_secret(secret_arn)
+    missing = [key for key in ("username", "password") if not secret.get(key)]
+    if missing:
+        raise ConfigurationError(f"secret {secret_arn} lacks {', '.join(missing)}")
+    host = environ.get("LEASEQ_DB_HOST") or secret.get("host")
+    dbname = environ.get("LEASEQ_DB_NAME") or secret.get("dbname")
+    if not host or not dbname:
+        raise ConfigurationError(
+            "the database is unknown: set LEASEQ_DB_HOST and LEASEQ_DB_NAME (or put host and "
+            "dbname in the secret)"
+        )
+    port = environ.get("LEASEQ_DB_PORT") or secret.get("port") or 5432
+    return make_conninfo(
+        host=str(host),
+        port=str(port),
+        dbname=str(dbname),
+        user=str(secret["username"]),
+        password=str(secret["password"]),
+        sslmode=environ.get("LEASEQ_DB_SSLMODE") or "require",
+    )
