@@ -1,0 +1,1 @@
+"""The benchmark harness: drivers for each queue, meters shared by all, the report."""

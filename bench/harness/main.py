@@ -1,0 +1,217 @@
+"""The benchmark run: every system, every run, then the secondary measurements."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from harness import meters, report, secondary
+from harness.ceiling import run_ceiling
+from harness.drain import DrainResult, run_drain
+from harness.pg import Server, analyze, connect, find_pgbench
+from harness.systems import SYSTEMS, leaseq_enqueue, leaseq_finished, leaseq_install
+from harness.wire import RoundTripRelay
+
+BENCH_DIR = Path(__file__).resolve().parent.parent
+DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One line of the table: a system at a concurrency."""
+
+    key: str
+    concurrency: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.key}@c{self.concurrency}"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python3 bench/run.py",
+        description="Drain N no-op jobs with leaseq, PgQueuer and procrastinate, and run "
+                    "the set-based SQL ceiling with pgbench, on one PostgreSQL server.")
+    p.add_argument("--dsn", default=DEFAULT_DSN,
+                   help="superuser DSN of the server (default: %(default)s); the benchmark "
+                        "creates and drops its own databases there")
+    p.add_argument("--jobs", type=int, default=20_000, help="jobs per drain (%(default)s)")
+    p.add_argument("--tenants", type=int, default=10, help="tenants (%(default)s)")
+    p.add_argument("--runs", type=int, default=3, help="timed runs per line (%(default)s)")
+    p.add_argument("--systems", default="leaseq,leaseq-sql,pgqueuer,procrastinate,ceiling",
+                   help="comma-separated subset of the default: %(default)s")
+    p.add_argument("--leaseq-concurrency", default="1,4", help="(default %(default)s)")
+    p.add_argument("--peer-concurrency", default="4",
+                   help="concurrency of the peers and the ceiling (default %(default)s)")
+    p.add_argument("--rt-jobs", type=int, default=5_000,
+                   help="jobs in the untimed round-trip pass, through a counting relay "
+                        "(default %(default)s; 0 skips it)")
+    p.add_argument("--finished", type=int, default=1_000_000,
+                   help="finished jobs in the table for the claim-latency test "
+                        "(default %(default)s; 0 skips it)")
+    p.add_argument("--rss-jobs", type=int, default=None,
+                   help="the smaller drain for the peak-memory comparison (default jobs/10)")
+    p.add_argument("--no-secondary", action="store_true",
+                   help="skip claim latency, import time and peak memory")
+    p.add_argument("--keep-databases", action="store_true")
+    p.add_argument("--out", type=Path, default=None,
+                   help="JSON results file (default bench/results/<time>.json)")
+    return p.parse_args(argv)
+
+
+def plan(args: argparse.Namespace) -> list[Cell]:
+    wanted = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = [s for s in wanted if s not in SYSTEMS and s != "ceiling"]
+    if unknown:
+        raise SystemExit(f"unknown systems {unknown}; choose from {[*SYSTEMS, 'ceiling']}")
+    leaseq_c = [int(c) for c in args.leaseq_concurrency.split(",")]
+    peer_c = [int(c) for c in args.peer_concurrency.split(",")]
+    cells = []
+    for key in wanted:
+        for c in (leaseq_c if key.startswith("leaseq") else peer_c):
+            cells.append(Cell(key, c))
+    return cells
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.server = Server(args.dsn)
+        self.pgbench = find_pgbench()
+        with connect(args.dsn) as conn:
+            pm = meters.postmaster_pid(conn)
+        self.postmaster = pm if meters.ServerCpuMeter.available(pm) else None
+        self.walinspect = self.server.has_extension("pg_walinspect")
+
+    def _cpu_meter(self, dbname: str) -> meters.ServerCpuMeter | None:
+        if self.postmaster is None:
+            return None
+        return meters.ServerCpuMeter(self.postmaster, dbname)
+
+    def run_cell(self, cell: Cell, jobs: int, *, relay: RoundTripRelay | None = None,
+                 tag: str = "") -> DrainResult:
+        dbname = f"leaseq_bench_{cell.key.replace('-', '_')}_c{cell.concurrency}{tag}"
+        is_ceiling = cell.key == "ceiling"
+        system = None if is_ceiling else SYSTEMS[cell.key]
+        with self.server.database(dbname, keep=self.args.keep_databases) as dsn:
+            if system is None:
+                leaseq_install(dsn)
+            else:
+                system.install(dsn)
+            walinspect = self.walinspect and meters.enable_walinspect(dsn)
+            # Restart the checkpoint cycle before the enqueue, so the drain that follows
+            # within seconds pays the full-page images a steady queue would (few).
+            self.server.checkpoint()
+            if system is None:
+                leaseq_enqueue(dsn, jobs, self.args.tenants)
+                analyze(dsn, ["app.jobs", "app.job_events"])
+            else:
+                system.enqueue(dsn, jobs, self.args.tenants)
+                analyze(dsn, list(system.tables))
+            if is_ceiling:
+                if self.pgbench is None:
+                    raise RuntimeError("pgbench not found (on PATH or /usr/lib/postgresql)")
+                result = run_ceiling(
+                    self.pgbench, dsn, jobs, cell.concurrency,
+                    cpu_meter=self._cpu_meter(dbname), walinspect=walinspect,
+                    relay=(lambda: relay.round_trips) if relay else None,
+                    relay_dsn=relay.dsn_for(dsn) if relay else None)
+                finished = leaseq_finished(dsn)
+            else:
+                assert system is not None
+                worker_dsn = relay.dsn_for(dsn) if relay else dsn
+                result = run_drain(
+                    system.commands(worker_dsn, cell.concurrency), dsn,
+                    cpu_meter=self._cpu_meter(dbname), walinspect=walinspect,
+                    relay_count=(lambda: relay.round_trips) if relay else None)
+                finished = system.finished(dsn)
+            if finished != jobs:
+                raise RuntimeError(f"{cell.name}: {finished} of {jobs} jobs finished")
+        return result
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    cells = plan(args)
+    bench = Bench(args)
+    started = time.time()
+    facts = bench.server.facts()
+    print(f"server: {facts['version']}")
+    print(f"{args.jobs} jobs, {args.tenants} tenants, batch 10, {args.runs} runs; "
+          f"cells: {', '.join(c.name for c in cells)}", flush=True)
+
+    runs: dict[str, list[dict[str, Any]]] = {c.name: [] for c in cells}
+    # Runs are interleaved (every cell once, then again) so that a slow spell on a
+    # shared machine spreads over all systems instead of sinking one of them.
+    for run in range(args.runs):
+        for cell in cells:
+            result = bench.run_cell(cell, args.jobs)
+            runs[cell.name].append(result.as_dict())
+            print(f"  run {run + 1} {cell.name:<22} {result.jobs_per_s:>8.0f} jobs/s"
+                  f"  ({result.seconds:.2f} s)", flush=True)
+
+    round_trips: dict[str, Any] = {}
+    if args.rt_jobs:
+        with RoundTripRelay(args.dsn) as relay:
+            for cell in cells:
+                if cell.concurrency != max(c.concurrency for c in cells if c.key == cell.key):
+                    continue
+                result = bench.run_cell(cell, args.rt_jobs, relay=relay, tag="_rt")
+                round_trips[cell.name] = {
+                    "jobs": result.jobs, "round_trips": result.round_trips,
+                    "per_job": (result.round_trips or 0) / result.jobs,
+                }
+                print(f"  round trips {cell.name:<16} "
+                      f"{round_trips[cell.name]['per_job']:.3f} per job", flush=True)
+
+    extra: dict[str, Any] = {}
+    if not args.no_secondary:
+        leaseq_c1 = Cell("leaseq", 1)
+        if leaseq_c1.name in runs:
+            small = args.rss_jobs or max(args.jobs // 10, 100)
+            result = bench.run_cell(leaseq_c1, small, tag="_rss")
+            extra["peak_rss"] = {
+                "small_jobs": small, "small_kib": result.peak_rss_kib[0],
+                "large_jobs": args.jobs,
+                "large_kib": sorted(r["peak_rss_kib"][0] for r in runs[leaseq_c1.name])[
+                    len(runs[leaseq_c1.name]) // 2],
+            }
+            print(f"  peak RSS {extra['peak_rss']}", flush=True)
+        if args.finished:
+            extra["claim_latency"] = secondary.claim_latency(
+                bench.server, finished=args.finished, tenants=args.tenants,
+                keep=args.keep_databases)
+            print(f"  claim latency ratio {extra['claim_latency']['ratio']:.2f}", flush=True)
+        extra["import_time"] = secondary.import_time()
+        print(f"  import time {extra['import_time'].get('median_ms', 'n/a')}", flush=True)
+
+    results = {
+        "started": datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"),
+        "duration_s": time.time() - started,
+        "setup": {
+            "jobs": args.jobs, "tenants": args.tenants, "runs": args.runs, "batch": 10,
+            "cells": [c.name for c in cells], "rt_jobs": args.rt_jobs,
+            "server": facts, "pgbench": bench.pgbench is not None,
+            "server_cpu_meter": bench.postmaster is not None,
+            "pg_walinspect": bench.walinspect,
+        },
+        "runs": runs,
+        "round_trips": round_trips,
+        **extra,
+    }
+    summary = report.summarise(results)
+    results["summary"] = summary
+    out = args.out or BENCH_DIR / "results" / (
+        datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + ".json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2, default=str), encoding="utf-8")
+    print()
+    print(report.render(results))
+    print(f"\nresults: {out}")
+    return 0

@@ -1,0 +1,207 @@
+"""From raw runs to the printed tables: medians, ratios, and each target's verdict."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+LABELS = {
+    "leaseq": "leaseq (library drain)",
+    "leaseq-sql": "leaseq SQL floor (functions called directly)",
+    "pgqueuer": "PgQueuer 1.6.0",
+    "procrastinate": "procrastinate 3.10.0",
+    "ceiling": "set-based SQL ceiling (pgbench)",
+}
+
+# The issue's targets, as (description, comparison, limit).
+WAL_TARGET_BYTES = 1700
+CPU_TARGET_MS = 0.15
+RT_TARGET = 0.25
+LATENCY_RATIO_TARGET = 1.2
+IMPORT_TARGET_MS = 300
+RSS_GROWTH_TARGET = 0.05
+VS_PGQUEUER_TARGET = 1.5
+VS_CEILING_TARGET = 0.8
+
+
+def _median(values: list[float]) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def wal_bytes(run: dict[str, Any]) -> float | None:
+    """The WAL this run's database caused: pg_walinspect's attribution when present,
+    else the LSN distance (which includes other clients' WAL)."""
+    wal = run.get("wal")
+    if not wal:
+        return None
+    breakdown = wal.get("breakdown") or {}
+    if "own_bytes" in breakdown:
+        return float(breakdown["own_bytes"])
+    return float(wal["lsn_bytes"])
+
+
+def summarise(results: dict[str, Any]) -> dict[str, Any]:
+    cells: dict[str, Any] = {}
+    for name, runs in results["runs"].items():
+        if not runs:
+            continue
+        rates = [r["jobs_per_s"] for r in runs]
+        jobs = runs[0]["jobs"]
+        cell: dict[str, Any] = {
+            "jobs_per_s": {"median": statistics.median(rates), "min": min(rates),
+                           "max": max(rates), "all": rates},
+            "wal_bytes_per_job": _median([
+                (wal_bytes(r) or 0) / r["jobs"] for r in runs if wal_bytes(r) is not None]),
+            "wal_fpi_bytes_per_job": _median([
+                r["wal"]["breakdown"]["own_fpi_bytes"] / r["jobs"] for r in runs
+                if r.get("wal") and "own_fpi_bytes" in (r["wal"].get("breakdown") or {})]),
+            "server_cpu_ms_per_job": _median([
+                r["server_cpu"]["attributed_s"] * 1000 / r["jobs"] for r in runs
+                if r.get("server_cpu")]),
+            "client_cpu_ms_per_job": _median([
+                r["client_cpu_s"] * 1000 / r["jobs"] for r in runs
+                if r.get("client_cpu_s") is not None]),
+            "other_load_cores": _median([
+                r["other_machine_cpu_s"] / r["seconds"] for r in runs
+                if r.get("other_machine_cpu_s") is not None and r["seconds"] > 0]),
+            "jobs": jobs,
+        }
+        rt = results.get("round_trips", {}).get(name)
+        cell["round_trips_per_job"] = rt["per_job"] if rt else None
+        cells[name] = cell
+
+    def rate(name: str) -> float | None:
+        return cells[name]["jobs_per_s"]["median"] if name in cells else None
+
+    pgq, ceiling = rate("pgqueuer@c4"), rate("ceiling@c4")
+    for cell in cells.values():
+        m = cell["jobs_per_s"]["median"]
+        cell["vs_pgqueuer"] = m / pgq if pgq else None
+        cell["vs_ceiling"] = m / ceiling if ceiling else None
+
+    lq = cells.get("leaseq@c4", {})
+    targets: list[dict[str, Any]] = []
+
+    def target(name: str, value: float | None, limit: float, *, at_least: bool,
+               unit: str = "", strict: bool = False) -> None:
+        if value is None:
+            ok = None
+        elif at_least:
+            ok = value >= limit
+        else:
+            ok = value < limit if strict else value <= limit
+        sign = ">=" if at_least else ("<" if strict else "<=")
+        shown = f"{limit:+.0%}" if unit == "%" else f"{limit:g}{unit}"
+        targets.append({"target": name, "value": value, "limit": f"{sign} {shown}",
+                        "met": ok, "unit": unit})
+
+    target("leaseq c4 jobs/s ÷ PgQueuer c4", lq.get("vs_pgqueuer"), VS_PGQUEUER_TARGET,
+           at_least=True, unit="×")
+    target("leaseq c4 jobs/s ÷ set-based ceiling c4", lq.get("vs_ceiling"),
+           VS_CEILING_TARGET, at_least=True, unit="×")
+    target("SQL round trips per job (leaseq c4, batch 10)", lq.get("round_trips_per_job"),
+           RT_TARGET, at_least=False)
+    target("WAL bytes per job (leaseq c4, audit kept)", lq.get("wal_bytes_per_job"),
+           WAL_TARGET_BYTES, at_least=False, unit=" B")
+    target("server CPU per job (leaseq c4)", lq.get("server_cpu_ms_per_job"), CPU_TARGET_MS,
+           at_least=False, unit=" ms")
+    latency = results.get("claim_latency")
+    target("claim latency, 1M finished ÷ empty table",
+           latency.get("ratio") if latency else None, LATENCY_RATIO_TARGET,
+           at_least=False, unit="×")
+    imports = results.get("import_time") or {}
+    target("import time of the worker handler module", imports.get("median_ms"),
+           IMPORT_TARGET_MS, at_least=False, unit=" ms", strict=True)
+    rss = results.get("peak_rss")
+    growth = (rss["large_kib"] / rss["small_kib"] - 1) if rss else None
+    target("peak RSS growth, large drain vs jobs/10 drain", growth, RSS_GROWTH_TARGET,
+           at_least=False, unit="%")
+    return {"cells": cells, "targets": targets}
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def render(results: dict[str, Any]) -> str:
+    summary = results["summary"]
+    setup = results["setup"]
+    lines = [
+        f"{setup['jobs']:,} no-op jobs, {setup['tenants']} tenants, batch {setup['batch']}, "
+        f"median of {setup['runs']} runs; {setup['server']['version'].split(' on ')[0]}, "
+        f"{setup['server']['cpus']} CPUs",
+        "",
+        "| System | Workers | jobs/s median | min | max | × PgQueuer c4 | × ceiling c4 "
+        "| WAL B/job | server CPU ms/job | client CPU ms/job | round trips/job | other load |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for name, cell in summary["cells"].items():
+        key, _, conc = name.partition("@c")
+        j = cell["jobs_per_s"]
+        lines.append(
+            f"| {LABELS.get(key, key)} | {conc} | {j['median']:,.0f} | {j['min']:,.0f} "
+            f"| {j['max']:,.0f} | {_fmt(cell['vs_pgqueuer'], '.2f')} "
+            f"| {_fmt(cell['vs_ceiling'], '.2f')} | {_fmt(cell['wal_bytes_per_job'], ',.0f')} "
+            f"| {_fmt(cell['server_cpu_ms_per_job'], '.3f')} "
+            f"| {_fmt(cell['client_cpu_ms_per_job'], '.3f')} "
+            f"| {_fmt(cell['round_trips_per_job'], '.3f')} "
+            f"| {_fmt(cell['other_load_cores'], '.2f')} |")
+    lines += ["", "| Target | Measured | Target | Met |", "|---|--:|--:|:-:|"]
+    for t in summary["targets"]:
+        value = t["value"]
+        if value is None:
+            shown = "–"
+        elif t["unit"] == "%":
+            shown = f"{value:+.1%}"
+        else:
+            shown = f"{value:,.3f}{t['unit']}" if value < 10 else f"{value:,.0f}{t['unit']}"
+        verdict = {True: "yes", False: "**no**", None: "n/a"}[t["met"]]
+        lines.append(f"| {t['target']} | {shown} | {t['limit']} | {verdict} |")
+    latency = results.get("claim_latency")
+    if latency:
+        lines += ["", f"claim latency (batch 10, 1 worker, {latency['samples']} claims): "
+                  f"empty {latency['empty']['median_ms']:.2f} ms median "
+                  f"(p95 {latency['empty']['p95_ms']:.2f}), "
+                  f"{latency['finished_rows']:,} finished "
+                  f"{latency['finished']['median_ms']:.2f} ms median "
+                  f"(p95 {latency['finished']['p95_ms']:.2f})"]
+    rss = results.get("peak_rss")
+    if rss:
+        lines.append(f"peak RSS of one leaseq worker: {rss['large_jobs']:,} jobs "
+                     f"{rss['large_kib'] / 1024:.1f} MiB, {rss['small_jobs']:,} jobs "
+                     f"{rss['small_kib'] / 1024:.1f} MiB")
+    imports = results.get("import_time") or {}
+    if "median_ms" in imports:
+        top = ", ".join(f"{m['module']} {m['cumulative_ms']:.0f}"
+                        for m in imports["largest_imports"][:6])
+        lines.append(f"import app (worker function): {imports['median_ms']:.0f} ms median; "
+                     f"largest imports (ms): {top}")
+    elif imports:
+        lines.append(f"import time: not measured ({imports.get('error')})")
+    lines += ["", *wal_table(results)]
+    return "\n".join(lines)
+
+
+def wal_table(results: dict[str, Any], name: str = "leaseq@c4", top: int = 12) -> list[str]:
+    """Where leaseq's WAL goes, per relation and record type (median-rate run)."""
+    runs = results["runs"].get(name) or []
+    runs = [r for r in runs if r.get("wal") and "by_record" in (r["wal"].get("breakdown") or {})]
+    if not runs:
+        return []
+    runs.sort(key=lambda r: r["jobs_per_s"])
+    run = runs[len(runs) // 2]
+    jobs = run["jobs"]
+    lines = [f"WAL of {name} by relation and record type (bytes per job; run at "
+             f"{run['jobs_per_s']:,.0f} jobs/s):", "",
+             "| Relation | Record | records/job | bytes/job | of which FPI |",
+             "|---|---|--:|--:|--:|"]
+    for rec in run["wal"]["breakdown"]["by_record"][:top]:
+        lines.append(
+            f"| {rec['relation'] or '–'} | {rec['rmgr']}/{rec['record_type']} "
+            f"| {rec['records'] / jobs:.2f} | {rec['bytes'] / jobs:,.0f} "
+            f"| {rec['fpi_bytes'] / jobs:,.0f} |")
+    by_rel = run["wal"]["breakdown"]["by_relation"]
+    lines += ["", "per relation (bytes/job): " + ", ".join(
+        f"{rel} {b / jobs:,.0f}" for rel, b in by_rel.items())]
+    return lines

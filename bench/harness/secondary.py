@@ -1,0 +1,140 @@
+"""The secondary measurements: claim latency against table size, and import time.
+
+(Round trips, WAL, CPU and peak memory are read by the drains themselves.)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from harness.pg import Server, connect
+from harness.systems import leaseq_enqueue, leaseq_install, tenant_ids
+
+REPO_DIR = Path(__file__).resolve().parent.parent.parent
+WORKER_FUNCTION_DIR = REPO_DIR / "functions" / "worker"
+
+# Finished jobs are written in one set-based statement (no functions, no events): the
+# claim never reads them, so what matters is that they sit in the same table and its
+# full indexes, as the history of a queue that ran for a while does.
+_FILL_FINISHED = """
+insert into app.jobs (tenant_id, operation_key, kind, payload, state, attempts,
+                      available_at, result, created_at, updated_at, completed_at)
+select (%(tenants)s::uuid[])[1 + g %% cardinality(%(tenants)s::uuid[])],
+       'finished-' || g, 'noop', jsonb_build_object('n', g), 'succeeded', 1,
+       now() - interval '1 day', 'null'::jsonb,
+       now() - interval '1 day', now() - interval '1 day', now() - interval '1 day'
+from generate_series(1, %(count)s) g
+"""
+
+
+def _sample_claims(dsn: str, samples: int, warmup: int) -> list[float]:
+    from leaseq import QueueClient
+    from leaseq import connect as leaseq_connect
+    from leaseq.jobs import JobOutcome
+
+    client = QueueClient(lambda: leaseq_connect(dsn, application_name="bench-latency"))
+    client.check()
+    lease = timedelta(seconds=30)
+    timings = []
+    try:
+        for i in range(warmup + samples):
+            t0 = time.perf_counter()
+            jobs = client.claim_ready_jobs("bench-latency", 10, lease)
+            elapsed = time.perf_counter() - t0
+            if not jobs:
+                raise RuntimeError("the latency database ran out of ready jobs")
+            client.finish_jobs("bench-latency", [JobOutcome(j, "succeeded") for j in jobs])
+            if i >= warmup:
+                timings.append(elapsed * 1000)
+    finally:
+        client.close()
+    return timings
+
+
+def claim_latency(server: Server, *, finished: int, tenants: int, samples: int = 300,
+                  warmup: int = 30, keep: bool = False) -> dict[str, Any]:
+    """Median claim latency (batch 10, one worker) with ``finished`` old jobs vs none."""
+    ready = (samples + warmup) * 10 * 2
+    out: dict[str, Any] = {"finished_rows": finished, "ready_rows": ready,
+                           "samples": samples, "batch": 10}
+    for label, count in (("empty", 0), ("finished", finished)):
+        with server.database(f"leaseq_bench_latency_{label}", keep=keep) as dsn:
+            leaseq_install(dsn)
+            t0 = time.perf_counter()
+            if count:
+                with connect(dsn) as conn:
+                    conn.execute(_FILL_FINISHED, {"tenants": tenant_ids(tenants), "count": count})
+            leaseq_enqueue(dsn, ready, tenants)
+            with connect(dsn) as conn:
+                conn.execute("vacuum (analyze) app.jobs")
+                conn.execute("vacuum (analyze) app.job_events")
+                size = conn.execute(
+                    "select pg_total_relation_size('app.jobs') as b").fetchone()
+            fill_s = time.perf_counter() - t0
+            timings = _sample_claims(dsn, samples, warmup)
+            out[label] = {
+                "median_ms": statistics.median(timings),
+                "p95_ms": statistics.quantiles(timings, n=20)[-1],
+                "min_ms": min(timings),
+                "jobs_table_bytes": int(size["b"]) if size else None,
+                "fill_seconds": fill_s,
+            }
+    out["ratio"] = out["finished"]["median_ms"] / out["empty"]["median_ms"]
+    return out
+
+
+_IMPORT_LINE = re.compile(r"import time:\s+(\d+) \|\s+(\d+) \|(\s*)(\S+)")
+
+
+def _handler_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(WORKER_FUNCTION_DIR), str(REPO_DIR / "layer")])
+    # What the deployed function has in its environment; nothing is contacted at import.
+    env.setdefault("DATABASE_URL", "postgresql://bench@127.0.0.1:9/none")
+    env.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    env.setdefault("POWERTOOLS_SERVICE_NAME", "leaseq-worker")
+    env.setdefault("POWERTOOLS_METRICS_NAMESPACE", "leaseq")
+    return env
+
+
+def import_time(repeats: int = 7) -> dict[str, Any]:
+    """Wall time of ``import app`` for the worker function, in fresh interpreters.
+
+    The interpreter's own start-up is excluded (Lambda pays it whatever the code);
+    the largest imports come from ``-X importtime``.
+    """
+    app = WORKER_FUNCTION_DIR / "app.py"
+    if not app.exists():
+        return {"error": f"{app.relative_to(REPO_DIR)} does not exist yet"}
+    code = "import time; t = time.perf_counter(); import app; print(time.perf_counter() - t)"
+    walls = []
+    for _ in range(repeats):
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              env=_handler_env(), cwd=WORKER_FUNCTION_DIR, check=False)
+        if proc.returncode != 0:
+            return {"error": proc.stderr.strip().splitlines()[-1:] or ["import failed"]}
+        walls.append(float(proc.stdout.strip().splitlines()[-1]) * 1000)
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-c", "import app"],
+                          capture_output=True, text=True, env=_handler_env(),
+                          cwd=WORKER_FUNCTION_DIR, check=False)
+    top: list[dict[str, Any]] = []
+    for line in proc.stderr.splitlines():
+        match = _IMPORT_LINE.match(line)
+        if match and len(match.group(3)) <= 3:  # top-level and first-level imports
+            top.append({"module": match.group(4), "cumulative_ms": int(match.group(2)) / 1000})
+    top.sort(key=lambda m: -m["cumulative_ms"])
+    return {
+        "median_ms": statistics.median(walls),
+        "min_ms": min(walls),
+        "max_ms": max(walls),
+        "repeats": repeats,
+        "largest_imports": top[:12],
+    }

@@ -1,0 +1,234 @@
+"""The queues under test: how each one gets its schema, its jobs, and its workers.
+
+Every system drains the same number of no-op jobs from its own fresh database. Jobs
+are enqueued through each system's own batch API before the clock starts; PgQueuer
+and procrastinate have no tenants, so the tenant number only travels in the payload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from harness.pg import as_url, connect
+
+BATCH = 10
+ENQUEUE_CHUNK = 1000
+
+
+def tenant_ids(tenants: int) -> list[uuid.UUID]:
+    """Stable tenant ids, so runs are comparable."""
+    return [uuid.uuid5(uuid.NAMESPACE_URL, f"leaseq-bench-tenant-{i}") for i in range(tenants)]
+
+
+class System(Protocol):
+    key: str
+    label: str
+    tables: tuple[str, ...]
+
+    def install(self, dsn: str) -> None: ...
+    def enqueue(self, dsn: str, jobs: int, tenants: int) -> None: ...
+    def commands(self, dsn: str, concurrency: int) -> list[list[str]]: ...
+    def finished(self, dsn: str) -> int: ...
+
+
+# leaseq ------------------------------------------------------------------------------
+
+
+def leaseq_install(dsn: str) -> None:
+    from leaseq.db import connect as leaseq_connect
+    from leaseq.migrate import migrate
+
+    conn = leaseq_connect(dsn, application_name="leaseq-bench-migrate")
+    try:
+        migrate(conn)
+    finally:
+        conn.close()
+
+
+def leaseq_enqueue(dsn: str, jobs: int, tenants: int) -> None:
+    """Through app.enqueue_jobs, 1,000 per call, tenants interleaved (round robin)."""
+    ids = tenant_ids(tenants)
+    with connect(dsn) as conn:
+        for start in range(0, jobs, ENQUEUE_CHUNK):
+            ns = range(start, min(start + ENQUEUE_CHUNK, jobs))
+            conn.execute(
+                "select count(*) from app.enqueue_jobs(%s::uuid[], %s::text[], %s::text[],"
+                " %s::jsonb[])",
+                (
+                    [ids[n % tenants] for n in ns],
+                    [f"op-{n}" for n in ns],
+                    ["noop"] * len(ns),
+                    [f'{{"n": {n}}}' for n in ns],
+                ),
+            ).fetchall()
+
+
+def leaseq_finished(dsn: str) -> int:
+    with connect(dsn) as conn:
+        row = conn.execute(
+            "select count(*) filter (where state = 'succeeded') as done,"
+            " (select count(*) from app.job_events where event_type = 'succeeded') as events"
+            " from app.jobs"
+        ).fetchone()
+    assert row is not None
+    if row["done"] != row["events"]:
+        raise RuntimeError(f"{row['done']} succeeded jobs but {row['events']} succeeded events")
+    return int(row["done"])
+
+
+@dataclass
+class LeaseqSqlFloor:
+    key: str = "leaseq-sql"
+    label: str = "leaseq SQL floor (functions called directly)"
+    tables: tuple[str, ...] = ("app.jobs", "app.job_events")
+
+    def install(self, dsn: str) -> None:
+        leaseq_install(dsn)
+
+    def enqueue(self, dsn: str, jobs: int, tenants: int) -> None:
+        leaseq_enqueue(dsn, jobs, tenants)
+
+    def commands(self, dsn: str, concurrency: int) -> list[list[str]]:
+        return [
+            ["-m", "harness.workers.leaseq_sql", dsn, f"bench-worker-{i}", str(BATCH)]
+            for i in range(concurrency)
+        ]
+
+    def finished(self, dsn: str) -> int:
+        return leaseq_finished(dsn)
+
+
+@dataclass
+class LeaseqLibrary:
+    key: str = "leaseq"
+    label: str = "leaseq (library drain, as the worker Lambda)"
+    tables: tuple[str, ...] = ("app.jobs", "app.job_events")
+
+    def install(self, dsn: str) -> None:
+        leaseq_install(dsn)
+
+    def enqueue(self, dsn: str, jobs: int, tenants: int) -> None:
+        leaseq_enqueue(dsn, jobs, tenants)
+
+    def commands(self, dsn: str, concurrency: int) -> list[list[str]]:
+        return [
+            ["-m", "harness.workers.leaseq_drain", dsn, f"bench-worker-{i}", str(BATCH)]
+            for i in range(concurrency)
+        ]
+
+    def finished(self, dsn: str) -> int:
+        return leaseq_finished(dsn)
+
+
+# PgQueuer ----------------------------------------------------------------------------
+
+
+async def _pgqueuer(dsn: str, action: str, jobs: int = 0, tenants: int = 1) -> Any:
+    import asyncpg
+    from pgqueuer import AsyncpgDriver, Queries
+
+    conn = await asyncpg.connect(as_url(dsn))
+    try:
+        queries = Queries(AsyncpgDriver(conn))
+        if action == "install":
+            await queries.install()
+            return None
+        if action == "enqueue":
+            for start in range(0, jobs, ENQUEUE_CHUNK):
+                ns = range(start, min(start + ENQUEUE_CHUNK, jobs))
+                await queries.enqueue(
+                    ["noop"] * len(ns),
+                    [f'{{"tenant": {n % tenants}, "n": {n}}}'.encode() for n in ns],
+                    [0] * len(ns),
+                )
+            return None
+        if action == "finished":
+            left = await conn.fetchval("select count(*) from pgqueuer")
+            done = await conn.fetchval(
+                "select count(*) from pgqueuer_log where status = 'successful'")
+            if left:
+                raise RuntimeError(f"{left} PgQueuer jobs left in the queue")
+            return int(done)
+        raise ValueError(action)
+    finally:
+        await conn.close()
+
+
+@dataclass
+class PgQueuerSystem:
+    key: str = "pgqueuer"
+    label: str = "PgQueuer"
+    tables: tuple[str, ...] = ("pgqueuer", "pgqueuer_log")
+
+    def install(self, dsn: str) -> None:
+        asyncio.run(_pgqueuer(dsn, "install"))
+
+    def enqueue(self, dsn: str, jobs: int, tenants: int) -> None:
+        asyncio.run(_pgqueuer(dsn, "enqueue", jobs, tenants))
+
+    def commands(self, dsn: str, concurrency: int) -> list[list[str]]:
+        return [["-m", "harness.workers.pgqueuer_drain", as_url(dsn), str(BATCH)]
+                for _ in range(concurrency)]
+
+    def finished(self, dsn: str) -> int:
+        return int(asyncio.run(_pgqueuer(dsn, "finished")))
+
+
+# procrastinate -----------------------------------------------------------------------
+
+
+async def _procrastinate(dsn: str, action: str, jobs: int = 0, tenants: int = 1) -> None:
+    from harness.workers.procrastinate_app import build_app
+
+    app = build_app(dsn)
+    async with app.open_async():
+        if action == "install":
+            await app.schema_manager.apply_schema_async()
+        elif action == "enqueue":
+            task = app.tasks["noop"]
+            for start in range(0, jobs, ENQUEUE_CHUNK):
+                ns = range(start, min(start + ENQUEUE_CHUNK, jobs))
+                await task.batch_defer_async(*({"n": n} for n in ns))
+        else:
+            raise ValueError(action)
+
+
+@dataclass
+class ProcrastinateSystem:
+    key: str = "procrastinate"
+    label: str = "procrastinate"
+    tables: tuple[str, ...] = ("procrastinate_jobs", "procrastinate_events")
+    concurrency_per_process: int = 1
+
+    def install(self, dsn: str) -> None:
+        asyncio.run(_procrastinate(dsn, "install"))
+
+    def enqueue(self, dsn: str, jobs: int, tenants: int) -> None:
+        asyncio.run(_procrastinate(dsn, "enqueue", jobs, tenants))
+
+    def commands(self, dsn: str, concurrency: int) -> list[list[str]]:
+        return [["-m", "harness.workers.procrastinate_drain", dsn,
+                 str(self.concurrency_per_process)] for _ in range(concurrency)]
+
+    def finished(self, dsn: str) -> int:
+        with connect(dsn) as conn:
+            row = conn.execute(
+                "select count(*) filter (where status = 'succeeded') as done,"
+                " count(*) filter (where status <> 'succeeded') as left"
+                " from procrastinate_jobs"
+            ).fetchone()
+        assert row is not None
+        if row["left"]:
+            raise RuntimeError(f"{row['left']} procrastinate jobs not succeeded")
+        return int(row["done"])
+
+
+SYSTEMS: dict[str, System] = {
+    "leaseq": LeaseqLibrary(),
+    "leaseq-sql": LeaseqSqlFloor(),
+    "pgqueuer": PgQueuerSystem(),
+    "procrastinate": ProcrastinateSystem(),
+}
