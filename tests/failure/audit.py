@@ -140,6 +140,7 @@ def _check_timeline(report: Audit, job: dict[str, Any], timeline: list[dict[str,
     job_id = job["id"]
     types = [e["event_type"] for e in timeline]
     report.events.update(types)
+    report.double_completions += max(0, types.count("succeeded") - 1)
     if not timeline or types[0] != "created" or types.count("created") != 1:
         report.violation(job_id, f"must start with exactly one created event, has {types}")
         return
@@ -170,7 +171,6 @@ def _check_timeline(report: Audit, job: dict[str, Any], timeline: list[dict[str,
             report.violation(job_id, f"unexpected {kind} event: {types}")
             return
     report.claims += claims
-    report.double_completions += max(0, types.count("succeeded") - 1)
     if terminals != 1:
         report.violation(job_id, f"needs exactly one terminal event, has {types}")
     elif types[-1] != job["state"]:
