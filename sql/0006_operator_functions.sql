@@ -244,16 +244,18 @@ $$;
 
 -- Reads for operators ------------------------------------------------------------------
 
--- Per tenant and state: how many jobs, how many of them are ready to run now, and how
--- long the oldest ready one has waited. Scans app.jobs: an operator's query, not a
--- hot-path one. p_tenant_id NULL means every tenant.
+-- Per tenant and state: how many jobs, how many of them are ready to run now, how long
+-- the oldest ready one has waited, and how soon the next one not yet ready will be.
+-- Scans app.jobs: an operator's query, not a hot-path one. p_tenant_id NULL means every
+-- tenant.
 create function app.queue_status(p_tenant_id uuid default null)
 returns table (
   tenant_id uuid,
   state app.job_state,
   jobs bigint,
   ready_jobs bigint,
-  oldest_ready_age interval
+  oldest_ready_age interval,
+  next_ready_in interval
 )
 language plpgsql
 stable
@@ -270,7 +272,9 @@ begin
          count(*),
          count(*) filter (where j.state in ('pending', 'retry_wait') and j.available_at <= v_now),
          v_now - min(j.available_at)
-           filter (where j.state in ('pending', 'retry_wait') and j.available_at <= v_now)
+           filter (where j.state in ('pending', 'retry_wait') and j.available_at <= v_now),
+         min(j.available_at)
+           filter (where j.state in ('pending', 'retry_wait') and j.available_at > v_now) - v_now
   from app.jobs j
   where p_tenant_id is null or j.tenant_id = p_tenant_id
   group by j.tenant_id, j.state

@@ -1,0 +1,135 @@
+"""``leaseq demo``: the whole life of a queue in well under a minute.
+
+Sixty jobs for four tenants are enqueued; one of them is claimed by a worker that then
+"crashes" (it never finishes, its one-second lease expires); the real worker and reaper
+handlers drain everything; a summary per tenant follows. Some jobs fail and are retried
+(a flaky payment gateway), one is dead (an image whose payload does not fit its model),
+and the crashed worker's job comes back through the reaper and runs again.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from leaseq.client import enqueue_jobs
+from leaseq.db import translate_errors
+from leaseq.jobs import EnqueueRequest
+
+from leaseq_cli.operator import Operator
+
+DEMO_HANDLERS = "leaseq_cli.demo_handlers"
+
+#: Stable tenant ids, so repeated demos add to the same four tenants.
+_NAMESPACE = uuid.UUID("5f0c3f0e-3c55-4a8e-9d33-6c6561736571")
+TENANTS: dict[str, uuid.UUID] = {
+    name: uuid.uuid5(_NAMESPACE, name) for name in ("acme", "globex", "initech", "umbrella")
+}
+TENANT_NAMES = {tenant: name for name, tenant in TENANTS.items()}
+
+#: The worker settings of the demo: short budgets so every step shows in seconds.
+DEMO_WORKER_ENV = {
+    "LEASEQ_JOB_TIMEOUT_SECONDS": "5",
+    "LEASEQ_LEASE_MARGIN_SECONDS": "2",
+    "LEASEQ_BATCH_SIZE": "10",
+}
+
+CRASHED_OWNER = "demo-worker-that-crashed"
+CRASHED_LEASE = timedelta(seconds=1)
+
+
+def demo_requests(run_id: str) -> list[EnqueueRequest]:
+    """Fifteen jobs per tenant; exactly one of all of them is designed to die."""
+    requests: list[EnqueueRequest] = []
+    for name, tenant in TENANTS.items():
+        jobs: list[tuple[str, dict[str, Any]]] = []
+        jobs += [("send_welcome_email", {"to": f"user{i}@{name}.example", "name": f"User {i}"})
+                 for i in range(6)]
+        jobs += [("charge_card", {"order_id": f"{name}-{i}", "amount_cents": 1000 + i * 250,
+                                  "fail_times": fail})
+                 for i, fail in enumerate((0, 1, 2, 0, 1))]
+        jobs += [("resize_image", {"url": f"https://img.{name}.example/{i}.png",
+                                   "width": 320, "height": 240})
+                 for i in range(3)]
+        jobs += [("sync_crm", {"account": f"{name}-crm"})]
+        if name == "globex":
+            # The one designed to die: width is not a number, and no retry fixes that.
+            jobs[-2] = ("resize_image", {"url": "https://img.globex.example/huge.png",
+                                         "width": "huge", "height": 240})
+        for n, (kind, payload) in enumerate(jobs):
+            requests.append(EnqueueRequest(
+                tenant_id=tenant, operation_key=f"demo-{run_id}-{name}-{n}", kind=kind,
+                payload=payload, correlation_id=f"demo-{run_id}"))
+    return requests
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+@dataclass
+class TenantSummary:
+    tenant: str
+    tenant_id: uuid.UUID
+    jobs: int = 0
+    succeeded: int = 0
+    retried: int = 0
+    dead: int = 0
+    unfinished: int = 0
+
+
+@dataclass
+class DemoSummary:
+    run_id: str
+    tenants: list[TenantSummary] = field(default_factory=list)
+    dead: list[dict[str, Any]] = field(default_factory=list)
+    recovered_job: uuid.UUID | None = None
+
+    @property
+    def unfinished(self) -> int:
+        return sum(t.unfinished for t in self.tenants)
+
+
+def enqueue_demo(operator: Operator, run_id: str) -> list[uuid.UUID]:
+    results = enqueue_jobs(operator.conn, demo_requests(run_id))
+    return [r.job_id for r in results]
+
+
+def crash_a_worker(operator: Operator) -> uuid.UUID | None:
+    """Claim one job as a worker that never reports back: its lease simply expires."""
+    with translate_errors():
+        row = operator.conn.execute(
+            "select id from app.claim_jobs(%(tenant)s, %(owner)s, 1, %(lease)s::interval)",
+            {"tenant": TENANTS["initech"], "owner": CRASHED_OWNER, "lease": CRASHED_LEASE},
+        ).fetchone()
+    return row["id"] if row else None
+
+
+def summarise(operator: Operator, run_id: str, job_ids: list[uuid.UUID],
+              recovered: uuid.UUID | None) -> DemoSummary:
+    summary = DemoSummary(run_id, recovered_job=recovered)
+    by_tenant = {tenant: TenantSummary(name, tenant) for name, tenant in TENANTS.items()}
+    for job_id in job_ids:
+        job = operator.get_job(job_id)
+        if job is None:
+            continue
+        row = by_tenant[job["tenant_id"]]
+        row.jobs += 1
+        state = str(job["state"])
+        if state == "succeeded":
+            row.succeeded += 1
+            if job["attempts"] > 1:
+                row.retried += 1
+        elif state == "dead":
+            row.dead += 1
+            summary.dead.append({
+                "id": job["id"], "tenant": row.tenant, "kind": job["kind"],
+                "attempts": job["attempts"], "error": job["last_error"]})
+        else:
+            row.unfinished += 1
+    summary.tenants = list(by_tenant.values())
+    return summary

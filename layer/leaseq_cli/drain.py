@@ -1,0 +1,195 @@
+"""Drain the queue locally: the worker handler invoked again and again, as its schedule
+would invoke it in AWS, until nothing is left to do.
+
+Between invocations the loop looks at the queue (app.queue_status): it stops when no
+job is pending or waiting for a retry, or when the next one is due later than the
+operator is willing to wait; otherwise it sleeps until the next job is due. With
+``reap`` the reaper handler runs before every worker invocation, as its own schedule
+would, and jobs still running (a lease that has yet to expire) count as work left.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Literal
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from leaseq_cli.failures import UsageError
+from leaseq_cli.operator import Operator
+from leaseq_cli.render import Ui
+
+Stop = Literal["queue_empty", "invocation_limit", "scheduled_later", "idle_too_long"]
+
+#: Seconds before a progress bar appears: short drains print only their summary.
+PROGRESS_AFTER = 2.0
+
+
+@dataclass
+class DrainTotals:
+    invocations: int = 0
+    reaper_invocations: int = 0
+    claimed: int = 0
+    succeeded: int = 0
+    retried: int = 0
+    dead: int = 0
+    released: int = 0
+    lost_leases: int = 0
+    leases_recovered: int = 0
+    elapsed: float = 0.0
+    stopped: Stop = "queue_empty"
+    left: dict[str, int] = field(default_factory=dict)
+    next_due_in: float | None = None
+
+    def add_worker(self, report: dict[str, Any]) -> None:
+        self.invocations += 1
+        for name in ("claimed", "succeeded", "retried", "dead", "released", "lost_leases"):
+            setattr(self, name, getattr(self, name) + int(report.get(name, 0) or 0))
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """What the queue holds right now, from app.queue_status."""
+
+    by_state: dict[str, int]
+    ready: int
+    next_due_in: float | None
+
+    @classmethod
+    def read(cls, operator: Operator) -> Backlog:
+        by_state: dict[str, int] = {}
+        ready = 0
+        due: list[float] = []
+        for row in operator.queue_status():
+            by_state[row["state"]] = by_state.get(row["state"], 0) + int(row["jobs"])
+            ready += int(row["ready_jobs"])
+            if row["next_ready_in"] is not None:
+                due.append(max(0.0, row["next_ready_in"].total_seconds()))
+        return cls(by_state, ready, min(due) if due else None)
+
+    def waiting(self, *, include_running: bool) -> int:
+        states = ("pending", "retry_wait", "running") if include_running else (
+            "pending", "retry_wait")
+        return sum(self.by_state.get(s, 0) for s in states)
+
+
+def _as_report(value: Any) -> dict[str, Any]:
+    """The handler's answer as a dict of counters, whatever its exact shape."""
+    if isinstance(value, dict):
+        nested = value.get("report") or value.get("drain")
+        return nested if isinstance(nested, dict) else value
+    as_dict = getattr(value, "as_dict", None)
+    return as_dict() if callable(as_dict) else {}
+
+
+class _Progress:
+    """A progress bar that shows up only once a drain has lasted a few seconds."""
+
+    def __init__(self, ui: Ui, total: int) -> None:
+        self.ui = ui
+        self.total = max(total, 1)
+        self.started = time.monotonic()
+        self.bar: Progress | None = None
+        self.task: Any = None
+
+    def update(self, totals: DrainTotals) -> None:
+        if not self.ui.interactive:
+            return
+        if self.bar is None:
+            if time.monotonic() - self.started < PROGRESS_AFTER:
+                return
+            self.bar = Progress(TextColumn("draining"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("{task.description}"), TimeElapsedColumn(),
+                                console=self.ui.err, transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task("", total=self.total)
+        done = totals.succeeded + totals.dead
+        self.bar.update(self.task, completed=min(done, self.total), description=(
+            f"ok {totals.succeeded}  retried {totals.retried}  dead {totals.dead}  "
+            f"invocations {totals.invocations}"))
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def drain(
+    ui: Ui,
+    operator: Operator,
+    worker: Callable[[float], Any],
+    *,
+    budget: float,
+    max_invocations: int | None = None,
+    wait: float = 10.0,
+    reaper: Callable[[float], Any] | None = None,
+    reaper_budget: float = 10.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> DrainTotals:
+    totals = DrainTotals()
+    started = time.monotonic()
+    backlog = Backlog.read(operator)
+    progress = _Progress(ui, backlog.waiting(include_running=True))
+    idle_since: float | None = None
+    try:
+        while True:
+            if max_invocations is not None and totals.invocations >= max_invocations:
+                totals.stopped = "invocation_limit"
+                break
+            if reaper is not None:
+                reaped = _as_report(reaper(reaper_budget))
+                totals.reaper_invocations += 1
+                totals.leases_recovered += int(reaped.get("released", 0) or 0)
+            report = _as_report(worker(budget))
+            totals.add_worker(report)
+            progress.update(totals)
+            if int(report.get("claimed", 0) or 0) > 0:
+                idle_since = None
+                continue
+            backlog = Backlog.read(operator)
+            if backlog.ready > 0:
+                if report.get("stopped") == "deadline":
+                    raise UsageError(
+                        f"a {budget:g} s invocation is too short to start a job: the worker "
+                        "keeps the job timeout plus the lease margin plus 1 s in hand; raise "
+                        "--budget or lower --job-timeout")
+                continue
+            if backlog.waiting(include_running=reaper is not None) == 0:
+                totals.stopped = "queue_empty"
+                break
+            now = time.monotonic()
+            idle_since = now if idle_since is None else idle_since
+            due = backlog.next_due_in
+            if due is not None and due > wait:
+                totals.stopped = "scheduled_later"
+                break
+            if now - idle_since > wait:
+                totals.stopped = "idle_too_long"
+                break
+            sleep(min(due if due is not None else 0.5, 1.0) + 0.05)
+    finally:
+        progress.close()
+    totals.elapsed = time.monotonic() - started
+    final = Backlog.read(operator)
+    totals.left = {s: n for s, n in final.by_state.items()
+                   if s in ("pending", "retry_wait", "running") and n}
+    totals.next_due_in = final.next_due_in
+    return totals
+
+
+def describe_stop(totals: DrainTotals) -> str:
+    if totals.stopped == "queue_empty":
+        return "the queue is drained: no job is pending or waiting for a retry"
+    left = ", ".join(f"{n} {s}" for s, n in sorted(totals.left.items())) or "nothing"
+    if totals.stopped == "invocation_limit":
+        return f"stopped after {totals.invocations} invocations; left: {left}"
+    due = timedelta(seconds=totals.next_due_in or 0)
+    if totals.stopped == "scheduled_later":
+        return (f"left: {left}; the next job is due in {due}, later than --wait: "
+                "run leaseq drain again then")
+    return f"nothing became ready within --wait; left: {left}"

@@ -1,0 +1,175 @@
+"""Invoke the real worker and reaper Lambda handlers in this process.
+
+``leaseq drain`` and ``leaseq reap`` call the very ``lambda_handler`` functions that
+Lambda calls, with the scheduled event EventBridge Scheduler sends and a context whose
+remaining time is the budget the operator chose. Only the environment is local: the
+handlers read their settings from environment variables, so DATABASE_URL and
+LEASEQ_HANDLERS are set for the duration of each call and restored afterwards.
+
+The handlers log JSON lines (and EMF metrics) to stdout, as in Lambda. Here they go to
+``$LEASEQ_HOME/lambda.log``, or to stderr with --verbose, so the command's own output
+stays readable and its --json output stays parseable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import os
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Literal, TextIO
+
+from leaseq_cli.failures import CliError
+from leaseq_cli.lambda_context import LocalLambdaContext
+
+Function = Literal["worker", "reaper"]
+Handler = Callable[[dict[str, Any], Any], Any]
+
+#: Powertools settings a deployed function gets from its template.
+POWERTOOLS_DEFAULTS = {
+    "POWERTOOLS_SERVICE_NAME": "leaseq-local",
+    "POWERTOOLS_METRICS_NAMESPACE": "leaseq-local",
+    "POWERTOOLS_TRACE_DISABLED": "true",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+def scheduled_event(task: Function) -> dict[str, Any]:
+    """The payload the schedules in template.yaml send."""
+    return {
+        "source": "leaseq.schedule",
+        "task": task,
+        "scheduled_time": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+
+
+class LogSink(io.TextIOBase):
+    """Where the handlers' stdout goes: a file, stderr, or nowhere; switchable later,
+    because Powertools binds its log stream once, when the handler module is imported."""
+
+    def __init__(self) -> None:
+        self.target: TextIO | None = None
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if self.target is not None:
+            self.target.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        if self.target is not None:
+            self.target.flush()
+
+
+SINK = LogSink()
+
+
+def _repo_functions_dir() -> Path | None:
+    """functions/ of the checkout this package runs from (an editable install)."""
+    here = Path(__file__).resolve()
+    for parent in here.parents:
+        candidate = parent / "functions"
+        if (candidate / "worker" / "app.py").exists():
+            return candidate
+    cwd = Path.cwd() / "functions"
+    if (cwd / "worker" / "app.py").exists():
+        return cwd
+    return None
+
+
+_loaded: dict[str, ModuleType] = {}
+
+
+def _load_app(function: Function) -> ModuleType:
+    if function in _loaded:
+        return _loaded[function]
+    functions = _repo_functions_dir()
+    if functions is None:
+        raise CliError(
+            f"cannot find functions/{function}/app.py: run leaseq from a checkout of the "
+            "project (pip install -e .), where the Lambda functions' code lives")
+    path = functions / function / "app.py"
+    spec = importlib.util.spec_from_file_location(f"leaseq_function_{function}", path)
+    if spec is None or spec.loader is None:
+        raise CliError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    with contextlib.redirect_stdout(SINK):
+        spec.loader.exec_module(module)
+    _loaded[function] = module
+    return module
+
+
+def handler(function: Function) -> Handler:
+    found: Handler = _load_app(function).lambda_handler
+    return found
+
+
+@contextlib.contextmanager
+def environment(values: Mapping[str, str | None]) -> Iterator[None]:
+    """Set (or, for None, remove) environment variables, restoring them afterwards."""
+    saved = {key: os.environ.get(key) for key in values}
+    for key, value in {**{k: v for k, v in POWERTOOLS_DEFAULTS.items()
+                          if k not in os.environ}, **values}.items():
+        saved.setdefault(key, os.environ.get(key))
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+
+
+def reset_runtime() -> None:
+    """Forget the cached Lambda runtime (settings, connection) between commands."""
+    try:
+        runtime = importlib.import_module("leaseq_lambda.runtime")
+    except ImportError:
+        return
+    reset = getattr(runtime, "reset", None)
+    if callable(reset):
+        reset()
+
+
+class Invoker:
+    """Calls one function's handler repeatedly, as its schedule would."""
+
+    def __init__(self, function: Function, *, log: TextIO | None) -> None:
+        self.function = function
+        self.log = log
+        self.handler = handler(function)
+
+    def __call__(self, budget_seconds: float) -> Any:
+        context = LocalLambdaContext(budget_seconds, function_name=f"leaseq-{self.function}")
+        previous = SINK.target
+        SINK.target = self.log
+        try:
+            with contextlib.redirect_stdout(SINK):
+                return self.handler(scheduled_event(self.function), context)
+        finally:
+            SINK.target = previous
+            if self.log is not None:
+                self.log.flush()
+
+
+def open_log(home: Path, verbose: bool) -> contextlib.AbstractContextManager[TextIO | None]:
+    """stderr with --verbose, else ``lambda.log`` under the local home (appended)."""
+    if verbose:
+        return contextlib.nullcontext(sys.stderr)
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        return (home / "lambda.log").open("a", encoding="utf-8")
+    except OSError:
+        return contextlib.nullcontext(None)

@@ -1,0 +1,204 @@
+"""``leaseq``: run, inspect and operate the queue from a terminal.
+
+Every failure ends as one line on stderr and a documented exit code (see failures.py);
+``--verbose`` adds the traceback and the Lambda handlers' own log lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+from leaseq_cli import arguments
+from leaseq_cli.failures import EXIT_CODES_HELP, UsageError, describe
+
+Command = Callable[[argparse.Namespace, Any], int]
+
+DESCRIPTION = """\
+A durable, multi-tenant job queue in PostgreSQL, drained by AWS Lambda.
+
+Without DATABASE_URL every command uses an embedded PostgreSQL started on demand in
+$LEASEQ_HOME/pgdata (default ./.leaseq), migrated automatically; `leaseq db stop`
+stops it. With DATABASE_URL, commands use that server (as a member of service_role;
+`leaseq migrate` as the schema owner)."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, except that a usage error is one line and exit code 2, like the rest."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see: {self.prog} --help)")
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("output and connection")
+    group.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                       help="print one JSON document on stdout, for scripts")
+    group.add_argument("--no-color", action="store_true", default=argparse.SUPPRESS,
+                       help="no colour even on a terminal (NO_COLOR is honoured too)")
+    group.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                       help="show the Lambda handlers' logs on stderr and tracebacks")
+    group.add_argument("--database-url", default=argparse.SUPPRESS, metavar="URL",
+                       help="use this server instead of $DATABASE_URL or the embedded one")
+
+
+def _command(subparsers: Any, name: str, run: Command, help_text: str,
+             description: str | None = None) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        name, help=help_text, description=description or help_text,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.set_defaults(run=run)
+    _common(parser)
+    return parser
+
+
+def _selection_options(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("job_ids", nargs="*", type=arguments.uuid_value, metavar="JOB_ID",
+                        help=f"the {what} to act on")
+    parser.add_argument("--tenant", type=arguments.uuid_value, help="only this tenant's jobs")
+    parser.add_argument("--kind", help="only jobs of this kind")
+    parser.add_argument("--all", action="store_true", help=f"every {what} (no filter)")
+    parser.add_argument("--limit", type=arguments.positive_int,
+                        help="at most this many jobs (default: all that match)")
+    parser.add_argument("--reason", help="recorded in each job's audit event")
+    parser.add_argument("--actor", help="who acts, for the audit event "
+                        "(default: leaseq-cli:$USER)")
+
+
+def build_parser() -> Parser:
+    from leaseq_cli import commands as c
+
+    parser = Parser(prog="leaseq", description=DESCRIPTION, epilog=EXIT_CODES_HELP,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common(parser)
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=Parser)
+    sub.required = True
+
+    demo = _command(sub, "demo", c.cmd_demo, "enqueue demo jobs for four tenants, drain them "
+                    "with the real worker and reaper, show a summary")
+    demo.add_argument("--budget", type=arguments.seconds, default=20.0,
+                      help="seconds each simulated worker invocation may run (default 20)")
+
+    _command(sub, "migrate", c.cmd_migrate, "apply the SQL migrations (as the schema owner)")
+
+    enqueue = _command(sub, "enqueue", c.cmd_enqueue, "enqueue one job, or many from a "
+                       "JSON-lines file", description=(
+                           "Enqueue one job (--tenant, --kind, --payload) or many (--file, one "
+                           "JSON object per line with tenant_id, operation_key, kind, payload"
+                           " and optionally max_attempts, available_at, correlation_id). "
+                           "Enqueueing is idempotent on (tenant, operation key)."))
+    enqueue.add_argument("--tenant", type=arguments.uuid_value,
+                         help="the tenant (with --file: for lines without tenant_id)")
+    enqueue.add_argument("--kind", help="the job kind, as registered by the handlers")
+    enqueue.add_argument("--payload", type=arguments.json_object,
+                         help="the payload, a JSON object (default {})")
+    enqueue.add_argument("--key", help="the operation key (default: a new random key)")
+    enqueue.add_argument("--max-attempts", type=arguments.positive_int)
+    enqueue.add_argument("--correlation-id")
+    enqueue.add_argument("--file", metavar="JOBS.jsonl", help="a JSON-lines file, or - for stdin")
+
+    drain = _command(sub, "drain", c.cmd_drain, "run the worker Lambda handler locally until "
+                     "the queue is drained", description=(
+                         "Invoke the worker Lambda handler in this process again and again, "
+                         "with the scheduled event and a context whose remaining time is "
+                         "--budget: exactly the code path that runs in Lambda."))
+    drain.add_argument("--budget", type=arguments.seconds, default=60.0,
+                       help="seconds each invocation may run (default 60)")
+    drain.add_argument("--invocations", type=arguments.positive_int,
+                       help="stop after this many invocations (default: until drained)")
+    drain.add_argument("--wait", type=arguments.seconds, default=10.0,
+                       help="wait at most this long for jobs scheduled later (default 10)")
+    drain.add_argument("--handlers", metavar="MODULE",
+                       help="module exposing `registry` (default: $LEASEQ_HANDLERS, else the "
+                       "demo handlers)")
+    drain.add_argument("--job-timeout", type=arguments.seconds, metavar="SECONDS",
+                       help="the default job budget (LEASEQ_JOB_TIMEOUT_SECONDS)")
+    drain.add_argument("--reap", action="store_true",
+                       help="run the reaper handler before each invocation too")
+
+    reap = _command(sub, "reap", c.cmd_reap, "run the reaper Lambda handler once: expired "
+                    "leases of every tenant go back to the queue")
+    reap.add_argument("--budget", type=arguments.seconds, default=30.0)
+
+    status = _command(sub, "status", c.cmd_status, "jobs per tenant and state, ready jobs, "
+                      "the oldest ready job's age")
+    status.add_argument("--tenant", type=arguments.uuid_value)
+
+    jobs = _command(sub, "jobs", _needs_subcommand, "look at one job")
+    jobs_sub = jobs.add_subparsers(title="commands", metavar="COMMAND", parser_class=Parser)
+    jobs_sub.required = True
+    show = _command(jobs_sub, "show", c.cmd_jobs_show, "a job and its event timeline")
+    show.add_argument("job_id", type=arguments.uuid_value, metavar="JOB_ID")
+    show.add_argument("--limit", type=arguments.positive_int, default=1000,
+                      help="at most this many events (default 1000)")
+
+    dead = _command(sub, "dead", _needs_subcommand, "list and retry dead jobs")
+    dead_sub = dead.add_subparsers(title="commands", metavar="COMMAND", parser_class=Parser)
+    dead_sub.required = True
+    dead_list = _command(dead_sub, "list", c.cmd_dead_list, "dead jobs, most recent first, "
+                         "with the reason they died")
+    dead_list.add_argument("--tenant", type=arguments.uuid_value)
+    dead_list.add_argument("--kind")
+    dead_list.add_argument("--limit", type=arguments.positive_int, default=50)
+    retry = _command(dead_sub, "retry", c.cmd_dead_retry, "redrive dead jobs: back to pending "
+                     "with a fresh set of attempts and a 'redriven' audit event")
+    _selection_options(retry, "dead jobs")
+
+    cancel = _command(sub, "cancel", c.cmd_cancel, "cancel pending or retry_wait jobs, with a "
+                      "'cancelled' audit event")
+    _selection_options(cancel, "pending jobs")
+
+    prune = _command(sub, "prune", c.cmd_prune, "delete finished jobs and their events older "
+                     "than an age, in bounded batches")
+    prune.add_argument("--older-than", type=arguments.duration, required=True,
+                       metavar="AGE", help="such as 30d, 12h or 90m")
+    prune.add_argument("--batch", type=arguments.positive_int, default=1000,
+                       help="jobs per batch, each its own short transaction (default 1000)")
+    prune.add_argument("--max-batches", type=arguments.positive_int,
+                       help="stop after this many batches (default: until done)")
+
+    db = _command(sub, "db", _needs_subcommand, "the embedded PostgreSQL")
+    db_sub = db.add_subparsers(title="commands", metavar="COMMAND", parser_class=Parser)
+    db_sub.required = True
+    _command(db_sub, "start", c.cmd_db_start, "start it (and migrate) if it is not running")
+    _command(db_sub, "stop", c.cmd_db_stop, "stop it; the data stays for next time")
+    _command(db_sub, "status", c.cmd_db_status, "is it running, where, as whom")
+    url = _command(db_sub, "url", c.cmd_db_url, "print a connection string for it")
+    url.add_argument("--role", choices=("worker", "owner"), default="worker")
+    return parser
+
+
+def _needs_subcommand(args: argparse.Namespace, ui: Any) -> int:
+    raise UsageError("this command needs a subcommand (see --help)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    verbose = False
+    try:
+        warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+        args = build_parser().parse_args(argv)
+        verbose = bool(getattr(args, "verbose", False))
+        args.database_url = getattr(args, "database_url", None)
+        from leaseq_cli.render import Ui
+
+        ui = Ui(json_output=bool(getattr(args, "json", False)),
+                no_color=bool(getattr(args, "no_color", False)), verbose=verbose)
+        run: Command = args.run
+        return int(run(args, ui))
+    except SystemExit as exc:  # --help and --version print and exit 0
+        return int(exc.code) if isinstance(exc.code, int) else 0
+    except BaseException as exc:
+        message, code = describe(exc)
+        if verbose:
+            traceback.print_exc()
+        sys.stderr.write(f"leaseq: error: {message}\n")
+        sys.stderr.flush()
+        return int(code)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
