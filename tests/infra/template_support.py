@@ -1,0 +1,149 @@
+"""Reading template.yaml the way SAM does, and the checks no linter makes.
+
+cfn-lint and ``sam validate`` accept ``rate(30 seconds)`` and ``rate(1 minutes)``, which
+EventBridge Scheduler rejects at deploy time, so the schedule grammar is checked here.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATE = ROOT / "template.yaml"
+
+
+def load_sam_template(path: Path = TEMPLATE) -> dict[str, Any]:
+    from samtranslator.yaml_helper import yaml_parse
+
+    document: dict[str, Any] = yaml_parse(path.read_text(encoding="utf-8"))
+    return document
+
+
+class _NoManagedPolicies:
+    """The translator asks IAM for managed policy ARNs; the template names none."""
+
+    def load(self) -> dict[str, str]:
+        return {}
+
+    def get(self, name: str) -> str | None:
+        return None
+
+
+def translate(
+    sam: dict[str, Any], *, layer_uri: str = "s3://artifacts/layer.zip"
+) -> dict[str, Any]:
+    """Expand the SAM template to plain CloudFormation, offline.
+
+    Local CodeUri/ContentUri values are replaced by S3 URIs, as ``sam package`` does; the
+    layer's URI is a parameter because SAM derives the layer's logical id from it.
+    """
+    from samtranslator.translator.transform import transform
+
+    document = copy.deepcopy(sam)
+    for resource in document["Resources"].values():
+        properties = resource.get("Properties", {})
+        if resource["Type"] == "AWS::Serverless::Function":
+            properties["CodeUri"] = "s3://artifacts/function.zip"
+        elif resource["Type"] == "AWS::Serverless::LayerVersion":
+            properties["ContentUri"] = layer_uri
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    translated: dict[str, Any] = transform(document, {}, _NoManagedPolicies())
+    return translated
+
+
+def resources_of_type(template: dict[str, Any], type_name: str) -> dict[str, dict[str, Any]]:
+    return {
+        name: resource
+        for name, resource in template["Resources"].items()
+        if resource["Type"] == type_name
+    }
+
+
+def parameter_default(template: dict[str, Any], value: Any) -> Any:
+    """A literal, or the default of the parameter a Ref names."""
+    if isinstance(value, dict) and set(value) == {"Ref"}:
+        return template["Parameters"][value["Ref"]]["Default"]
+    return value
+
+
+# ---- EventBridge Scheduler expressions ------------------------------------------------------
+
+_RATE = re.compile(r"^rate\((?P<value>\d+) (?P<unit>[a-z]+)\)$")
+_RATE_UNITS = {"minute", "minutes", "hour", "hours", "day", "days"}
+_CRON_FIELDS = (
+    ("minutes", re.compile(r"^[0-9,\-*/]+$"), 0, 59),
+    ("hours", re.compile(r"^[0-9,\-*/]+$"), 0, 23),
+    ("day-of-month", re.compile(r"^[0-9,\-*/?LW]+$"), 1, 31),
+    ("month", re.compile(r"^([0-9,\-*/]+|[A-Za-z,\-]+)$"), 1, 12),
+    ("day-of-week", re.compile(r"^([1-7,\-*?L#/]+|[A-Za-z,\-#L]+)$"), 1, 7),
+    ("year", re.compile(r"^[0-9,\-*/]+$"), 1970, 2199),
+)
+
+
+def schedule_expression_problem(expression: str) -> str | None:
+    """Why EventBridge Scheduler would reject a recurring expression, or None."""
+    rate = _RATE.match(expression)
+    if rate:
+        value, unit = int(rate["value"]), rate["unit"]
+        if unit not in _RATE_UNITS:
+            return f"unit {unit!r}: rates take minute(s), hour(s) or day(s), never seconds"
+        if value < 1:
+            return "a rate must be at least 1"
+        if value == 1 and unit.endswith("s"):
+            return f"rate(1 {unit}) must be singular: rate(1 {unit[:-1]})"
+        if value > 1 and not unit.endswith("s"):
+            return f"rate({value} {unit}) must be plural: rate({value} {unit}s)"
+        return None
+    if expression.startswith("cron(") and expression.endswith(")"):
+        fields = expression[len("cron("):-1].split(" ")
+        if len(fields) != len(_CRON_FIELDS):
+            return (
+                "cron needs 6 fields (minutes hours day-of-month month day-of-week year), "
+                f"got {len(fields)}"
+            )
+        for text, (name, allowed, low, high) in zip(fields, _CRON_FIELDS, strict=True):
+            if not allowed.match(text):
+                return f"cron {name} field {text!r} has characters that field does not take"
+            for number in re.findall(r"(?<![#/])\b\d+\b", text):
+                if not low <= int(number) <= high:
+                    return f"cron {name} value {number} is outside {low}-{high}"
+        day_of_month, day_of_week = fields[2], fields[4]
+        if (day_of_month == "?") == (day_of_week == "?"):
+            return "cron needs '?' in exactly one of day-of-month and day-of-week"
+        return None
+    return "a recurring schedule is rate(...) or cron(...)"
+
+
+# ---- the SAM CLI (installed in its own virtualenv: its pins clash with the project's) -------
+
+
+def find_sam() -> str | None:
+    """SAM_CLI if set, else .venv-sam/bin/sam in the repository, else sam on PATH."""
+    candidates = [
+        os.environ.get("SAM_CLI"),
+        str(ROOT / ".venv-sam" / "bin" / "sam"),
+        shutil.which("sam"),
+    ]
+    for candidate in candidates:
+        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def sam_environment() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        SAM_CLI_TELEMETRY="0",
+        AWS_DEFAULT_REGION="us-east-1",
+        AWS_REGION="us-east-1",
+        # The python3.11 build workflow runs pip with the first python3.11 on PATH: put the
+        # test interpreter (3.11, like the Lambda runtime) first.
+        PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
+    )
+    return env
