@@ -147,6 +147,8 @@ class QueueClient:
     # Enqueue ------------------------------------------------------------------------
 
     def enqueue_jobs(self, requests: Sequence[EnqueueRequest]) -> list[EnqueueResult]:
+        if not requests:
+            return []
         return self._call(lambda conn: enqueue_jobs(conn, requests))
 
     def enqueue_job(self, request: EnqueueRequest) -> EnqueueResult:

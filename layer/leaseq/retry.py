@@ -32,7 +32,8 @@ class RetryPolicy:
 
     def delay(self, attempt: int, *, rand: Callable[[], float] = random.random) -> timedelta:
         """Delay before the retry that follows failed attempt number ``attempt`` (1-based)."""
-        ceiling = min(self.max_delay, self.base_delay * 2.0 ** max(0, attempt - 1))
+        doublings = min(max(0, attempt - 1), 64)  # 2**64 s already exceeds any cap
+        ceiling = min(self.max_delay, self.base_delay * 2.0 ** doublings)
         return timedelta(seconds=ceiling / 2 + rand() * ceiling / 2)
 
     def allows_another(self, attempts: int, job_max_attempts: int) -> bool:

@@ -1,0 +1,107 @@
+"""reap_once(): expired leases of every tenant go back to the queue, within bounds."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from leaseq import QueueClient, reap_once
+
+from tests.library.support import enqueue, event_types, job, states
+from tests.support.fakes import FakeDeadline
+from tests.support.postgres import Conn
+
+
+def abandon(client: QueueClient, admin: Conn, tenants: int, per_tenant: int,
+            max_attempts: int | None = None) -> list[uuid.UUID]:
+    """Claim jobs and let their leases run out, as a crashed worker would."""
+    for _ in range(tenants):
+        enqueue(client, uuid.uuid4(), per_tenant, max_attempts=max_attempts)
+    claimed: list[uuid.UUID] = []
+    while batch := client.claim_ready_jobs("crashed-worker", 100, timedelta(seconds=30)):
+        claimed.extend(j.id for j in batch)
+    admin.execute("update app.jobs set lease_expires_at = clock_timestamp() - interval '1 second'"
+                  " where state = 'running'")
+    return claimed
+
+
+def test_a_pass_releases_expired_leases_of_every_tenant(
+        client: QueueClient, admin: Conn, owner: Conn) -> None:
+    ids = abandon(client, admin, tenants=3, per_tenant=4)
+
+    report = reap_once(client, FakeDeadline(60))
+
+    assert (report.released, report.calls, report.complete) == (12, 1, True)
+    assert report.time_left == 60
+    assert states(owner) == {"retry_wait": 12}
+    row = job(owner, ids[0])
+    assert row["last_error"]["code"] == "LEASE_EXPIRED"
+    assert event_types(owner, ids[0]) == ["created", "claimed", "lease_expired"]
+
+
+def test_a_lease_that_has_not_expired_is_left_alone(
+        client: QueueClient, owner: Conn) -> None:
+    enqueue(client, uuid.uuid4(), 2)
+    client.claim_ready_jobs("live-worker", 10, timedelta(seconds=30))
+
+    report = reap_once(client, FakeDeadline(60))
+
+    assert (report.released, report.complete) == (0, True)
+    assert states(owner) == {"running": 2}
+
+
+def test_a_job_whose_last_attempt_expired_is_dead(
+        client: QueueClient, admin: Conn, owner: Conn) -> None:
+    (job_id,) = abandon(client, admin, tenants=1, per_tenant=1, max_attempts=1)
+
+    assert reap_once(client, FakeDeadline(60)).released == 1
+    assert job(owner, job_id)["state"] == "dead"
+
+
+def test_a_pass_is_bounded_by_count(client: QueueClient, admin: Conn, owner: Conn) -> None:
+    abandon(client, admin, tenants=2, per_tenant=25)
+
+    report = reap_once(client, FakeDeadline(60), limit=10, max_calls=3)
+
+    assert (report.released, report.calls, report.complete) == (30, 3, False)
+    assert states(owner) == {"retry_wait": 30, "running": 20}
+    assert reap_once(client, FakeDeadline(60), limit=10).released == 20
+
+
+class SlowClient(QueueClient):
+    """Each release call takes 4 s of the invocation's time."""
+
+    def __init__(self, client: QueueClient, deadline: FakeDeadline) -> None:
+        super().__init__(lambda: client.connection)
+        self.deadline = deadline
+        self.calls = 0
+
+    def release_all_expired_jobs(self, limit: int = 1000) -> int:
+        self.calls += 1
+        self.deadline.spend(4)
+        return super().release_all_expired_jobs(limit)
+
+
+def test_a_pass_is_bounded_by_time(client: QueueClient, admin: Conn, owner: Conn) -> None:
+    abandon(client, admin, tenants=1, per_tenant=30)
+    deadline = FakeDeadline(10)
+    slow = SlowClient(client, deadline)
+
+    report = reap_once(slow, deadline, limit=10, margin=2)
+
+    # 10 s left: a call (to 6), a call (to 2), then no time beyond the 2 s margin.
+    assert (slow.calls, report.released, report.complete) == (2, 20, False)
+    assert report.time_left == 2
+    assert states(owner) == {"retry_wait": 20, "running": 10}
+
+
+def test_no_call_at_all_without_time_beyond_the_margin(client: QueueClient) -> None:
+    report = reap_once(client, FakeDeadline(1.5), margin=2)
+    assert (report.calls, report.released, report.complete) == (0, 0, False)
+
+
+@pytest.mark.parametrize("limit", [0, 10_001])
+def test_a_limit_outside_the_sql_bounds_is_refused(client: QueueClient, limit: int) -> None:
+    with pytest.raises(ValueError, match="between 1 and 10000"):
+        reap_once(client, FakeDeadline(60), limit=limit)

@@ -1,0 +1,86 @@
+"""Settings come from the environment once, at the edge, and explain what is wrong."""
+
+from __future__ import annotations
+
+import pytest
+from leaseq import ConfigurationError, LeaseqSettings
+
+DSN = "postgresql://worker@db.internal/leaseq"
+
+
+def test_a_database_url_alone_is_enough_and_everything_else_has_a_default() -> None:
+    settings = LeaseqSettings.from_env({"DATABASE_URL": DSN})
+    assert settings.database.url is not None
+    assert settings.database.url.get_secret_value() == DSN
+    assert (settings.worker.batch_size, settings.worker.lease_margin_seconds,
+            settings.worker.job_timeout_seconds) == (10, 5.0, 30.0)
+    assert settings.worker.handlers_module is None
+    assert settings.reaper.limit == 1000
+    assert settings.database.sslmode == "require"
+
+
+def test_every_documented_variable_is_read() -> None:
+    settings = LeaseqSettings.from_env({
+        "LEASEQ_DB_HOST": "proxy.internal", "LEASEQ_DB_PORT": "6432", "LEASEQ_DB_NAME": "queue",
+        "LEASEQ_DB_USER": "leaseq_worker", "LEASEQ_DB_IAM_AUTH": "true",
+        "LEASEQ_DB_SSLMODE": "verify-full",
+        "LEASEQ_DATABASE_SECRET_ARN": "arn:aws:secretsmanager:us-east-1:1:secret:x",
+        "LEASEQ_SECRET_MAX_AGE_SECONDS": "60", "LEASEQ_HANDLERS": "billing.jobs",
+        "LEASEQ_BATCH_SIZE": "25", "LEASEQ_LEASE_MARGIN_SECONDS": "3",
+        "LEASEQ_JOB_TIMEOUT_SECONDS": "12.5", "LEASEQ_REAPER_LIMIT": "500",
+        "LEASEQ_WORKER_ID": "blue", "UNRELATED": "ignored",
+    })
+    db, worker = settings.database, settings.worker
+    assert (db.host, db.port, db.name, db.user, db.iam_auth, db.sslmode) == (
+        "proxy.internal", 6432, "queue", "leaseq_worker", True, "verify-full")
+    assert (db.secret_arn, db.secret_max_age_seconds) == (
+        "arn:aws:secretsmanager:us-east-1:1:secret:x", 60)
+    assert (worker.handlers_module, worker.batch_size, worker.lease_margin_seconds,
+            worker.job_timeout_seconds, worker.worker_id) == ("billing.jobs", 25, 3.0, 12.5, "blue")
+    assert settings.reaper.limit == 500
+
+
+def test_empty_variables_count_as_unset() -> None:
+    settings = LeaseqSettings.from_env({"DATABASE_URL": DSN, "LEASEQ_BATCH_SIZE": "",
+                                        "LEASEQ_HANDLERS": ""})
+    assert (settings.worker.batch_size, settings.worker.handlers_module) == (10, None)
+
+
+def test_no_way_to_the_database_is_a_configuration_error_naming_the_options() -> None:
+    with pytest.raises(ConfigurationError, match="DATABASE_URL, or LEASEQ_DATABASE_SECRET_ARN"):
+        LeaseqSettings.from_env({})
+
+
+@pytest.mark.parametrize(("env", "problem"), [
+    ({"LEASEQ_BATCH_SIZE": "0"}, "LEASEQ_BATCH_SIZE: Input should be greater than or equal to 1"),
+    ({"LEASEQ_BATCH_SIZE": "ten"}, "LEASEQ_BATCH_SIZE: Input should be a valid integer"),
+    ({"LEASEQ_REAPER_LIMIT": "10001"}, "LEASEQ_REAPER_LIMIT: Input should be less than"),
+    ({"LEASEQ_LEASE_MARGIN_SECONDS": "0.1"}, "LEASEQ_LEASE_MARGIN_SECONDS"),
+    ({"LEASEQ_JOB_TIMEOUT_SECONDS": "-1"}, "LEASEQ_JOB_TIMEOUT_SECONDS"),
+    ({"LEASEQ_DB_SSLMODE": "on"}, "LEASEQ_DB_SSLMODE"),
+    ({"LEASEQ_DB_PORT": "70000"}, "LEASEQ_DB_PORT"),
+    ({"LEASEQ_SECRET_MAX_AGE_SECONDS": "-5"}, "LEASEQ_SECRET_MAX_AGE_SECONDS"),
+])
+def test_an_invalid_value_is_a_configuration_error_naming_the_variable(
+        env: dict[str, str], problem: str) -> None:
+    with pytest.raises(ConfigurationError, match=problem):
+        LeaseqSettings.from_env({"DATABASE_URL": DSN, **env})
+
+
+def test_iam_auth_needs_host_user_and_database_name() -> None:
+    with pytest.raises(ConfigurationError, match="needs LEASEQ_DB_HOST, LEASEQ_DB_USER"):
+        LeaseqSettings.from_env({"LEASEQ_DB_HOST": "proxy", "LEASEQ_DB_IAM_AUTH": "true"})
+
+
+def test_iam_auth_refuses_a_connection_without_tls() -> None:
+    with pytest.raises(ConfigurationError, match="needs TLS"):
+        LeaseqSettings.from_env({"LEASEQ_DB_HOST": "proxy", "LEASEQ_DB_USER": "u",
+                                 "LEASEQ_DB_NAME": "d", "LEASEQ_DB_IAM_AUTH": "true",
+                                 "LEASEQ_DB_SSLMODE": "prefer"})
+
+
+def test_the_error_message_never_echoes_a_password() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        LeaseqSettings.from_env({"DATABASE_URL": "postgresql://u:hunter2@h/d",
+                                 "LEASEQ_BATCH_SIZE": "0"})
+    assert "hunter2" not in str(caught.value)
