@@ -143,11 +143,12 @@ def test_completion_fenced_by_token_owner_and_tenant_changes_nothing(
 ) -> None:
     lease = _running(worker)
     before = snapshot(owner)
-    wrong: dict[str, Any] = {
+    choices: dict[str, dict[str, Any]] = {
         "token": {"token": uuid.uuid4()},
         "owner": {"owner": "impostor"},
         "tenant": {"tenant": new_tenant()},
-    }[fence]
+    }
+    wrong = choices[fence]
 
     assert not _complete(worker, lease, {"x": 1}, **wrong)
     assert _fail(worker, lease, {"x": 1}, **wrong) is None

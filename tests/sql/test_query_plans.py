@@ -1,0 +1,297 @@
+"""The reaper's and the fair claimer's queries stay index-backed on a large table.
+
+The functions are plpgsql SECURITY DEFINER, so EXPLAIN of the call shows only a
+Function Scan; auto_explain logs the plan of every statement inside them instead
+(``log_nested_statements``), returned to this session as notices. Each function is
+called several times, so both plpgsql's custom plans and its cached generic plan are
+checked. auto_explain ships with the Debian and RDS builds of PostgreSQL but not with
+the embedded server; there these tests skip.
+
+Run as a module it prints the captured plans as Markdown (docs/sql-plans.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, LiteralString
+
+import psycopg
+import pytest
+from leaseq.db import connect
+from leaseq.migrate import migrate
+
+from tests.conftest import Database
+from tests.support import postgres
+from tests.support.postgres import Cluster, Conn
+
+TENANTS = 100
+JOBS = 100_000
+CALLS = 7  # plpgsql switches to a generic plan after five custom ones
+
+# 100 tenants x 1,000 jobs. Per tenant: 90% succeeded, 5% pending (one in seven of
+# them not due for an hour), 3% running (half of those with an expired lease), 2% dead.
+_POPULATE = """
+insert into app.jobs (tenant_id, operation_key, kind, payload, state, attempts, available_at,
+                      lease_owner, lease_token, lease_expires_at, created_at, updated_at,
+                      completed_at)
+select s.tenant, 'op-' || g, 'plan.check', jsonb_build_object('g', g), s.state,
+       case when s.state = 'pending' then 0 else 1 end,
+       clock_timestamp() - interval '1 hour'
+         + case when g %% 7 = 0 then interval '2 hours' else interval '0' end,
+       case when s.state = 'running' then 'worker-' || (g %% 8) end,
+       case when s.state = 'running' then gen_random_uuid() end,
+       case when s.state = 'running' then clock_timestamp()
+         + case when g %% 2 = 0 then interval '-1 minute' else interval '10 minutes' end end,
+       clock_timestamp() - interval '1 day', clock_timestamp(),
+       case when s.state in ('succeeded', 'dead') then clock_timestamp() end
+from generate_series(0, %(jobs)s - 1) as g
+cross join lateral (
+  select ('00000000-0000-4000-8000-' || lpad(to_hex(g %% %(tenants)s), 12, '0'))::uuid
+           as tenant,
+         case when (g / %(tenants)s) %% 100 < 90 then 'succeeded'
+              when (g / %(tenants)s) %% 100 < 95 then 'pending'
+              when (g / %(tenants)s) %% 100 < 98 then 'running'
+              else 'dead' end::app.job_state as state
+) as s
+"""
+
+
+def tenant_uuid(n: int) -> uuid.UUID:
+    return uuid.UUID(f"00000000-0000-4000-8000-{n:012x}")
+
+
+@dataclass(frozen=True)
+class Plan:
+    query: str
+    root: dict[str, Any]
+    text: str
+
+
+def _nodes(node: dict[str, Any], *, follow_init_plans: bool = True) -> Iterator[dict[str, Any]]:
+    yield node
+    for child in node.get("Plans", []):
+        if not follow_init_plans and child.get("Parent Relationship") in ("InitPlan", "SubPlan"):
+            continue
+        yield from _nodes(child, follow_init_plans=follow_init_plans)
+
+
+def seq_scans_of_jobs(plans: list[Plan]) -> list[str]:
+    return [
+        p.query for p in plans for n in _nodes(p.root)
+        if n["Node Type"] == "Seq Scan" and n.get("Relation Name") in ("jobs", "job_events")
+    ]
+
+
+def sorts(plans: list[Plan]) -> list[str]:
+    return [
+        p.query for p in plans for n in _nodes(p.root)
+        if n["Node Type"] in ("Sort", "Incremental Sort")
+    ]
+
+
+def sorts_reading_jobs(plans: list[Plan]) -> list[str]:
+    """Sorts whose own input (not a CTE or sub-plan beside it) reads app.jobs."""
+    found = []
+    for p in plans:
+        for node in _nodes(p.root):
+            if node["Node Type"] not in ("Sort", "Incremental Sort"):
+                continue
+            below = _nodes(node, follow_init_plans=False)
+            if any(n.get("Relation Name") == "jobs" for n in below):
+                found.append(p.query)
+    return found
+
+
+def indexes_used(plans: list[Plan]) -> set[str]:
+    return {n["Index Name"] for p in plans for n in _nodes(p.root) if "Index Name" in n}
+
+
+class PlanCapture:
+    """auto_explain on one superuser session; every nested statement's plan as a notice."""
+
+    def __init__(self, conn: Conn, fmt: str = "json") -> None:
+        self.conn = conn
+        self.fmt = fmt
+        self._messages: list[str] = []
+        conn.execute("load 'auto_explain'")
+        for setting, value in (
+            ("auto_explain.log_min_duration", "0"),
+            ("auto_explain.log_nested_statements", "on"),
+            ("auto_explain.log_level", "notice"),
+            ("auto_explain.log_format", fmt),
+            ("auto_explain.log_analyze", "on"),
+            ("auto_explain.log_timing", "off"),
+            ("auto_explain.log_buffers", "off"),
+        ):
+            conn.execute("select set_config(%s, %s, false)", (setting, value))
+        conn.add_notice_handler(self._on_notice)
+
+    def _on_notice(self, diag: psycopg.errors.Diagnostic) -> None:
+        message = diag.message_primary or ""
+        if "plan:" in message:
+            self._messages.append(message)
+
+    def run(
+        self, query: LiteralString, params: tuple[Any, ...] = ()
+    ) -> tuple[list[dict[str, Any]], list[Plan]]:
+        self._messages.clear()
+        rows = self.conn.execute(query, params).fetchall()
+        plans = [self._parse(m) for m in self._messages]
+        return rows, plans
+
+    def _parse(self, message: str) -> Plan:
+        body = message.split("plan:", 1)[1].strip()
+        if self.fmt != "json":
+            # "Query Text: ..." runs on over the statement's own (indented) lines; the
+            # plan starts at the first line after it that is not indented.
+            lines = body.splitlines()
+            start = next(
+                (i for i, line in enumerate(lines) if i > 0 and line and not line[0].isspace()),
+                len(lines),
+            )
+            query = "\n".join(lines[:start]).removeprefix("Query Text: ")
+            return Plan(query, {"Node Type": "?"}, "\n".join(lines[start:]))
+        data = json.loads(body)
+        return Plan(data["Query Text"], data["Plan"], body)
+
+
+@pytest.fixture(scope="module")
+def big_queue(cluster: Cluster, migrated_database: Database) -> Iterator[Database]:
+    """A migrated database holding 100,000 analysed jobs of 100 tenants."""
+    database = build_big_queue(cluster)
+    try:
+        with database.connect(None) as admin:
+            try:
+                admin.execute("load 'auto_explain'")
+            except psycopg.errors.UndefinedFile:
+                pytest.skip(
+                    "auto_explain is not shipped with this server (the embedded build lacks "
+                    "it); run with LEASEQ_TEST_DSN against a Debian or RDS PostgreSQL"
+                )
+        yield database
+    finally:
+        postgres.drop_database(cluster, database.name)
+
+
+def build_big_queue(cluster: Cluster) -> Database:
+    name = f"leaseq_plans_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    postgres.create_database(cluster, name)
+    database = Database(cluster, name)
+    with connect(database.owner_dsn) as conn:
+        migrate(conn)
+        conn.execute(_POPULATE, {"jobs": JOBS, "tenants": TENANTS})
+        conn.execute("analyze app.jobs")
+    return database
+
+
+@pytest.fixture
+def capture(big_queue: Database) -> Iterator[PlanCapture]:
+    """A superuser session with auto_explain; whatever the test changes is rolled back."""
+    with big_queue.connect(None) as conn, conn.transaction(force_rollback=True):
+        yield PlanCapture(conn)
+
+
+def test_big_queue_has_the_intended_shape(capture: PlanCapture) -> None:
+    rows, _ = capture.run(
+        "select state, count(*) as n, count(distinct tenant_id) as tenants from app.jobs"
+        " group by state order by state"
+    )
+    assert rows == [
+        {"state": "pending", "n": 5_000, "tenants": 100},
+        {"state": "running", "n": 3_000, "tenants": 100},
+        {"state": "succeeded", "n": 90_000, "tenants": 100},
+        {"state": "dead", "n": 2_000, "tenants": 100},
+    ]
+
+
+def test_ready_tenants_probes_the_claimable_index_without_scanning_or_sorting_jobs(
+    capture: PlanCapture,
+) -> None:
+    plans: list[Plan] = []
+    for _ in range(CALLS):
+        rows, captured = capture.run("select * from app.ready_tenants(100)")
+        assert [r["tenant_id"] for r in rows] == [tenant_uuid(n) for n in range(TENANTS)]
+        plans += captured
+
+    assert plans, "auto_explain captured nothing"
+    assert seq_scans_of_jobs(plans) == []
+    assert sorts(plans) == []
+    assert "jobs_claimable_idx" in indexes_used(plans)
+
+
+def test_release_all_expired_jobs_walks_the_lease_expiry_index_without_sorting(
+    capture: PlanCapture,
+) -> None:
+    released: list[int] = []
+    plans: list[Plan] = []
+    for _ in range(CALLS):
+        rows, captured = capture.run("select app.release_all_expired_jobs(1000) as n")
+        released.append(rows[0]["n"])
+        plans += captured
+
+    assert released == [1000, 500] + [0] * (CALLS - 2)
+    assert seq_scans_of_jobs(plans) == []
+    assert sorts(plans) == []
+    assert "jobs_lease_expiry_idx" in indexes_used(plans)
+
+
+def test_claims_read_jobs_through_the_claimable_index_and_sort_only_what_they_claimed(
+    capture: PlanCapture,
+) -> None:
+    plans: list[Plan] = []
+    for n in range(CALLS):
+        rows, captured = capture.run(
+            "select id from app.claim_jobs(%s, 'plan-check', 10)", (tenant_uuid(n),)
+        )
+        assert len(rows) == 10
+        plans += captured
+        rows, captured = capture.run("select id from app.claim_ready_jobs('plan-check', 10)")
+        assert len(rows) == 10
+        plans += captured
+
+    assert seq_scans_of_jobs(plans) == []
+    assert sorts_reading_jobs(plans) == []
+    assert "jobs_claimable_idx" in indexes_used(plans)
+
+
+def _markdown(cluster: Cluster) -> str:
+    """The plans of one call of each function, as docs/sql-plans.md shows them."""
+    database = build_big_queue(cluster)
+    out: list[str] = []
+    try:
+        with database.connect(None) as conn:
+            version = conn.execute("show server_version").fetchone()
+            assert version is not None
+            out.append(f"Captured on PostgreSQL {version['server_version']}.\n")
+            with conn.transaction(force_rollback=True):
+                capture = PlanCapture(conn, fmt="text")
+                calls: list[tuple[str, LiteralString, tuple[Any, ...]]] = [
+                    ("app.ready_tenants(100)", "select * from app.ready_tenants(100)", ()),
+                    ("app.release_all_expired_jobs(1000)",
+                     "select app.release_all_expired_jobs(1000)", ()),
+                    ("app.claim_jobs(tenant, 'w', 10)",
+                     "select id from app.claim_jobs(%s, 'w', 10)", (tenant_uuid(5),)),
+                    ("app.claim_ready_jobs('w', 10)",
+                     "select id from app.claim_ready_jobs('w', 10)", ()),
+                ]
+                for title, call, params in calls:
+                    _, plans = capture.run(call, params)
+                    shown = [
+                        p for p in plans
+                        if "app.jobs" in p.query and "FOR KEY SHARE" not in p.query
+                    ]
+                    out.append(f"### {title}\n")
+                    for plan in shown:
+                        out.append("```\n" + plan.text + "\n```\n")
+    finally:
+        postgres.drop_database(cluster, database.name)
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(_markdown(Cluster(os.environ["LEASEQ_TEST_DSN"])))
