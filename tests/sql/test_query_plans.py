@@ -163,16 +163,16 @@ class PlanCapture:
 @pytest.fixture(scope="module")
 def big_queue(cluster: Cluster, migrated_database: Database) -> Iterator[Database]:
     """A migrated database holding 100,000 analysed jobs of 100 tenants."""
+    with cluster.connect() as admin:
+        try:
+            admin.execute("load 'auto_explain'")
+        except psycopg.errors.UndefinedFile:
+            pytest.skip(
+                "auto_explain is not shipped with this server (the embedded build lacks "
+                "it); run with LEASEQ_TEST_DSN against a Debian or RDS PostgreSQL"
+            )
     database = build_big_queue(cluster)
     try:
-        with database.connect(None) as admin:
-            try:
-                admin.execute("load 'auto_explain'")
-            except psycopg.errors.UndefinedFile:
-                pytest.skip(
-                    "auto_explain is not shipped with this server (the embedded build lacks "
-                    "it); run with LEASEQ_TEST_DSN against a Debian or RDS PostgreSQL"
-                )
         yield database
     finally:
         postgres.drop_database(cluster, database.name)
