@@ -84,6 +84,7 @@ def test_migrations_are_numbered_without_gaps_and_named_like_their_files() -> No
 
 
 def test_rerun_is_a_no_op(fresh: Database) -> None:
+    """Reference defect 19: the script could not be re-run ("job_state" already exists)."""
     with connect(fresh.owner_dsn) as conn:
         migrate(conn)
         before = (_recorded(conn), _catalog(conn))
@@ -127,6 +128,7 @@ def test_database_newer_than_the_code_is_refused(fresh: Database) -> None:
 
 
 def test_each_migration_commits_alone_and_a_failing_one_leaves_no_trace(fresh: Database) -> None:
+    """Reference defect 1: a failing run left a half-made schema behind."""
     broken = Migration(
         len(ALL) + 1,
         "broken",
@@ -280,6 +282,7 @@ def private_cluster() -> Iterator[Cluster]:
 
 
 def test_migrate_creates_the_nologin_group_roles_when_absent(private_cluster: Cluster) -> None:
+    """Reference defect 1: the first GRANT failed where the group roles did not exist."""
     with private_cluster.connect() as admin:
         absent = admin.execute(
             "select count(*) as n from pg_roles where rolname in ('service_role', 'authenticated')"

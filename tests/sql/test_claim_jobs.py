@@ -232,6 +232,7 @@ def test_claim_ready_jobs_bounds_raise_22023(
 def test_ready_tenants_lists_tenants_with_ready_work_and_leaves_out_future_only_ones(
     worker: Conn, owner: Conn
 ) -> None:
+    """Reference defect 15: nothing could list the tenants that have work."""
     ready, future_only, running_only, retrying = (new_tenant() for _ in range(4))
     first = enqueue(worker, ready, "a")
     enqueue(worker, ready, "b")

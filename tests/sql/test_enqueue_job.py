@@ -23,8 +23,14 @@ from tests.sql.helpers import (
 from tests.support.postgres import Conn
 
 
+def test_workers_can_create_jobs(worker: Conn, owner: Conn) -> None:
+    """Reference defect 4: there was no enqueue function and no role could INSERT."""
+    row = enqueue(worker, new_tenant(), "first")
+    assert job(owner, row["id"])["operation_key"] == "first"
+
+
 def test_new_job_is_pending_with_exactly_one_created_event(worker: Conn, owner: Conn) -> None:
-    """Reference defects 4 and 5: a job can be created, and its creation is audited."""
+    """Reference defect 5: nothing wrote the 'created' event."""
     tenant = new_tenant()
     row = enqueue(worker, tenant, "order-1", kind="invoice.render", payload={"order": 1})
 

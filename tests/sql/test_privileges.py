@@ -257,6 +257,17 @@ def two_tenants(worker: Conn, owner: Conn) -> tuple[uuid.UUID, uuid.UUID, uuid.U
     return a, b, job_a, job_b
 
 
+def test_reader_queries_run_because_readers_may_execute_the_tenant_lookup(
+    reader: Conn, owner: Conn
+) -> None:
+    """Reference defect 7: current_tenant_id() lost EXECUTE, so every reader query errored."""
+    tenant = new_tenant()
+    _bind(owner, postgres.READER, tenant)
+    reader.execute("select set_config('app.tenant_id', %s, false)", (str(tenant),))
+    assert reader.execute("select app.current_tenant_id() as t").fetchone() == {"t": tenant}
+    assert reader.execute("select id from app.jobs").fetchall() == []
+
+
 def test_reader_sees_only_its_bound_tenants_jobs_and_events(
     reader: Conn, two_tenants: tuple[uuid.UUID, uuid.UUID, uuid.UUID, uuid.UUID]
 ) -> None:
@@ -287,7 +298,7 @@ def test_missing_or_malformed_tenant_setting_shows_nothing_without_error(
     reader: Conn, two_tenants: tuple[uuid.UUID, uuid.UUID, uuid.UUID, uuid.UUID],
     setting: str | None,
 ) -> None:
-    """Reference defects 7 and 10: reader queries errored instead of showing nothing."""
+    """Reference defect 10: a malformed setting raised an error instead of showing nothing."""
     assert _visible(reader, setting) == (set(), set())
 
 

@@ -107,6 +107,7 @@ def test_live_leases_and_other_tenants_are_left_alone(worker: Conn, owner: Conn)
 
 
 def test_release_all_recovers_expired_leases_of_every_tenant(worker: Conn, owner: Conn) -> None:
+    """Reference defect 15: the reaper could only work one known tenant at a time."""
     tenants = [new_tenant() for _ in range(3)]
     crashed = [_crashed(worker, owner, t, f"k{i}") for i, t in enumerate(tenants)]
     enqueue(worker, tenants[0], "live")
