@@ -378,3 +378,15 @@ def test_empty_batch_raises_22023(worker: Conn) -> None:
         worker.execute(
             "select * from app.finish_jobs('w', '{}', '{}', '{}', '{}', '{}', '{}')"
         )
+
+
+def test_the_same_job_twice_in_one_batch_is_finished_once_with_one_event(
+    worker: Conn, owner: Conn
+) -> None:
+    lease = _running(worker)
+    item = (lease["tenant_id"], lease["id"], lease["lease_token"], "succeeded", {"n": 1}, None)
+
+    applied = _finish(worker, WORKER_NAME, [item, item])
+
+    assert applied == {lease["id"]: "succeeded"}
+    assert event_types(owner, lease["id"]) == ["created", "claimed", "succeeded"]
