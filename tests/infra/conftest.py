@@ -77,7 +77,7 @@ def migrations_app() -> Any:
     import importlib.util
 
     if str(MIGRATIONS_DIR) not in sys.path:
-        sys.path.insert(0, str(MIGRATIONS_DIR))
+        sys.path.append(str(MIGRATIONS_DIR))  # last: never shadows another function's app
     spec = importlib.util.spec_from_file_location(
         "leaseq_migrations_app", MIGRATIONS_DIR / "app.py"
     )
