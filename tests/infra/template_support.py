@@ -19,7 +19,7 @@ TEMPLATE = ROOT / "template.yaml"
 
 
 def load_sam_template(path: Path = TEMPLATE) -> dict[str, Any]:
-    from samtranslator.yaml_helper import yaml_parse
+    from samtranslator.yaml_helper import yaml_parse  # type: ignore[import-untyped]
 
     document: dict[str, Any] = yaml_parse(path.read_text(encoding="utf-8"))
     return document
@@ -43,7 +43,7 @@ def translate(
     Local CodeUri/ContentUri values are replaced by S3 URIs, as ``sam package`` does; the
     layer's URI is a parameter because SAM derives the layer's logical id from it.
     """
-    from samtranslator.translator.transform import transform
+    from samtranslator.translator.transform import transform  # type: ignore[import-untyped]
 
     document = copy.deepcopy(sam)
     for resource in document["Resources"].values():

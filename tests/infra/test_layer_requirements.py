@@ -15,7 +15,7 @@ RUNTIME_PROVIDED = {"boto3"}
 
 
 def layer_pins() -> dict[str, Requirement]:
-    pins = {}
+    pins: dict[str, Requirement] = {}
     for line in (ROOT / "layer" / "requirements.txt").read_text(encoding="utf-8").splitlines():
         text = line.split("#", 1)[0].strip()
         if text:

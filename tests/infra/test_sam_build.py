@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,7 @@ RUNTIME_PROVIDED = ("boto3", "botocore", "s3transfer", "jmespath", "dateutil", "
 
 
 @pytest.fixture(scope="module")
-def build_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def build_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     sam_cli = find_sam()
     if sam_cli is None:
         pytest.skip("SAM CLI not found (set SAM_CLI or install aws-sam-cli into .venv-sam)")
