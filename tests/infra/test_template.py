@@ -276,6 +276,8 @@ def test_runtime_functions_set_only_variables_the_settings_declare_and_the_same_
     assert logins[0]["LEASEQ_DB_USER"] == {"Ref": "RuntimeDbUser"}
     assert logins[0]["LEASEQ_DB_HOST"]["Fn::If"][1] == {
         "Fn::GetAtt": ["DatabaseProxy", "Endpoint"]}
+    # The proxy listens on 5432 even when the database itself uses another port.
+    assert logins[0]["LEASEQ_DB_PORT"] == {"Fn::If": ["UsesProxy", "5432", {"Ref": "DbPort"}]}
 
 
 def test_runtime_functions_may_connect_only_as_the_runtime_user_through_the_proxy(
