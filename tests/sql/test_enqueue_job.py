@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from psycopg.types.json import Jsonb
 
+from tests.conftest import Database
 from tests.sql.helpers import (
     claim_one,
     enqueue,
@@ -20,6 +22,7 @@ from tests.sql.helpers import (
     raises_sqlstate,
     snapshot,
 )
+from tests.support import postgres
 from tests.support.postgres import Conn
 
 
@@ -312,3 +315,25 @@ def test_batch_writes_its_created_events_with_one_insert_statement(
     with event_insert_statements(admin, worker) as statements:
         enqueue_many(worker, new_tenant(), 5)
     assert statements == [5]
+
+
+@pytest.mark.parametrize("first_commits", [True, False], ids=["commit", "rollback"])
+def test_concurrent_enqueue_of_one_key_waits_and_then_returns_the_winner_or_creates(
+    worker: Conn, db: Database, owner: Conn, first_commits: bool
+) -> None:
+    tenant = new_tenant()
+    second: list[dict[str, Any]] = []
+    with db.connect(postgres.WORKER) as other:
+        worker.execute("begin")
+        first = enqueue(worker, tenant, "race")
+        thread = threading.Thread(target=lambda: second.append(enqueue(other, tenant, "race")))
+        thread.start()
+        thread.join(timeout=0.5)
+        assert thread.is_alive(), "the second enqueue did not wait for the first"
+        worker.execute("commit" if first_commits else "rollback")
+        thread.join(timeout=10)
+
+    assert len(second) == 1
+    assert (second[0]["id"] == first["id"]) is first_commits
+    assert owner.execute("select count(*) as n from app.jobs").fetchone() == {"n": 1}
+    assert event_types(owner, second[0]["id"]) == ["created"]
