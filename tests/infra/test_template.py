@@ -345,6 +345,9 @@ def test_the_migrations_resource_has_a_timeout_and_runs_before_the_runtime_funct
     assert migrations["RuntimeDbUser"] == {"Ref": "RuntimeDbUser"}
     for name in RUNTIME_FUNCTIONS:
         assert "Migrations" in cfn["Resources"][name]["DependsOn"]
+    # ... and after the database is reachable and the proxy has its target.
+    assert migrations["DatabaseIngress"]["Fn::If"][1] == {"Ref": "DatabaseFromFunctionsIngress"}
+    assert migrations["ProxyTargetGroup"]["Fn::If"][1] == {"Ref": "DatabaseProxyTargetGroup"}
 
 
 def test_the_migrations_function_logs_in_directly_with_the_owner_secret(
