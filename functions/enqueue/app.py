@@ -1,0 +1,52 @@
+"""Enqueue jobs for other Lambdas (direct invoke) and EventBridge rules.
+
+Answers for every item: created, existing (the same job was enqueued before), or
+rejected with the reason. Bad input is never an unstructured error; an unreachable
+database or bad settings are, so that the caller retries and the Errors alarm fires.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_lambda_powertools.utilities.typing import LambdaContext
+from leaseq import LeaseqError, QueueClient
+from leaseq_lambda import runtime, telemetry
+from leaseq_lambda.enqueue import response, submit
+from leaseq_lambda.events import parse_enqueue
+
+logger = telemetry.make_logger()
+metrics = telemetry.make_metrics()
+
+
+def _client() -> QueueClient:
+    rt = runtime.get()
+    rt.check()
+    return rt.client
+
+
+@metrics.log_metrics
+@logger.inject_lambda_context(clear_state=True)
+def lambda_handler(event: Any, context: LambdaContext) -> dict[str, Any]:
+    batch = parse_enqueue(event, context.aws_request_id)
+    try:
+        results = submit(_client, batch)
+    except LeaseqError as exc:
+        logger.exception("enqueue failed", extra={"error": exc.message, "sqlstate": exc.sqlstate})
+        raise
+    for item in results:
+        fields: dict[str, Any] = {"index": item.index, "status": item.status}
+        if item.request is not None:
+            fields.update(tenant_id=str(item.request.tenant_id), kind=item.request.kind,
+                          correlation_id=item.request.correlation_id)
+        if item.job_id is not None:
+            fields["job_id"] = str(item.job_id)
+        if item.reason is not None:
+            logger.warning("job rejected", extra={**fields, "reason": item.reason})
+        else:
+            logger.info("job enqueued", extra=fields)
+    answer = response(results)
+    telemetry.record_enqueue(metrics, answer["created"], answer["existing"], answer["rejected"])
+    counts = {f"jobs_{status}": answer[status] for status in ("created", "existing", "rejected")}
+    logger.info("enqueue finished", extra={"origin": batch.origin, **counts})
+    return answer

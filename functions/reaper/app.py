@@ -1,0 +1,40 @@
+"""Scheduled reaper: release the expired leases of every tenant, within its time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_lambda_powertools.utilities.typing import LambdaContext
+from leaseq import LeaseqError, reap_once
+from leaseq_lambda import runtime, telemetry
+from leaseq_lambda.context import LambdaDeadline
+from leaseq_lambda.events import InvalidEventError, parse_tick
+
+logger = telemetry.make_logger()
+metrics = telemetry.make_metrics()
+
+
+@metrics.log_metrics
+@logger.inject_lambda_context(clear_state=True)
+def lambda_handler(event: Any, context: LambdaContext) -> dict[str, Any]:
+    try:
+        tick = parse_tick(event, "reaper")
+    except InvalidEventError as exc:
+        logger.error("event rejected", extra={"reason": exc.message})
+        telemetry.record_rejected_event(metrics)
+        return {"task": "reaper", "status": "rejected", "reason": exc.message}
+    try:
+        rt = runtime.get()
+        rt.check()
+        report = reap_once(rt.client, LambdaDeadline(context), limit=rt.settings.reaper.limit)
+    except LeaseqError as exc:
+        logger.exception("reaper pass failed",
+                         extra={"error": exc.message, "sqlstate": exc.sqlstate})
+        raise
+    telemetry.record_reap(metrics, report)
+    summary = {"task": "reaper", "status": "ok", **report.as_dict(), "trigger": tick.origin}
+    if report.released:
+        logger.warning("released expired leases", extra=summary)
+    else:
+        logger.info("reaper pass finished", extra=summary)
+    return summary

@@ -1,0 +1,47 @@
+"""Scheduled worker: drain the queue until the invocation's time runs short.
+
+Job handlers come from the module named in LEASEQ_HANDLERS (see leaseq_lambda.runtime).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_lambda_powertools.utilities.typing import LambdaContext
+from leaseq import DatabaseError, LeaseqError
+from leaseq_lambda import runtime, telemetry
+from leaseq_lambda.context import LambdaDeadline, owner_id
+from leaseq_lambda.events import InvalidEventError, parse_tick
+
+logger = telemetry.make_logger()
+metrics = telemetry.make_metrics()
+
+
+@metrics.log_metrics
+@logger.inject_lambda_context(clear_state=True)
+def lambda_handler(event: Any, context: LambdaContext) -> dict[str, Any]:
+    try:
+        tick = parse_tick(event, "worker")
+    except InvalidEventError as exc:
+        logger.error("event rejected", extra={"reason": exc.message})
+        telemetry.record_rejected_event(metrics)
+        return {"task": "worker", "status": "rejected", "reason": exc.message}
+    try:
+        rt = runtime.get()
+        rt.check()
+        owner = owner_id(context, rt.settings.worker.worker_id)
+        worker = rt.worker(owner, on_job=telemetry.JobTelemetry(logger, metrics))
+        report = worker.drain(LambdaDeadline(context))
+    except LeaseqError as exc:
+        logger.exception("drain failed", extra={"error": exc.message, "sqlstate": exc.sqlstate})
+        raise
+    try:
+        oldest: float | None = rt.oldest_ready_age()
+    except DatabaseError as exc:
+        oldest = None
+        logger.warning("oldest ready job age unavailable", extra={"error": exc.message})
+    telemetry.record_drain(metrics, report, oldest)
+    summary = {"task": "worker", "status": "ok", "owner": owner, **report.as_dict(),
+               "oldest_ready_age_seconds": oldest, "trigger": tick.origin}
+    logger.info("drain finished", extra=summary)
+    return summary

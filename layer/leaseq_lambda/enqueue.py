@@ -1,0 +1,90 @@
+"""Enqueue the valid items of an event and answer for every item.
+
+All valid items go to the database in one call (one round trip, one statement). If
+the database refuses that call as a whole, which validation should have prevented,
+the items are sent one by one so that only the offending ones are rejected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+from uuid import UUID
+
+from leaseq import EnqueueRequest, EnqueueResult, InvalidRequestError, QueueClient
+
+from leaseq_lambda.events import EnqueueBatch, Rejection
+
+Status = Literal["created", "existing", "rejected"]
+
+
+@dataclass(frozen=True)
+class ItemResult:
+    index: int
+    status: Status
+    job_id: UUID | None = None
+    reason: str | None = None
+    request: EnqueueRequest | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        item: dict[str, Any] = {"index": self.index, "status": self.status}
+        if self.job_id is not None:
+            item["job_id"] = str(self.job_id)
+        if self.reason is not None:
+            item["reason"] = self.reason
+        return item
+
+
+def _conflict(request: EnqueueRequest, job_id: UUID) -> str:
+    return (f"idempotency conflict: operation_key {request.operation_key!r} of tenant "
+            f"{request.tenant_id} already names job {job_id} with a different kind or payload; "
+            "use a new operation_key for a different job, or repeat the original exactly")
+
+
+def _result(index: int, request: EnqueueRequest, result: EnqueueResult) -> ItemResult:
+    if result.status == "conflict":
+        return ItemResult(index, "rejected", reason=_conflict(request, result.job_id),
+                          request=request)
+    return ItemResult(index, result.status, job_id=result.job_id, request=request)
+
+
+def _one_by_one(client: QueueClient, pending: list[tuple[int, EnqueueRequest]]
+                ) -> list[ItemResult]:
+    results = []
+    for index, request in pending:
+        try:
+            (result,) = client.enqueue_jobs([request])
+        except InvalidRequestError as exc:
+            results.append(ItemResult(index, "rejected", reason=exc.message, request=request))
+            continue
+        results.append(_result(index, request, result))
+    return results
+
+
+def submit(connect: Callable[[], QueueClient], batch: EnqueueBatch) -> list[ItemResult]:
+    """Enqueue ``batch``'s valid requests; one result per item, in the event's order.
+
+    ``connect`` is only called when there is something to send, so an event that is
+    rejected as a whole is answered without touching the database.
+    """
+    results = {i: ItemResult(i, "rejected", reason=item.reason)
+               for i, item in enumerate(batch.items) if isinstance(item, Rejection)}
+    pending = batch.requests
+    if pending:
+        client = connect()
+        try:
+            sent = client.enqueue_jobs([request for _, request in pending])
+            done = [_result(i, request, result)
+                    for (i, request), result in zip(pending, sent, strict=True)]
+        except InvalidRequestError:
+            done = _one_by_one(client, pending)
+        results.update((r.index, r) for r in done)
+    return [results[i] for i in range(len(batch.items))]
+
+
+def response(results: list[ItemResult]) -> dict[str, Any]:
+    """The function's answer: per-item results and a count per status."""
+    counts = {status: sum(1 for r in results if r.status == status)
+              for status in ("created", "existing", "rejected")}
+    return {"results": [r.as_dict() for r in results], **counts}

@@ -1,0 +1,175 @@
+"""The events the three functions accept, validated with pydantic before anything else.
+
+Scheduled ticks (worker, reaper):
+  * EventBridge Scheduler with the template's Input:
+    ``{"source": "leaseq.schedule", "task": "worker", "scheduled_time": "<iso>"}``;
+  * the classic EventBridge rule envelope (``"detail-type": "Scheduled Event"``);
+  * ``{}``, a manual invoke from the console or the CLI.
+
+Enqueue (direct invoke from another Lambda, or an EventBridge event):
+  * one job ``{tenant_id, operation_key, kind, payload, available_at?, max_attempts?,
+    correlation_id?}`` or a batch ``{"jobs": [...]}`` of at most 1000;
+  * an EventBridge event with ``"detail-type": "leaseq.enqueue"`` whose detail is either.
+
+Bad enqueue input never raises: every item gets a result, and an item that does not
+validate is rejected with pydantic's explanation, while its valid neighbours go ahead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from aws_lambda_powertools.utilities.parser import parse
+from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
+from leaseq import EnqueueRequest, InvalidRequestError
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+Task = Literal["worker", "reaper"]
+
+#: The SQL contract's bound on one enqueue call.
+MAX_BATCH = 1000
+ENQUEUE_DETAIL_TYPE = "leaseq.enqueue"
+SCHEDULE_SOURCE = "leaseq.schedule"
+
+
+class InvalidEventError(InvalidRequestError):
+    """The event is none of the shapes this function accepts."""
+
+
+def describe(exc: ValidationError) -> str:
+    """Pydantic's errors as one line: ``field: problem; other.field: problem``."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or 'event'}: {err['msg']}" for err in exc.errors()
+    )
+
+
+# Scheduled ticks ----------------------------------------------------------------------------
+
+
+class ScheduleInput(BaseModel):
+    """The Input the template's ScheduleV2 targets send."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: Literal["leaseq.schedule"]
+    task: Task
+    scheduled_time: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Tick:
+    """A validated schedule tick: where it came from and when it was due."""
+
+    origin: Literal["scheduler", "eventbridge-rule", "manual"]
+    scheduled_time: datetime | None = None
+
+
+def parse_tick(event: Any, task: Task) -> Tick:
+    """Accept the shapes a scheduled ``task`` function is invoked with, or raise
+    :class:`InvalidEventError` saying which shapes those are."""
+    if event is None or event == {}:
+        return Tick("manual")
+    if isinstance(event, dict) and event.get("source") == SCHEDULE_SOURCE:
+        try:
+            tick = parse(event=event, model=ScheduleInput)
+        except ValidationError as exc:
+            raise InvalidEventError(f"invalid schedule input: {describe(exc)}") from exc
+        if tick.task != task:
+            raise InvalidEventError(
+                f"this is the {task} function, but the schedule's input names task "
+                f"{tick.task!r}: point each schedule at its own function")
+        return Tick("scheduler", tick.scheduled_time)
+    if isinstance(event, dict) and event.get("detail-type") == "Scheduled Event":
+        try:
+            envelope = parse(event=event, model=EventBridgeModel)
+        except ValidationError as exc:
+            raise InvalidEventError(f"invalid scheduled event: {describe(exc)}") from exc
+        return Tick("eventbridge-rule", envelope.time)
+    raise InvalidEventError(
+        f"the {task} function expects a schedule tick: "
+        f'{{"source": "{SCHEDULE_SOURCE}", "task": "{task}", "scheduled_time": "<iso>"}}, '
+        "an EventBridge 'Scheduled Event', or {} for a manual run")
+
+
+# Enqueue ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rejection:
+    reason: str
+
+
+@dataclass
+class EnqueueBatch:
+    """The items of one enqueue event, in order: a request to send, or a rejection."""
+
+    items: list[EnqueueRequest | Rejection] = field(default_factory=list)
+    origin: Literal["direct", "eventbridge"] = "direct"
+
+    @property
+    def requests(self) -> list[tuple[int, EnqueueRequest]]:
+        return [(i, item) for i, item in enumerate(self.items) if isinstance(item, EnqueueRequest)]
+
+
+def _rejected_envelope(reason: str, count: int = 1) -> list[EnqueueRequest | Rejection]:
+    return [Rejection(reason) for _ in range(max(1, count))]
+
+
+def _type_name(value: Any) -> str:
+    return "null" if value is None else {
+        dict: "object", list: "array", str: "string", bool: "boolean", int: "number",
+        float: "number"}.get(type(value), type(value).__name__)
+
+
+def _item(raw: Any, correlation_id: str) -> EnqueueRequest | Rejection:
+    if not isinstance(raw, dict):
+        return Rejection(f"a job must be a JSON object (got {_type_name(raw)})")
+    if raw.get("correlation_id") is None:
+        raw = {**raw, "correlation_id": correlation_id}
+    try:
+        return EnqueueRequest.model_validate(raw)
+    except ValidationError as exc:
+        return Rejection(describe(exc))
+
+
+def _body(body: Any, correlation_id: str) -> list[EnqueueRequest | Rejection]:
+    if not isinstance(body, dict):
+        return _rejected_envelope(
+            f"the event must be a JSON object: one job or {{\"jobs\": [...]}} "
+            f"(got {_type_name(body)})")
+    if "jobs" not in body:
+        return [_item(body, correlation_id)]
+    jobs = body["jobs"]
+    extra = sorted(set(body) - {"jobs"})
+    if extra:
+        return _rejected_envelope(
+            f"a batch has only the key \"jobs\" (unexpected: {', '.join(extra)})",
+            len(jobs) if isinstance(jobs, list) else 1)
+    if not isinstance(jobs, list):
+        return _rejected_envelope(f"\"jobs\" must be an array (got {_type_name(jobs)})")
+    if not 1 <= len(jobs) <= MAX_BATCH:
+        return _rejected_envelope(
+            f"a batch holds 1 to {MAX_BATCH} jobs (got {len(jobs)}); split it", len(jobs))
+    return [_item(raw, correlation_id) for raw in jobs]
+
+
+def parse_enqueue(event: Any, request_id: str) -> EnqueueBatch:
+    """Split an enqueue event into per-item requests and rejections.
+
+    Items without a correlation id get the invocation's request id, or the EventBridge
+    event's id, so the job's log lines can be traced back to the call that made it.
+    """
+    if isinstance(event, dict) and "detail-type" in event:
+        try:
+            envelope = parse(event=event, model=EventBridgeModel)
+        except ValidationError as exc:
+            return EnqueueBatch(_rejected_envelope(f"invalid EventBridge event: {describe(exc)}"),
+                                "eventbridge")
+        if envelope.detail_type != ENQUEUE_DETAIL_TYPE:
+            return EnqueueBatch(_rejected_envelope(
+                f"EventBridge detail-type must be {ENQUEUE_DETAIL_TYPE!r} "
+                f"(got {envelope.detail_type!r})"), "eventbridge")
+        return EnqueueBatch(_body(envelope.detail, envelope.id), "eventbridge")
+    return EnqueueBatch(_body(event, request_id), "direct")

@@ -1,0 +1,276 @@
+"""Cold-start composition: settings, the database connection, the job handlers.
+
+Everything is built on the first invocation (never at import, so a bad setting fails
+the invocation with a clear ConfigurationError instead of an import error) and kept
+while the execution environment stays warm:
+
+* one :class:`leaseq.QueueClient`, i.e. one connection per execution environment,
+  checked at the start of each invocation and reopened once if it went stale while
+  the environment was frozen;
+* the handler registry, imported from the module named in ``LEASEQ_HANDLERS``.
+
+How the connection logs in, in order of precedence:
+
+1. ``DATABASE_URL``: a libpq DSN, used as is;
+2. ``LEASEQ_DATABASE_SECRET_ARN``: a Secrets Manager secret in the RDS shape
+   (``username``, ``password``, optionally ``host``, ``port``, ``dbname``), read through
+   Powertools Parameters with an explicit max age; ``LEASEQ_DB_HOST`` / ``_PORT`` /
+   ``_NAME`` win over the secret's own, so an RDS-managed secret can be used through
+   RDS Proxy. A login refused with a cached secret (rotation) refetches it once;
+3. ``LEASEQ_DB_IAM_AUTH=true``: a fresh RDS IAM token per connect (signed locally by
+   boto3, no network), over TLS, as RDS Proxy requires.
+
+The handlers module convention: ``LEASEQ_HANDLERS=package.module`` names a module with a
+module-level ``registry = leaseq.Registry()`` on which the handlers are registered
+(``package.module:attribute`` names another attribute).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from types import ModuleType
+from typing import Any
+
+from leaseq import (
+    ConfigurationError,
+    DatabaseError,
+    DatabaseSettings,
+    JobRecord,
+    LeaseqSettings,
+    QueueClient,
+    Registry,
+    RetryPolicy,
+    Worker,
+    WorkerConfig,
+    connect,
+)
+
+Connection = Any  # leaseq.db.Connection; kept loose so tests may pass any connect function
+ConnectFunction = Callable[..., Connection]
+
+#: SQLSTATE class 28: invalid authorization (a rotated password, an expired token).
+AUTH_FAILED_CLASS = "28"
+
+
+def _secrets_client() -> Any:
+    import boto3
+
+    return boto3.client("secretsmanager")
+
+
+def _rds_client() -> Any:
+    import boto3
+
+    return boto3.client("rds")
+
+
+@dataclass
+class Dependencies:
+    """Everything the runtime reaches outside this process, replaceable in tests."""
+
+    connect: ConnectFunction = connect
+    secrets_client: Callable[[], Any] = _secrets_client
+    rds_client: Callable[[], Any] = _rds_client
+    import_module: Callable[[str], ModuleType] = importlib.import_module
+    environ: Mapping[str, str] | None = None
+
+
+def _application_name(environ: Mapping[str, str]) -> str:
+    function = environ.get("AWS_LAMBDA_FUNCTION_NAME", "")
+    return f"leaseq {function}".strip()[:63]
+
+
+def _secret_params(secret: Any, db: DatabaseSettings) -> dict[str, Any]:
+    if not isinstance(secret, Mapping):
+        raise ConfigurationError(
+            f"secret {db.secret_arn} must be a JSON object with username and password")
+    user = secret.get("username") or db.user
+    password = secret.get("password")
+    host = db.host or secret.get("host")
+    dbname = db.name or secret.get("dbname")
+    explicit_port = "port" in db.model_fields_set or not secret.get("port")
+    port = db.port if explicit_port else int(secret["port"])
+    missing = [name for name, value in (("username", user), ("password", password),
+                                        ("host", host), ("dbname", dbname)) if not value]
+    if missing:
+        raise ConfigurationError(
+            f"secret {db.secret_arn} lacks {', '.join(missing)}; add them to the secret or "
+            "set LEASEQ_DB_HOST / LEASEQ_DB_NAME / LEASEQ_DB_USER")
+    return {"host": host, "port": port, "dbname": dbname, "user": user,
+            "password": password, "sslmode": db.sslmode}
+
+
+def connection_factory(db: DatabaseSettings, deps: Dependencies,
+                       application_name: str = "leaseq") -> Callable[[], Connection]:
+    """A function that opens one new connection the way the settings say."""
+    if db.url is not None:
+        dsn = db.url.get_secret_value()
+        return lambda: deps.connect(dsn, application_name=application_name)
+    if db.secret_arn is not None:
+        return _secret_factory(db, deps, application_name)
+    return _iam_factory(db, deps, application_name)
+
+
+def _secret_factory(db: DatabaseSettings, deps: Dependencies,
+                    application_name: str) -> Callable[[], Connection]:
+    from aws_lambda_powertools.utilities.parameters import SecretsProvider
+    from aws_lambda_powertools.utilities.parameters.exceptions import (
+        GetParameterError,
+        TransformParameterError,
+    )
+
+    provider = SecretsProvider(boto3_client=deps.secrets_client())
+    arn = db.secret_arn
+    assert arn is not None
+
+    def read(force: bool) -> dict[str, Any]:
+        try:
+            value = provider.get(arn, transform="json", max_age=db.secret_max_age_seconds,
+                                 force_fetch=force)
+        except TransformParameterError as exc:
+            raise ConfigurationError(f"secret {arn} is not JSON: store a JSON object with "
+                                     "username and password") from exc
+        except GetParameterError as exc:
+            raise ConfigurationError(
+                f"cannot read secret {arn}: {exc}. Check the ARN, the function's "
+                "secretsmanager:GetSecretValue permission and the network path "
+                "(a VPC endpoint or NAT)") from exc
+        return _secret_params(value, db)
+
+    def open_connection() -> Connection:
+        try:
+            return deps.connect("", application_name=application_name, **read(False))
+        except DatabaseError as exc:
+            if not (exc.sqlstate or "").startswith(AUTH_FAILED_CLASS):
+                raise
+        # The cached secret was refused: it may have been rotated since it was read.
+        return deps.connect("", application_name=application_name, **read(True))
+
+    return open_connection
+
+
+def _iam_factory(db: DatabaseSettings, deps: Dependencies,
+                 application_name: str) -> Callable[[], Connection]:
+    rds = deps.rds_client()
+
+    def open_connection() -> Connection:
+        # A token is valid for 15 minutes to open a connection, so one per connect.
+        token = rds.generate_db_auth_token(DBHostname=db.host, Port=db.port,
+                                           DBUsername=db.user)
+        return deps.connect("", application_name=application_name, host=db.host,
+                            port=db.port, dbname=db.name, user=db.user, password=token,
+                            sslmode=db.sslmode)
+
+    return open_connection
+
+
+def load_registry(name: str | None, import_module: Callable[[str], ModuleType]
+                  = importlib.import_module) -> Registry:
+    """The Registry of the handlers module named by LEASEQ_HANDLERS."""
+    if not name:
+        raise ConfigurationError(
+            "LEASEQ_HANDLERS is not set: name the Python module that registers your job "
+            "handlers; it must define a module-level `registry = leaseq.Registry()`")
+    module_name, _, attribute = name.partition(":")
+    attribute = attribute or "registry"
+    try:
+        module = import_module(module_name)
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"LEASEQ_HANDLERS={name!r} cannot be imported ({exc}); ship the module with the "
+            "function's code or in a layer, and check its spelling") from exc
+    except Exception as exc:
+        raise ConfigurationError(
+            f"importing the handlers module {module_name!r} failed: "
+            f"{type(exc).__name__}: {exc}") from exc
+    registry = getattr(module, attribute, None)
+    if not isinstance(registry, Registry):
+        raise ConfigurationError(
+            f"handlers module {module_name!r} has no module-level {attribute!r} that is a "
+            f"leaseq.Registry (found {type(registry).__name__}); define "
+            f"`{attribute} = leaseq.Registry()` and register the handlers on it")
+    if len(registry) == 0:
+        raise ConfigurationError(
+            f"handlers module {module_name!r} registers no job kinds; register at least one "
+            "with registry.register(kind, handler) or @registry.handler(kind)")
+    return registry
+
+
+@dataclass
+class Runtime:
+    """What one execution environment keeps between invocations."""
+
+    settings: LeaseqSettings
+    client: QueueClient
+    deps: Dependencies = field(default_factory=Dependencies)
+    _registry: Registry | None = None
+
+    def check(self) -> None:
+        """Start of an invocation: make sure the connection still works."""
+        self.client.check()
+
+    def registry(self) -> Registry:
+        if self._registry is None:
+            self._registry = load_registry(self.settings.worker.handlers_module,
+                                           self.deps.import_module)
+        return self._registry
+
+    def worker(self, owner: str, *,
+               on_job: Callable[[JobRecord], None] | None = None) -> Worker:
+        """A worker for one invocation: the cached client and registry, this owner id."""
+        ws = self.settings.worker
+        config = WorkerConfig(
+            owner=owner, batch_size=ws.batch_size, lease_margin=ws.lease_margin_seconds,
+            job_timeout=ws.job_timeout_seconds, max_lease=ws.max_lease_seconds,
+            retry=RetryPolicy(base_delay=ws.retry_base_seconds,
+                              max_delay=max(ws.retry_base_seconds, ws.retry_max_seconds)))
+        return Worker(self.client, self.registry(), config, on_job=on_job)
+
+    def oldest_ready_age(self, now: datetime | None = None) -> float:
+        """Seconds the oldest claimable job of any tenant has waited (0 when none)."""
+        rows = self.client.ready_tenants(10_000)
+        if not rows:
+            return 0.0
+        oldest: datetime = min(row["oldest_ready_at"] for row in rows)
+        return max(0.0, ((now or datetime.now(UTC)) - oldest).total_seconds())
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def build(deps: Dependencies | None = None) -> Runtime:
+    deps = deps or Dependencies()
+    environ = os.environ if deps.environ is None else deps.environ
+    settings = LeaseqSettings.from_env(environ)
+    factory = connection_factory(settings.database, deps, _application_name(environ))
+    client = QueueClient(factory, max_idle_seconds=settings.database.max_idle_seconds)
+    return Runtime(settings, client, deps)
+
+
+_current: Runtime | None = None
+_dependencies: Dependencies | None = None
+
+
+def get() -> Runtime:
+    """The execution environment's runtime, built on first use."""
+    global _current
+    if _current is None:
+        _current = build(_dependencies)
+    return _current
+
+
+def reset(dependencies: Dependencies | None = None) -> None:
+    """Forget the cached runtime (closing its connection); the next get() rebuilds it,
+    with ``dependencies`` if given. For tests and the local CLI, which run many
+    "execution environments" in one process."""
+    global _current, _dependencies
+    if _current is not None:
+        try:
+            _current.close()
+        finally:
+            _current = None
+    _dependencies = dependencies

@@ -1,0 +1,118 @@
+"""Fixtures of the function tests: the Lambda environment, the handlers as Lambda
+imports them, the sample events, and what the functions print (JSON logs and EMF)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from leaseq_lambda import runtime
+
+from tests.conftest import Database
+from tests.functions import handlers
+
+ROOT = Path(__file__).resolve().parents[2]
+HANDLERS_MODULE = "tests.functions.handlers"
+
+
+def load_event(name: str) -> dict[str, Any]:
+    event: dict[str, Any] = json.loads((ROOT / "events" / f"{name}.json").read_text())
+    return event
+
+
+def load_app(function: str) -> ModuleType:
+    """Import functions/<function>/app.py fresh, as a new execution environment would."""
+    path = ROOT / "functions" / function / "app.py"
+    spec = importlib.util.spec_from_file_location(f"leaseq_test_{function}_app", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass
+class Output:
+    """Stdout of the functions, split into log lines and EMF metric documents."""
+
+    logs: list[dict[str, Any]] = field(default_factory=list)
+    emf: list[dict[str, Any]] = field(default_factory=list)
+
+    def metric(self, name: str) -> list[float]:
+        """Every value emitted for metric ``name``, across documents."""
+        values: list[float] = []
+        for doc in self.emf:
+            if name in doc:
+                value = doc[name]
+                values.extend(value if isinstance(value, list) else [value])
+        return values
+
+    def metric_definitions(self) -> dict[str, dict[str, Any]]:
+        found = {}
+        for doc in self.emf:
+            for directive in doc["_aws"]["CloudWatchMetrics"]:
+                for metric in directive["Metrics"]:
+                    found[metric["Name"]] = {**metric, "Namespace": directive["Namespace"],
+                                             "Dimensions": directive["Dimensions"]}
+        return found
+
+    def messages(self, text: str) -> list[dict[str, Any]]:
+        return [line for line in self.logs if line.get("message") == text]
+
+
+@pytest.fixture
+def read_output(capsys: pytest.CaptureFixture[str]) -> Callable[[], Output]:
+    def read() -> Output:
+        output = Output()
+        for line in capsys.readouterr().out.splitlines():
+            if not line.startswith("{"):
+                continue
+            document = json.loads(line)
+            (output.emf if "_aws" in document else output.logs).append(document)
+        return output
+
+    return read
+
+
+@pytest.fixture
+def lambda_env(db: Database, monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
+    """The environment template.yaml gives the functions, pointed at the test database."""
+    for key, value in {
+        "DATABASE_URL": db.worker_dsn,
+        "LEASEQ_HANDLERS": HANDLERS_MODULE,
+        "POWERTOOLS_SERVICE_NAME": "leaseq",
+        "POWERTOOLS_METRICS_NAMESPACE": "Leaseq",
+        "POWERTOOLS_TRACE_DISABLED": "true",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_LAMBDA_FUNCTION_NAME": "leaseq-test",
+    }.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    runtime.reset()
+    handlers.release_stuck.clear()
+    yield monkeypatch
+    handlers.release_stuck.set()
+    runtime.reset()
+
+
+@pytest.fixture
+def worker_app(lambda_env: pytest.MonkeyPatch) -> ModuleType:
+    return load_app("worker")
+
+
+@pytest.fixture
+def reaper_app(lambda_env: pytest.MonkeyPatch) -> ModuleType:
+    return load_app("reaper")
+
+
+@pytest.fixture
+def enqueue_app(lambda_env: pytest.MonkeyPatch) -> ModuleType:
+    return load_app("enqueue")

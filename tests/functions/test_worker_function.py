@@ -1,0 +1,208 @@
+"""functions/worker/app.py invoked as Lambda invokes it: sample events, a context whose
+remaining time the test sets, settings from the environment, a real database."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import pytest
+from leaseq import ConfigurationError, EnqueueRequest, QueueClient, connect
+from leaseq_lambda import runtime
+
+from tests.conftest import Database
+from tests.functions.conftest import Output, load_event
+from tests.library.support import job, states
+from tests.support.fakes import FakeLambdaContext
+from tests.support.postgres import Conn
+
+JOB_FIELDS = ("job_id", "tenant_id", "kind", "attempt", "correlation_id")
+
+
+def enqueue(app: ModuleType, event: str, request_id: str = "enqueue-request-1") -> dict[str, Any]:
+    answer: dict[str, Any] = app.lambda_handler(
+        load_event(event), FakeLambdaContext(function_name="leaseq-enqueue",
+                                             aws_request_id=request_id))
+    assert answer["rejected"] == 0, answer
+    return answer
+
+
+def test_the_scheduled_tick_drains_every_ready_job_and_emits_the_metrics(
+        worker_app: ModuleType, enqueue_app: ModuleType, owner: Conn,
+        read_output: Callable[[], Output]) -> None:
+    enqueue(enqueue_app, "enqueue_batch")
+    enqueue(enqueue_app, "enqueue_direct")
+    read_output()
+    context = FakeLambdaContext(remaining_ms=60_000)
+
+    summary = worker_app.lambda_handler(load_event("worker_schedule"), context)
+
+    assert summary["status"] == "ok"
+    assert (summary["claimed"], summary["succeeded"], summary["retried"], summary["dead"]) == (
+        4, 4, 0, 0)
+    assert summary["stopped"] == "queue_empty"
+    assert summary["owner"] == f"leaseq-worker:{context.aws_request_id}"
+    assert summary["trigger"] == "scheduler"
+    assert states(owner) == {"succeeded": 4}
+    out = read_output()
+    assert [out.metric(name) for name in ("JobsClaimed", "JobsSucceeded", "JobsRetried",
+                                          "JobsDead", "LeasesLost", "JobsGivenBack",
+                                          "OldestReadyAgeSeconds")] == [
+        [4], [4], [0], [0], [0], [0], [0]]
+    assert len(out.metric("JobDuration")) == len(out.metric("QueueLag")) == 4
+    definitions = out.metric_definitions()
+    assert definitions["JobDuration"]["Unit"] == "Milliseconds"
+    assert definitions["QueueLag"]["Unit"] == "Milliseconds"
+    assert definitions["OldestReadyAgeSeconds"]["Unit"] == "Seconds"
+    assert {d["Namespace"] for d in definitions.values()} == {"Leaseq"}
+    assert {tuple(map(tuple, d["Dimensions"])) for d in definitions.values()} == {(("service",),)}
+    assert {doc["service"] for doc in out.emf} == {"leaseq"}
+
+
+def test_every_job_log_line_carries_the_job_and_the_correlation_id_from_enqueue(
+        worker_app: ModuleType, enqueue_app: ModuleType,
+        read_output: Callable[[], Output]) -> None:
+    enqueue(enqueue_app, "enqueue_direct")                        # correlation_id given
+    enqueue(enqueue_app, "enqueue_eventbridge")                   # the event's id
+    enqueue(enqueue_app, "enqueue_batch", request_id="req-batch")  # the request id, or given
+    read_output()
+
+    worker_app.lambda_handler(load_event("worker_schedule"), FakeLambdaContext())
+
+    logs = read_output().logs
+    job_lines = [line for line in logs if "job_id" in line]
+    assert {line["message"] for line in job_lines} >= {
+        "job started", "sending the welcome email", "job handler returned", "job finished"}
+    for line in job_lines:
+        assert all(line.get(key) is not None for key in JOB_FIELDS), line
+        assert line["attempt"] == 1
+    assert {line["kind"] for line in job_lines} == {
+        "send_welcome_email", "charge_card", "resize_image"}
+    by_job: dict[str, set[str]] = {}
+    for line in job_lines:
+        by_job.setdefault(line["job_id"], set()).add(line["correlation_id"])
+    assert all(len(ids) == 1 for ids in by_job.values())  # one id per job, on every line
+    assert sorted(ids.pop() for ids in by_job.values()) == sorted([
+        "signup-4711",                                                  # enqueue_direct
+        "0d9b2f4e-6a1c-4e8b-9f3a-2c5d7e9f1a3b", "0d9b2f4e-6a1c-4e8b-9f3a-2c5d7e9f1a3b",
+        "req-batch", "req-batch", "upload-77"])
+    handler_line = next(li for li in job_lines if li["message"] == "sending the welcome email")
+    assert handler_line["recipient"].endswith("@example.com")
+    assert handler_line["level"] == "INFO"
+    assert handler_line["function_request_id"]  # Powertools' Lambda context fields too
+
+
+def test_a_handler_that_overruns_its_budget_is_interrupted_and_its_job_retried(
+        worker_app: ModuleType, db: Database, owner: Conn,
+        read_output: Callable[[], Output]) -> None:
+    client = QueueClient(lambda: connect(db.worker_dsn))
+    (stuck,) = client.enqueue_jobs([EnqueueRequest(
+        tenant_id=uuid.uuid4(), operation_key="s", kind="stuck", payload={})])
+    client.close()
+
+    summary = worker_app.lambda_handler({}, FakeLambdaContext(remaining_ms=60_000))
+
+    assert (summary["claimed"], summary["retried"], summary["trigger"]) == (1, 1, "manual")
+    row = job(owner, stuck.job_id)
+    assert (row["state"], row["last_error"]["code"]) == ("retry_wait", "JOB_TIMEOUT")
+    finished = read_output().messages("job finished")
+    assert finished[0]["error"]["code"] == "JOB_TIMEOUT"
+    assert finished[0]["duration_ms"] >= 300
+
+
+def test_a_budget_too_short_for_one_job_claims_nothing(
+        worker_app: ModuleType, lambda_env: pytest.MonkeyPatch, enqueue_app: ModuleType,
+        owner: Conn, admin: Conn, read_output: Callable[[], Output]) -> None:
+    lambda_env.setenv("LEASEQ_JOB_TIMEOUT_SECONDS", "2")
+    lambda_env.setenv("LEASEQ_LEASE_MARGIN_SECONDS", "1")
+    enqueue(enqueue_app, "enqueue_direct")
+    admin.execute("update app.jobs set available_at = available_at - interval '90 seconds'")
+    read_output()
+
+    # A job may need 2 s, plus the 1 s margin and 1 s to record it: 3.5 s is too little.
+    summary = worker_app.lambda_handler(load_event("worker_schedule"),
+                                        FakeLambdaContext(remaining_ms=3_500))
+
+    assert (summary["claimed"], summary["stopped"]) == (0, "deadline")
+    assert states(owner) == {"pending": 1}
+    (age,) = read_output().metric("OldestReadyAgeSeconds")
+    assert 90 <= age < 120
+
+
+def test_the_classic_scheduled_event_and_a_manual_invoke_are_accepted(
+        worker_app: ModuleType) -> None:
+    rule = worker_app.lambda_handler(load_event("worker_eventbridge_rule"), FakeLambdaContext())
+    manual = worker_app.lambda_handler({}, FakeLambdaContext())
+    assert (rule["status"], rule["trigger"]) == ("ok", "eventbridge-rule")
+    assert (manual["status"], manual["trigger"]) == ("ok", "manual")
+
+
+@pytest.mark.parametrize(("event", "reason"), [
+    ({"source": "leaseq.schedule", "task": "reaper"}, "this is the worker function"),
+    ({"source": "leaseq.schedule", "task": "worker", "extra": 1}, "Extra inputs"),
+    ({"hello": "world"}, "expects a schedule tick"),
+    (["not", "an", "object"], "expects a schedule tick"),
+])
+def test_an_event_that_is_not_a_worker_tick_is_rejected_without_draining(
+        worker_app: ModuleType, enqueue_app: ModuleType, owner: Conn, event: Any,
+        reason: str, read_output: Callable[[], Output]) -> None:
+    enqueue(enqueue_app, "enqueue_direct")
+    read_output()
+
+    answer = worker_app.lambda_handler(event, FakeLambdaContext())
+
+    assert answer["status"] == "rejected"
+    assert reason in answer["reason"]
+    assert states(owner) == {"pending": 1}
+    out = read_output()
+    (line,) = out.messages("event rejected")
+    assert line["level"] == "ERROR"
+    assert out.metric("EventsRejected") == [1]
+
+
+def test_warm_invocations_reuse_one_connection_and_reopen_it_after_it_was_cut(
+        worker_app: ModuleType, admin: Conn) -> None:
+    worker_app.lambda_handler({}, FakeLambdaContext())
+    client = runtime.get().client
+    pid = client.connection.info.backend_pid
+    worker_app.lambda_handler({}, FakeLambdaContext())
+    assert (client.reconnects, client.connection.info.backend_pid) == (1, pid)
+
+    admin.execute("select pg_terminate_backend(%s)", (pid,))  # e.g. a proxy idle timeout
+    summary = worker_app.lambda_handler({}, FakeLambdaContext())
+
+    assert summary["status"] == "ok"
+    assert client.reconnects == 2
+    assert client.connection.info.backend_pid != pid
+
+
+@pytest.mark.filterwarnings("ignore:No application metrics to publish")
+@pytest.mark.parametrize(("handlers_module", "problem"), [
+    (None, "LEASEQ_HANDLERS is not set"),
+    ("tests.functions.no_such_module", "cannot be imported"),
+    ("tests.functions.conftest", "has no module-level 'registry'"),
+    ("tests.functions.empty_handlers", "registers no job kinds"),
+])
+def test_a_missing_or_broken_handlers_module_fails_the_invocation_clearly(
+        worker_app: ModuleType, lambda_env: pytest.MonkeyPatch, handlers_module: str | None,
+        problem: str, read_output: Callable[[], Output]) -> None:
+    if handlers_module is None:
+        lambda_env.delenv("LEASEQ_HANDLERS")
+    else:
+        lambda_env.setenv("LEASEQ_HANDLERS", handlers_module)
+
+    with pytest.raises(ConfigurationError, match=problem):
+        worker_app.lambda_handler({}, FakeLambdaContext())
+
+    (line,) = read_output().messages("drain failed")
+    assert problem in line["error"]
+
+
+@pytest.mark.filterwarnings("ignore:No application metrics to publish")
+def test_invalid_settings_fail_the_invocation_with_the_variable_named(
+        worker_app: ModuleType, lambda_env: pytest.MonkeyPatch) -> None:
+    lambda_env.setenv("LEASEQ_BATCH_SIZE", "1000")
+    with pytest.raises(ConfigurationError, match="LEASEQ_BATCH_SIZE"):
+        worker_app.lambda_handler({}, FakeLambdaContext())
