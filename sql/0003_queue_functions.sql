@@ -22,6 +22,9 @@
 
 -- Argument checks ----------------------------------------------------------------------
 
+-- "Blank" means empty or whitespace of any kind (tabs, newlines), the same test as the
+-- table's shape constraints, so a blank value is refused with 22023, never 23514.
+
 create function app.raise_invalid(p_message text)
 returns void
 language plpgsql
@@ -53,7 +56,7 @@ immutable
 set search_path = ''
 as $$
 begin
-  if p_owner is null or btrim(p_owner) = '' or length(p_owner) > 200 then
+  if p_owner is null or p_owner ~ '^\s*$' or length(p_owner) > 200 then
     perform app.raise_invalid('p_owner must be a non-blank text of at most 200 characters');
   end if;
 end;
@@ -159,10 +162,10 @@ begin
     if v_item.tenant_id is null then
       perform app.raise_invalid(format('job %s: tenant_id is required (got NULL)', v_item.n));
     end if;
-    if v_item.operation_key is null or btrim(v_item.operation_key) = '' or length(v_item.operation_key) > 255 then
+    if v_item.operation_key is null or v_item.operation_key ~ '^\s*$' or length(v_item.operation_key) > 255 then
       perform app.raise_invalid(format('job %s: operation_key must be a non-blank text of at most 255 characters', v_item.n));
     end if;
-    if v_item.kind is null or btrim(v_item.kind) = '' or length(v_item.kind) > 128 then
+    if v_item.kind is null or v_item.kind ~ '^\s*$' or length(v_item.kind) > 128 then
       perform app.raise_invalid(format('job %s: kind must be a non-blank text of at most 128 characters', v_item.n));
     end if;
     if v_item.payload is null or jsonb_typeof(v_item.payload) <> 'object' then

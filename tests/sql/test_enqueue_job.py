@@ -141,9 +141,10 @@ def test_payload_just_under_the_limit_is_accepted(worker: Conn) -> None:
 
 @pytest.mark.parametrize(
     ("key", "kind"),
-    [(None, "k"), ("", "k"), ("   ", "k"), ("x" * 256, "k"), ("op", None), ("op", " "),
-     ("op", "k" * 129)],
-    ids=["null-key", "empty-key", "blank-key", "long-key", "null-kind", "blank-kind", "long-kind"],
+    [(None, "k"), ("", "k"), ("   ", "k"), ("\t\n", "k"), ("x" * 256, "k"), ("op", None),
+     ("op", " "), ("op", "\t"), ("op", "k" * 129)],
+    ids=["null-key", "empty-key", "blank-key", "tab-key", "long-key", "null-kind", "blank-kind",
+         "tab-kind", "long-kind"],
 )
 def test_blank_or_oversized_operation_key_or_kind_raises_22023(
     worker: Conn, key: str | None, kind: str | None
