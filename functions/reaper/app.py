@@ -33,8 +33,8 @@ def lambda_handler(event: Any, context: LambdaContext) -> dict[str, Any]:
         raise
     telemetry.record_reap(metrics, report)
     summary = {"task": "reaper", "status": "ok", **report.as_dict(), "trigger": tick.origin}
-    if report.released:
-        logger.warning("released expired leases", extra=summary)
+    if report.released:  # leases ran out: some worker died or overran its invocation
+        logger.warning("reaper pass finished", extra=summary)
     else:
         logger.info("reaper pass finished", extra=summary)
     return summary

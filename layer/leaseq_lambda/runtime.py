@@ -16,7 +16,8 @@ How the connection logs in, in order of precedence:
    (``username``, ``password``, optionally ``host``, ``port``, ``dbname``), read through
    Powertools Parameters with an explicit max age; ``LEASEQ_DB_HOST`` / ``_PORT`` /
    ``_NAME`` win over the secret's own, so an RDS-managed secret can be used through
-   RDS Proxy. A login refused with a cached secret (rotation) refetches it once;
+   RDS Proxy. A connection refused with a cached secret re-reads the secret once, in
+   case it was rotated;
 3. ``LEASEQ_DB_IAM_AUTH=true``: a fresh RDS IAM token per connect (signed locally by
    boto3, no network), over TLS, as RDS Proxy requires.
 
@@ -51,9 +52,6 @@ from leaseq import (
 
 Connection = Any  # leaseq.db.Connection; kept loose so tests may pass any connect function
 ConnectFunction = Callable[..., Connection]
-
-#: SQLSTATE class 28: invalid authorization (a rotated password, an expired token).
-AUTH_FAILED_CLASS = "28"
 
 
 def _secrets_client() -> Any:
@@ -142,13 +140,16 @@ def _secret_factory(db: DatabaseSettings, deps: Dependencies,
         return _secret_params(value, db)
 
     def open_connection() -> Connection:
+        cached = read(False)
         try:
-            return deps.connect("", application_name=application_name, **read(False))
-        except DatabaseError as exc:
-            if not (exc.sqlstate or "").startswith(AUTH_FAILED_CLASS):
+            return deps.connect("", application_name=application_name, **cached)
+        except DatabaseError:
+            # libpq reports a refused login without a SQLSTATE, so any failure with a
+            # cached secret re-reads it: it may have been rotated since it was cached.
+            fresh = read(True)
+            if fresh == cached:
                 raise
-        # The cached secret was refused: it may have been rotated since it was read.
-        return deps.connect("", application_name=application_name, **read(True))
+        return deps.connect("", application_name=application_name, **fresh)
 
     return open_connection
 

@@ -1,0 +1,210 @@
+"""functions/enqueue/app.py: one job, a batch, or an EventBridge event in; one result
+per item out; bad input answered item by item, never with an unstructured error."""
+
+from __future__ import annotations
+
+import copy
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from types import ModuleType
+from typing import Any
+
+import pytest
+from leaseq import DatabaseUnavailableError
+
+from tests.functions.conftest import Output, load_event
+from tests.library.support import job, jobs
+from tests.support.fakes import FakeLambdaContext
+from tests.support.postgres import Conn
+
+EVENT_ID = "0d9b2f4e-6a1c-4e8b-9f3a-2c5d7e9f1a3b"
+
+
+def invoke(app: ModuleType, event: Any, request_id: str = "req-1") -> dict[str, Any]:
+    answer: dict[str, Any] = app.lambda_handler(
+        event, FakeLambdaContext(function_name="leaseq-enqueue", aws_request_id=request_id))
+    return answer
+
+
+def test_one_job_is_created_and_a_repeat_finds_the_same_job(
+        enqueue_app: ModuleType, owner: Conn, read_output: Callable[[], Output]) -> None:
+    first = invoke(enqueue_app, load_event("enqueue_direct"))
+    again = invoke(enqueue_app, load_event("enqueue_direct"), request_id="req-2")
+
+    assert first["results"][0]["status"] == "created"
+    assert (first["created"], first["existing"], first["rejected"]) == (1, 0, 0)
+    assert again["results"] == [{"index": 0, "status": "existing",
+                                 "job_id": first["results"][0]["job_id"]}]
+    (row,) = jobs(owner)
+    assert (str(row["id"]), row["kind"], row["correlation_id"]) == (
+        first["results"][0]["job_id"], "send_welcome_email", "signup-4711")
+    out = read_output()
+    assert out.metric("JobsEnqueued") == [1, 0]
+    assert out.metric("EnqueueExisting") == [0, 1]
+    (created_line, _) = out.messages("job enqueued")
+    assert created_line["job_id"] == first["results"][0]["job_id"]
+    assert created_line["correlation_id"] == "signup-4711"
+
+
+def test_a_batch_gets_the_request_id_as_correlation_id_where_an_item_has_none(
+        enqueue_app: ModuleType, owner: Conn) -> None:
+    answer = invoke(enqueue_app, load_event("enqueue_batch"), request_id="req-batch")
+
+    assert [r["status"] for r in answer["results"]] == ["created"] * 3
+    assert [r["index"] for r in answer["results"]] == [0, 1, 2]
+    by_id = {str(row["id"]): row for row in jobs(owner)}
+    assert [by_id[r["job_id"]]["correlation_id"] for r in answer["results"]] == [
+        "req-batch", "req-batch", "upload-77"]
+    assert by_id[answer["results"][0]["job_id"]]["max_attempts"] == 3
+
+
+def test_an_eventbridge_event_gets_the_event_id_as_correlation_id(
+        enqueue_app: ModuleType, owner: Conn) -> None:
+    answer = invoke(enqueue_app, load_event("enqueue_eventbridge"))
+
+    assert (answer["created"], answer["rejected"]) == (2, 0)
+    assert {row["correlation_id"] for row in jobs(owner)} == {EVENT_ID}
+
+
+def test_an_eventbridge_event_may_carry_a_single_job(
+        enqueue_app: ModuleType, owner: Conn) -> None:
+    event = load_event("enqueue_eventbridge")
+    event["detail"] = load_event("enqueue_direct")
+
+    answer = invoke(enqueue_app, event)
+
+    assert answer["results"][0]["status"] == "created"
+    assert jobs(owner)[0]["correlation_id"] == "signup-4711"
+
+
+def test_a_conflicting_repeat_is_rejected_naming_the_idempotency_conflict(
+        enqueue_app: ModuleType, owner: Conn) -> None:
+    original = invoke(enqueue_app, load_event("enqueue_direct"))
+    changed = load_event("enqueue_direct")
+    changed["payload"]["name"] = "Someone else"
+
+    answer = invoke(enqueue_app, changed)
+
+    (result,) = answer["results"]
+    assert result["status"] == "rejected"
+    assert "idempotency conflict" in result["reason"]
+    assert original["results"][0]["job_id"] in result["reason"]
+    assert "job_id" not in result
+    assert job(owner, uuid.UUID(original["results"][0]["job_id"]))["payload"]["name"] == "Ada"
+
+
+def _batch_with(bad: Any) -> dict[str, Any]:
+    """The sample batch with ``bad`` inserted as its second item."""
+    event = load_event("enqueue_batch")
+    event["jobs"].insert(1, bad)
+    return event
+
+
+def _direct(**changes: Any) -> dict[str, Any]:
+    item = load_event("enqueue_direct")
+    for key, value in changes.items():
+        if value is KeyError:
+            del item[key]
+        else:
+            item[key] = value
+    return item
+
+
+@pytest.mark.parametrize(("bad", "reason"), [
+    ("just a string", "a job must be a JSON object (got string)"),
+    (None, "a job must be a JSON object (got null)"),
+    ([1, 2], "a job must be a JSON object (got array)"),
+    (_direct(tenant_id=KeyError), "tenant_id: Field required"),
+    (_direct(kind=KeyError, operation_key=KeyError), "operation_key: Field required; kind"),
+    (_direct(tenant_id="tenant-7"), "tenant_id: Input should be a valid UUID"),
+    (_direct(payload=[1, 2, 3]), "payload: Input should be a valid dictionary"),
+    (_direct(payload="{}"), "payload: Input should be a valid dictionary"),
+    (_direct(operation_key="a\u0000b"), "operation_key: Value error, must not contain NUL"),
+    (_direct(payload={"note": "nul \u0000 byte"}), "payload: Value error, must not contain NUL"),
+    (_direct(max_attempts=0), "max_attempts: Input should be greater than or equal to 1"),
+    (_direct(available_at="2030-01-01T00:00:00"), "available_at: Value error, must include a"),
+    (_direct(priority=1), "priority: Extra inputs are not permitted"),
+    (_direct(operation_key="   "), "operation_key: Value error, must not be blank"),
+])
+def test_an_invalid_item_is_rejected_with_the_reason_and_its_neighbours_are_enqueued(
+        enqueue_app: ModuleType, owner: Conn, bad: Any, reason: str) -> None:
+    answer = invoke(enqueue_app, _batch_with(copy.deepcopy(bad)))
+
+    assert [r["status"] for r in answer["results"]] == [
+        "created", "rejected", "created", "created"]
+    rejected = answer["results"][1]
+    assert rejected["index"] == 1
+    assert rejected["reason"].startswith(reason), rejected["reason"]
+    assert (answer["created"], answer["rejected"]) == (3, 1)
+    assert len(jobs(owner)) == 3
+
+
+@pytest.mark.parametrize(("event", "count", "reason"), [
+    ("not an object", 1, "the event must be a JSON object"),
+    (["a", "list"], 1, "the event must be a JSON object: one job or"),
+    (17, 1, "the event must be a JSON object"),
+    ({"jobs": "many"}, 1, "\"jobs\" must be an array (got string)"),
+    ({"jobs": []}, 1, "a batch holds 1 to 1000 jobs (got 0)"),
+    ({"jobs": [{}] * 1001}, 1001, "a batch holds 1 to 1000 jobs (got 1001)"),
+    ({"jobs": [{}], "tenant_id": "x"}, 1, "a batch has only the key \"jobs\""),
+    ({"detail-type": "leaseq.enqueue"}, 1, "invalid EventBridge event: version: Field required"),
+])
+def test_an_event_of_the_wrong_shape_is_rejected_as_a_whole_with_one_result_per_item(
+        enqueue_app: ModuleType, owner: Conn, event: Any, count: int, reason: str) -> None:
+    answer = invoke(enqueue_app, event)
+
+    assert len(answer["results"]) == count
+    assert [r["index"] for r in answer["results"]] == list(range(count))
+    assert {r["status"] for r in answer["results"]} == {"rejected"}
+    assert all(r["reason"].startswith(reason) for r in answer["results"]), answer["results"][0]
+    assert (answer["created"], answer["existing"], answer["rejected"]) == (0, 0, count)
+    assert jobs(owner) == []
+
+
+def test_an_eventbridge_event_of_another_detail_type_is_rejected(
+        enqueue_app: ModuleType) -> None:
+    event = load_event("enqueue_eventbridge")
+    event["detail-type"] = "order.placed"
+
+    (result,) = invoke(enqueue_app, event)["results"]
+
+    assert result["reason"] == (
+        "EventBridge detail-type must be 'leaseq.enqueue' (got 'order.placed')")
+
+
+def test_an_item_the_database_refuses_is_rejected_and_the_rest_still_enqueued(
+        enqueue_app: ModuleType, owner: Conn) -> None:
+    # Valid for pydantic, refused by the SQL contract (at most 365 days ahead).
+    too_late = _direct(operation_key="far-future",
+                       available_at=(datetime.now(UTC) + timedelta(days=400)).isoformat())
+
+    answer = invoke(enqueue_app, _batch_with(too_late))
+
+    assert [r["status"] for r in answer["results"]] == [
+        "created", "rejected", "created", "created"]
+    assert "available_at must be at most 365 days ahead" in answer["results"][1]["reason"]
+    assert len(jobs(owner)) == 3
+
+
+def test_an_entirely_rejected_event_is_answered_without_touching_the_database(
+        enqueue_app: ModuleType, lambda_env: pytest.MonkeyPatch) -> None:
+    lambda_env.setenv("DATABASE_URL", "postgresql://nobody@127.0.0.1:1/none?connect_timeout=1")
+
+    answer = invoke(enqueue_app, {"jobs": [{"kind": "x"}]})
+
+    assert answer["rejected"] == 1
+
+
+@pytest.mark.filterwarnings("ignore:No application metrics to publish")
+def test_an_unreachable_database_fails_the_invocation_so_the_caller_retries(
+        enqueue_app: ModuleType, lambda_env: pytest.MonkeyPatch,
+        read_output: Callable[[], Output]) -> None:
+    lambda_env.setenv("DATABASE_URL", "postgresql://nobody@127.0.0.1:1/none?connect_timeout=1")
+
+    with pytest.raises(DatabaseUnavailableError, match="database unavailable"):
+        invoke(enqueue_app, load_event("enqueue_direct"))
+
+    (line,) = read_output().messages("enqueue failed")
+    assert line["level"] == "ERROR"
+    assert "database unavailable" in line["error"]

@@ -1,0 +1,73 @@
+"""functions/reaper/app.py invoked with the sample schedule event."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+from types import ModuleType
+
+import pytest
+from leaseq import EnqueueRequest, QueueClient, connect
+
+from tests.conftest import Database
+from tests.functions.conftest import Output, load_event
+from tests.library.support import states
+from tests.support.fakes import FakeLambdaContext
+from tests.support.postgres import Conn
+
+
+def abandon_jobs(db: Database, admin: Conn, count: int) -> None:
+    """Jobs claimed by an invocation that died: their leases ran out unrecorded."""
+    client = QueueClient(lambda: connect(db.worker_dsn))
+    try:
+        for tenant in (uuid.uuid4(), uuid.uuid4()):
+            client.enqueue_jobs([EnqueueRequest(tenant_id=tenant, operation_key=f"k{i}",
+                                                kind="charge_card", payload={})
+                                 for i in range(count // 2)])
+        client.claim_ready_jobs("leaseq-worker:dead-invocation", 100, timedelta(seconds=30))
+    finally:
+        client.close()
+    admin.execute("update app.jobs set lease_expires_at = clock_timestamp() - interval '1 second'"
+                  " where state = 'running'")
+
+
+def test_the_scheduled_tick_releases_every_tenants_expired_leases(
+        reaper_app: ModuleType, db: Database, admin: Conn, owner: Conn,
+        read_output: Callable[[], Output]) -> None:
+    abandon_jobs(db, admin, 6)
+    read_output()
+
+    summary = reaper_app.lambda_handler(load_event("reaper_schedule"),
+                                        FakeLambdaContext(function_name="leaseq-reaper"))
+
+    assert (summary["status"], summary["released"], summary["complete"]) == ("ok", 6, True)
+    assert states(owner) == {"retry_wait": 6}
+    out = read_output()
+    assert out.metric("JobsReleased") == [6]
+    (line,) = out.messages("reaper pass finished")
+    assert (line["level"], line["released"]) == ("WARNING", 6)
+
+
+def test_a_pass_with_nothing_to_release_reports_zero(
+        reaper_app: ModuleType, read_output: Callable[[], Output]) -> None:
+    summary = reaper_app.lambda_handler({}, FakeLambdaContext())
+    assert (summary["released"], summary["calls"], summary["trigger"]) == (0, 1, "manual")
+    assert read_output().metric("JobsReleased") == [0]
+
+
+def test_the_reaper_limit_bounds_each_call(
+        reaper_app: ModuleType, lambda_env: pytest.MonkeyPatch, db: Database, admin: Conn,
+        owner: Conn) -> None:
+    lambda_env.setenv("LEASEQ_REAPER_LIMIT", "2")
+    abandon_jobs(db, admin, 6)
+
+    summary = reaper_app.lambda_handler(load_event("reaper_schedule"), FakeLambdaContext())
+
+    assert (summary["released"], summary["calls"], summary["complete"]) == (6, 4, True)
+
+
+def test_a_worker_tick_sent_to_the_reaper_is_rejected(reaper_app: ModuleType) -> None:
+    answer = reaper_app.lambda_handler(load_event("worker_schedule"), FakeLambdaContext())
+    assert answer["status"] == "rejected"
+    assert "this is the reaper function" in answer["reason"]
