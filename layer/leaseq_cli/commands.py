@@ -9,7 +9,7 @@ import os
 import sys
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -20,8 +20,8 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from leaseq_cli import demo, embedded, invoke
-from leaseq_cli.drain import DrainTotals, describe_stop, drain
-from leaseq_cli.failures import ConflictError, NotFoundError, UsageError
+from leaseq_cli.drain import DrainTotals, FinishedCounter, describe_stop, drain
+from leaseq_cli.failures import CliError, ConflictError, NotFoundError, UsageError
 from leaseq_cli.operator import Operator, Selection
 from leaseq_cli.render import Ui, age, compact, styled_state, table, when
 from leaseq_cli.target import Target, configured_url, resolve
@@ -202,7 +202,7 @@ def cmd_enqueue(args: argparse.Namespace, ui: Ui) -> int:
 
 
 def _render_drain(out: Console, totals: DrainTotals) -> None:
-    shown = table("invocations", "claimed", "succeeded", "retried", "dead", "given back",
+    shown = table("invocations", "claimed", "succeeded", "retries", "dead", "given back",
                   "leases lost", "seconds")
     shown.add_row(str(totals.invocations), str(totals.claimed), f"[green]{totals.succeeded}[/]",
                   f"[yellow]{totals.retried}[/]",
@@ -221,10 +221,11 @@ def cmd_drain(args: argparse.Namespace, ui: Ui) -> int:
         try:
             worker = invoke.Invoker("worker", log=log)
             reaper = invoke.Invoker("reaper", log=log) if args.reap else None
-            with target.connect_worker() as conn:
+            with target.connect_worker() as conn, \
+                    closing(FinishedCounter(target.connect_worker)) as counter:
                 totals = drain(ui, Operator(conn), worker, budget=args.budget,
                                max_invocations=args.invocations, wait=args.wait,
-                               reaper=reaper)
+                               reaper=reaper, count_finished=counter)
         finally:
             invoke.reset_runtime()
     ui.emit(totals.as_dict(), lambda out: _render_drain(out, totals))
@@ -532,9 +533,11 @@ def cmd_demo(args: argparse.Namespace, ui: Ui) -> int:
         with invoke.open_log(home, ui.verbose) as log, invoke.environment(env):
             invoke.reset_runtime()
             try:
-                totals = drain(ui, operator, invoke.Invoker("worker", log=log),
-                               budget=args.budget, wait=15.0,
-                               reaper=invoke.Invoker("reaper", log=log))
+                with closing(FinishedCounter(target.connect_worker)) as counter:
+                    totals = drain(ui, operator, invoke.Invoker("worker", log=log),
+                                   budget=args.budget, wait=15.0,
+                                   reaper=invoke.Invoker("reaper", log=log),
+                                   count_finished=counter)
             finally:
                 invoke.reset_runtime()
         summary = demo.summarise(operator, run_id, job_ids, crashed)
@@ -548,7 +551,7 @@ def cmd_demo(args: argparse.Namespace, ui: Ui) -> int:
     }
     ui.emit(document, lambda out: _render_demo(out, summary, totals))
     if summary.unfinished:
-        raise ConflictError(f"{summary.unfinished} demo jobs did not finish: "
+        raise CliError(f"{summary.unfinished} demo jobs did not finish: "
                             f"{describe_stop(totals)}")
     return 0
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from leaseq import queries
 from leaseq.client import enqueue_jobs
 from leaseq.db import translate_errors
 from leaseq.jobs import EnqueueRequest
@@ -102,10 +103,9 @@ def enqueue_demo(operator: Operator, run_id: str) -> list[uuid.UUID]:
 def crash_a_worker(operator: Operator) -> uuid.UUID | None:
     """Claim one job as a worker that never reports back: its lease simply expires."""
     with translate_errors():
-        row = operator.conn.execute(
-            "select id from app.claim_jobs(%(tenant)s, %(owner)s, 1, %(lease)s::interval)",
-            {"tenant": TENANTS["initech"], "owner": CRASHED_OWNER, "lease": CRASHED_LEASE},
-        ).fetchone()
+        row = operator.conn.execute(queries.CLAIM_JOBS, {
+            "tenant_id": TENANTS["initech"], "owner": CRASHED_OWNER, "limit": 1,
+            "lease": CRASHED_LEASE}).fetchone()
     return row["id"] if row else None
 
 

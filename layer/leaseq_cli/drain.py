@@ -10,12 +10,17 @@ would, and jobs still running (a lease that has yet to expire) count as work lef
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal
 
+from leaseq.db import Connection
+from leaseq.settings import WorkerSettings
+from leaseq.worker import FINISH_RESERVE
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from leaseq_cli.failures import UsageError
@@ -53,6 +58,24 @@ class DrainTotals:
         return dict(self.__dict__)
 
 
+class FinishedCounter:
+    """Counts finished jobs on a connection of its own, for the progress thread."""
+
+    def __init__(self, connect: Callable[[], Connection]) -> None:
+        self._connect = connect
+        self._conn: Connection | None = None
+
+    def __call__(self) -> int:
+        if self._conn is None:
+            self._conn = self._connect()
+        rows = Operator(self._conn).queue_status()
+        return sum(int(row["jobs"]) for row in rows if row["state"] in FINISHED)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+
+
 @dataclass(frozen=True)
 class Backlog:
     """What the queue holds right now, from app.queue_status."""
@@ -79,6 +102,14 @@ class Backlog:
         return sum(self.by_state.get(s, 0) for s in states)
 
 
+def _minimum_budget() -> str:
+    settings = WorkerSettings.model_validate(
+        {k: v for k, v in os.environ.items() if k.startswith("LEASEQ_") and v})
+    needed = settings.job_timeout_seconds + settings.lease_margin_seconds + FINISH_RESERVE
+    return (f"{settings.job_timeout_seconds:g} + {settings.lease_margin_seconds:g} + "
+            f"{FINISH_RESERVE:g} = {needed:g} s")
+
+
 def _as_report(value: Any) -> dict[str, Any]:
     """The handler's answer as a dict of counters, whatever its exact shape."""
     if isinstance(value, dict):
@@ -88,35 +119,59 @@ def _as_report(value: Any) -> dict[str, Any]:
     return as_dict() if callable(as_dict) else {}
 
 
-class _Progress:
-    """A progress bar that shows up only once a drain has lasted a few seconds."""
+FINISHED = ("succeeded", "dead", "cancelled")
 
-    def __init__(self, ui: Ui, total: int) -> None:
+
+class _Progress:
+    """A progress bar that appears once a drain has lasted a few seconds.
+
+    One invocation may run for its whole budget, so the bar is driven by a thread that
+    counts finished jobs on a connection of its own (``count_finished``), not by the
+    invocations' reports, which arrive only when each invocation ends.
+    """
+
+    def __init__(self, ui: Ui, total: int, count_finished: Callable[[], int] | None) -> None:
         self.ui = ui
         self.total = max(total, 1)
+        self.count_finished = count_finished
         self.started = time.monotonic()
-        self.bar: Progress | None = None
-        self.task: Any = None
+        self.totals = DrainTotals()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
-    def update(self, totals: DrainTotals) -> None:
-        if not self.ui.interactive:
+    def __enter__(self) -> _Progress:
+        if self.ui.interactive and self.count_finished is not None:
+            self._thread = threading.Thread(target=self._run, name="leaseq-progress",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        assert self.count_finished is not None
+        if self._stop.wait(PROGRESS_AFTER):
             return
-        if self.bar is None:
-            if time.monotonic() - self.started < PROGRESS_AFTER:
-                return
-            self.bar = Progress(TextColumn("draining"), BarColumn(), MofNCompleteColumn(),
-                                TextColumn("{task.description}"), TimeElapsedColumn(),
-                                console=self.ui.err, transient=True)
-            self.bar.start()
-            self.task = self.bar.add_task("", total=self.total)
-        done = totals.succeeded + totals.dead
-        self.bar.update(self.task, completed=min(done, self.total), description=(
-            f"ok {totals.succeeded}  retried {totals.retried}  dead {totals.dead}  "
-            f"invocations {totals.invocations}"))
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
+        try:
+            baseline = self.count_finished()
+        except Exception:
+            return  # a bar is a nicety: never let it fail the drain
+        done_before = self.totals.succeeded + self.totals.dead
+        bar = Progress(TextColumn("draining"), BarColumn(), MofNCompleteColumn(),
+                       TextColumn("{task.description}"), TimeElapsedColumn(),
+                       console=self.ui.err, transient=True)
+        task = bar.add_task("", total=self.total, completed=min(done_before, self.total))
+        with bar:
+            while not self._stop.wait(0.25):
+                try:
+                    done = done_before + self.count_finished() - baseline
+                except Exception:
+                    return
+                bar.update(task, completed=min(done, self.total),
+                           description=f"invocation {self.totals.invocations + 1}")
 
 
 def drain(
@@ -129,14 +184,20 @@ def drain(
     wait: float = 10.0,
     reaper: Callable[[float], Any] | None = None,
     reaper_budget: float = 10.0,
+    count_finished: Callable[[], int] | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> DrainTotals:
-    totals = DrainTotals()
+    """Invoke ``worker`` (and ``reaper``) until the queue is drained; see the module doc.
+
+    ``count_finished`` (finished jobs in the queue, read on its own connection) drives
+    the progress bar on a terminal.
+    """
     started = time.monotonic()
     backlog = Backlog.read(operator)
-    progress = _Progress(ui, backlog.waiting(include_running=True))
+    progress = _Progress(ui, backlog.waiting(include_running=True), count_finished)
+    totals = progress.totals
     idle_since: float | None = None
-    try:
+    with progress:
         while True:
             if max_invocations is not None and totals.invocations >= max_invocations:
                 totals.stopped = "invocation_limit"
@@ -147,7 +208,6 @@ def drain(
                 totals.leases_recovered += int(reaped.get("released", 0) or 0)
             report = _as_report(worker(budget))
             totals.add_worker(report)
-            progress.update(totals)
             if int(report.get("claimed", 0) or 0) > 0:
                 idle_since = None
                 continue
@@ -156,8 +216,10 @@ def drain(
                 if report.get("stopped") == "deadline":
                     raise UsageError(
                         f"a {budget:g} s invocation is too short to start a job: the worker "
-                        "keeps the job timeout plus the lease margin plus 1 s in hand; raise "
-                        "--budget or lower --job-timeout")
+                        "needs the job timeout plus the lease margin plus 1 s "
+                        f"({_minimum_budget()}); raise --budget or lower --job-timeout")
+                # Claimed by someone else in the meantime: look again shortly.
+                sleep(0.1)
                 continue
             if backlog.waiting(include_running=reaper is not None) == 0:
                 totals.stopped = "queue_empty"
@@ -172,8 +234,6 @@ def drain(
                 totals.stopped = "idle_too_long"
                 break
             sleep(min(due if due is not None else 0.5, 1.0) + 0.05)
-    finally:
-        progress.close()
     totals.elapsed = time.monotonic() - started
     final = Backlog.read(operator)
     totals.left = {s: n for s, n in final.by_state.items()

@@ -94,7 +94,8 @@ class Ui:
             soft_wrap=not terminal,
             width=None if terminal else 200,
         )
-        self.err = Console(stderr=True, no_color=True if no_color else None, highlight=False)
+        self.err = Console(stderr=True, no_color=True if no_color else None, highlight=False,
+                           soft_wrap=not sys.stderr.isatty())
 
     @property
     def interactive(self) -> bool:

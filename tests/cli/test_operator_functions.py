@@ -15,7 +15,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from tests.conftest import Database
-from tests.sql.helpers import (
+from tests.sql.calls import (
     claim,
     claim_one,
     enqueue,
