@@ -120,7 +120,7 @@ def _seed(admin: Conn) -> dict[str, uuid.UUID]:
 def reference_database(
     fresh_database: Callable[[], Database], migrated_database: Database
 ) -> Seeded:
-    """The reference as written; the session's migrated database made the group roles."""
+    """The reference as written; migrating the suite's database made the group roles."""
     database = fresh_database()
     with database.connect(postgres.OWNER) as owner:
         owner.execute(REFERENCE.read_bytes())

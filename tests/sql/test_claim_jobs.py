@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from tests.conftest import Database
-from tests.sql.helpers import (
+from tests.sql.calls import (
     WORKER_NAME,
     claim,
     claim_one,
@@ -357,3 +357,17 @@ def test_claims_write_all_their_events_with_one_insert_statement(
         assert len(ready) == 8
 
     assert statements == [4, 8]
+
+
+@pytest.mark.parametrize("tenant_count", [2, 3, 6, 7, 9, 10])
+def test_every_ready_tenant_gets_a_job_into_a_batch_while_they_fit_in_it(
+    worker: Conn, tenant_count: int
+) -> None:
+    tenants = [new_tenant() for _ in range(tenant_count)]
+    for t in tenants:  # each with a backlog larger than a batch
+        enqueue_many(worker, t, 12)
+
+    batch = worker.execute("select tenant_id from app.claim_ready_jobs('w', 10)").fetchall()
+
+    assert len(batch) == 10
+    assert {r["tenant_id"] for r in batch} == set(tenants)

@@ -11,7 +11,7 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from tests.conftest import Database
-from tests.sql.helpers import new_tenant
+from tests.sql.calls import new_tenant
 from tests.support import postgres
 from tests.support.postgres import Conn
 

@@ -10,7 +10,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from tests.conftest import Database
-from tests.sql.helpers import (
+from tests.sql.calls import (
     claim_one,
     enqueue,
     enqueue_many,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from psycopg.types.json import Jsonb
 
-from tests.sql.helpers import (
+from tests.sql.calls import (
     WORKER_NAME,
     claim,
     claim_one,

@@ -14,7 +14,7 @@ import pytest
 from psycopg import sql
 
 from tests.conftest import Database
-from tests.sql.helpers import claim_one, enqueue, new_tenant, raises_sqlstate
+from tests.sql.calls import claim_one, enqueue, new_tenant, raises_sqlstate
 from tests.support import postgres
 from tests.support.postgres import Conn
 
@@ -113,7 +113,7 @@ def test_a_login_without_grants_is_refused_every_app_function(
             _call_with_nulls(outsider, function)
 
 
-def test_service_role_executes_the_queue_functions_and_no_internal_helper(owner: Conn) -> None:
+def test_service_role_executes_the_queue_functions_and_no_internal_function(owner: Conn) -> None:
     """Reference defect 6: workers had no USAGE on schema app and could call nothing."""
     schema = owner.execute(
         "select has_schema_privilege('service_role', 'app', 'USAGE') as usage,"
@@ -123,7 +123,7 @@ def test_service_role_executes_the_queue_functions_and_no_internal_helper(owner:
     executable = _executable_by(owner, "service_role")
     assert executable >= SERVICE_FUNCTIONS
     # Whatever later migrations add to the worker's contract runs as the owner, behind
-    # the same checks; invoker-rights helpers (argument checks, the shared release
+    # the same checks; invoker-rights functions (argument checks, the shared release
     # body, the tenant lookup) stay internal.
     definer = {
         r["signature"]
@@ -161,7 +161,7 @@ def test_readers_execute_only_the_tenant_lookup(owner: Conn, reader: Conn) -> No
             _call_with_nulls(reader, function)
 
 
-def test_internal_helpers_are_not_callable_by_workers(worker: Conn) -> None:
+def test_internal_functions_are_not_callable_by_workers(worker: Conn) -> None:
     with raises_sqlstate("42501", match="permission denied for function"):
         worker.execute("select app.release_expired(null, 10)")
     with raises_sqlstate("42501", match="permission denied for function"):

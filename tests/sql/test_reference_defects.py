@@ -14,7 +14,7 @@ from pathlib import Path
 
 from psycopg.types.json import Jsonb
 
-from tests.sql.helpers import (
+from tests.sql.calls import (
     WORKER_NAME,
     claim_one,
     enqueue,

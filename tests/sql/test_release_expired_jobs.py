@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.sql.helpers import (
+from tests.sql.calls import (
     claim,
     claim_one,
     enqueue,

@@ -1,4 +1,4 @@
-"""Small helpers the SQL contract tests share.
+"""The SQL calls and checks the contract tests share.
 
 They only call the SQL functions with bound parameters and read rows back; the
 statements live here so each test reads as the behaviour it checks.
