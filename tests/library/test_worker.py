@@ -539,3 +539,28 @@ def _request(tenant: uuid.UUID, key: str, kind: str, payload: dict[str, Any]) ->
     from leaseq import EnqueueRequest
 
     return EnqueueRequest(tenant_id=tenant, operation_key=key, kind=kind, payload=payload)
+
+
+@pytest.mark.parametrize("tenants", [6, 7, 9, 10])
+def test_every_ready_tenant_gets_a_job_into_the_first_batch_whatever_their_number(
+        client: QueueClient, tenants: int) -> None:
+    backlog = [uuid.uuid4() for _ in range(tenants - 1)]
+    for tenant in backlog:
+        enqueue(client, tenant, 20)
+    newcomer = uuid.uuid4()
+    enqueue(client, newcomer, prefix="new")  # the newest work of all: served last if unfair
+    deadline = FakeDeadline(60)
+    ran: list[uuid.UUID] = []
+
+    def handler(payload: Any, ctx: JobContext) -> None:
+        ran.append(ctx.job.tenant_id)
+        if len(ran) == 10:
+            deadline.spend(60)
+
+    registry = Registry()
+    registry.register("echo", handler)
+
+    report = make_worker(client, registry, batch_size=10).drain(deadline)
+
+    assert (report.batches, report.claimed) == (1, 10)
+    assert set(ran) == {*backlog, newcomer}
