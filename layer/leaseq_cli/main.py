@@ -61,7 +61,8 @@ def _selection_options(parser: argparse.ArgumentParser, what: str) -> None:
                         help=f"the {what} to act on")
     parser.add_argument("--tenant", type=arguments.uuid_value, help="only this tenant's jobs")
     parser.add_argument("--kind", help="only jobs of this kind")
-    parser.add_argument("--all", action="store_true", help=f"every {what} (no filter)")
+    parser.add_argument("--all", action="store_true",
+                        help=f"all {what}, of every tenant and kind (no filter)")
     parser.add_argument("--limit", type=arguments.positive_int,
                         help="at most this many jobs (default: all that match)")
     parser.add_argument("--reason", help="recorded in each job's audit event")
@@ -182,6 +183,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
         args = build_parser().parse_args(argv)
         verbose = bool(getattr(args, "verbose", False))
+        if not verbose:
+            # Library warnings (Powertools' "no metrics to publish", ...) are for
+            # developers: --verbose shows them, a plain run keeps stderr to one line.
+            warnings.simplefilter("ignore")
         args.database_url = getattr(args, "database_url", None)
         from leaseq_cli.render import Ui
 

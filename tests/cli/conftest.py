@@ -80,4 +80,5 @@ def embedded_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """One embedded server for the tests that need DATABASE_URL unset, stopped at the end."""
     home = tmp_path_factory.mktemp("leaseq-home")
     yield home
-    run_process("db", "stop", env=clean_environment(LEASEQ_HOME=str(home)))
+    stopped = run_process("db", "stop", env=clean_environment(LEASEQ_HOME=str(home)))
+    assert stopped.code == 0, stopped.err

@@ -115,3 +115,23 @@ def test_reap_runs_the_reaper_handler_and_releases_expired_leases(
     assert job(owner, lease["id"])["state"] == "retry_wait"
     assert event_types(owner, lease["id"]) == ["created", "claimed", "lease_expired"]
     assert cli("reap").out.strip() == "released 0 expired leases"
+
+
+def test_drain_keeps_the_handlers_json_logs_out_of_its_own_output(
+    cli: Cli, worker: Conn, tmp_path: Path
+) -> None:
+    enqueue(worker, uuid.uuid4(), "a", kind="send_welcome_email", payload={"to": "a@b.example"})
+    result = cli("drain", "--budget", "20", "--job-timeout", "5", "--json")
+    assert result.code == 0, result.err
+    assert result.json()["succeeded"] == 1  # stdout is exactly one JSON document
+    logged = [json.loads(line) for line in
+              (tmp_path / "home" / "lambda.log").read_text(encoding="utf-8").splitlines()
+              if line.startswith("{") and '"message"' in line]
+    finished = [entry for entry in logged if entry["message"] == "job finished"]
+    assert finished[0]["kind"] == "send_welcome_email"
+    assert any(entry["message"] == "drain finished" for entry in logged)
+
+    verbose = cli("drain", "--budget", "20", "--job-timeout", "5", "--verbose")
+    assert verbose.code == 0
+    assert '"message":"drain finished"' in verbose.err
+

@@ -14,6 +14,8 @@ from psycopg.conninfo import make_conninfo
 
 from tests.cli.conftest import Result, clean_environment, run_process
 from tests.conftest import Database
+from tests.sql.calls import enqueue
+from tests.support.postgres import Conn
 
 
 def _assert_one_line_error(result: Result, code: int, *fragments: str) -> None:
@@ -80,6 +82,16 @@ def test_a_database_without_the_schema_says_to_migrate(
                            "leaseq migrate")
 
 
+def test_a_handlers_module_that_cannot_be_imported_exits_2(
+    leaseq: Callable[..., Result], worker: Conn
+) -> None:
+    enqueue(worker, uuid.uuid4(), "a")
+    _assert_one_line_error(
+        leaseq("drain", "--handlers", "no_such_handlers_module", "--budget", "20",
+               "--job-timeout", "5"), 2,
+        "LEASEQ_HANDLERS='no_such_handlers_module' cannot be imported")
+
+
 def test_an_unknown_command_or_option_is_a_usage_error(leaseq: Callable[..., Result]) -> None:
     _assert_one_line_error(leaseq("frobnicate"), 2, "invalid choice: 'frobnicate'")
     _assert_one_line_error(leaseq("drain", "--budget", "-3"), 2, "must be more than 0 seconds")
@@ -101,3 +113,16 @@ def test_a_wrong_password_exits_3_with_the_fix(embedded_home: object) -> None:
     _assert_one_line_error(run_process("status", env={**env, "DATABASE_URL": wrong}), 3,
                            "refused the login (wrong user or password)",
                            "check the credentials in DATABASE_URL")
+
+
+def test_python_dash_m_leaseq_is_the_same_command_as_the_console_script() -> None:
+    import subprocess
+    import sys
+
+    module = subprocess.run([sys.executable, "-m", "leaseq", "--help"], capture_output=True,
+                            text=True, env=clean_environment(), check=False, timeout=60)
+    script = run_process("--help", env=clean_environment())
+    assert module.returncode == script.code == 0
+    assert module.stdout == script.out
+    assert "exit codes:" in script.out
+    assert "leaseq demo" not in script.err
