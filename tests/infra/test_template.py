@@ -543,3 +543,18 @@ def test_the_deployer_policy_allows_creating_every_resource_type_of_both_templat
             f"infra/deployer-policy.json cannot create {type_name} ({needed})")
     assert "iam:PassRole" in actions
     assert "cloudformation:CreateChangeSet" in actions
+
+
+@pytest.mark.parametrize(("function", "event_file"), [
+    ("Worker", "worker_schedule.json"), ("Reaper", "reaper_schedule.json")])
+def test_the_sample_events_have_the_shape_the_schedules_send(
+    cfn: dict[str, Any], function: str, event_file: str,
+) -> None:
+    """events/*.json feed `sam local invoke -e` and the handler tests: keep them true."""
+    sent = json.loads(cfn["Resources"][f"{function}FunctionSchedule"]["Properties"]["Target"][
+        "Input"])
+    sample = json.loads((ROOT / "events" / event_file).read_text(encoding="utf-8"))
+
+    assert set(sample) == set(sent)
+    assert {k: v for k, v in sample.items() if k != "scheduled_time"} == {
+        k: v for k, v in sent.items() if k != "scheduled_time"}
