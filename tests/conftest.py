@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
-
 from leaseq.db import connect
 from leaseq.migrate import migrate
+
 from tests.support import postgres
 from tests.support.postgres import Cluster, Conn
 

@@ -135,7 +135,9 @@ def create_database(cluster: Cluster, name: str, *, owner: str = OWNER, template
 
 def drop_database(cluster: Cluster, name: str) -> None:
     with cluster.connect() as conn:
-        conn.execute(sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(name)))
+        conn.execute(
+            sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(name))
+        )
 
 
 def host_of(dsn: str) -> str:
