@@ -30,14 +30,6 @@ from leaseq_cli.lambda_context import LocalLambdaContext
 Function = Literal["worker", "reaper"]
 Handler = Callable[[dict[str, Any], Any], Any]
 
-#: Powertools settings a deployed function gets from its template.
-POWERTOOLS_DEFAULTS = {
-    "POWERTOOLS_SERVICE_NAME": "leaseq-local",
-    "POWERTOOLS_METRICS_NAMESPACE": "leaseq-local",
-    "POWERTOOLS_TRACE_DISABLED": "true",
-}
-
-
 def scheduled_event(task: Function) -> dict[str, Any]:
     """The payload the schedules in template.yaml send."""
     return {
@@ -113,11 +105,13 @@ def handler(function: Function) -> Handler:
 @contextlib.contextmanager
 def environment(values: Mapping[str, str | None]) -> Iterator[None]:
     """Set (or, for None, remove) environment variables for the handlers, and put every
-    variable back afterwards. Powertools defaults apply unless already set."""
-    wanted: dict[str, str | None] = {
-        **{k: v for k, v in POWERTOOLS_DEFAULTS.items() if k not in os.environ}, **values}
-    saved = {key: os.environ.get(key) for key in wanted}
-    for key, value in wanted.items():
+    variable back afterwards.
+
+    Powertools' own variables are left alone: the functions' defaults (service
+    ``leaseq``) are what a deployed function logs as.
+    """
+    saved = {key: os.environ.get(key) for key in values}
+    for key, value in values.items():
         if value is None:
             os.environ.pop(key, None)
         else:
