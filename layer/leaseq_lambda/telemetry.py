@@ -50,16 +50,36 @@ def service_name() -> str:
     return os.environ.get("POWERTOOLS_SERVICE_NAME") or SERVICE
 
 
+class _Bridge(logging.Handler):
+    """Forwards the library's records to the JSON handler of a differently named service."""
+
+    def __init__(self, target: logging.Handler) -> None:
+        super().__init__()
+        self.target = target
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.target.handle(record)
+
+
 def make_logger() -> Logger:
+    """The function's Powertools logger, with the library's loggers writing through it.
+
+    Safe to call again in one process under another service name (the local CLI and
+    the tests do): a bridge made for an earlier name is replaced, never duplicated.
+    """
+    library = logging.getLogger(LIBRARY_LOGGER)
+    stale = [h for h in library.handlers if isinstance(h, _Bridge)]
+    for bridge in stale:
+        library.removeHandler(bridge)
+    if stale:
+        library.propagate = True
     logger = Logger(service=service_name(), stream=cast(IO[str], _CurrentStdout()),
                     use_rfc3339=True)
     handler = logger.registered_handler
     if not any(isinstance(f, JobLogFields) for f in handler.filters):
         handler.addFilter(JobLogFields())
-    if logger.name != LIBRARY_LOGGER:
-        library = logging.getLogger(LIBRARY_LOGGER)
-        if handler not in library.handlers:
-            library.addHandler(handler)
+    if logger.name != LIBRARY_LOGGER and not library.handlers:
+        library.addHandler(_Bridge(handler))
         library.setLevel(logger.log_level)
         library.propagate = False
     return logger
