@@ -40,6 +40,7 @@ def run_ceiling(
     walinspect: bool,
     relay: Callable[[], int] | None = None,
     relay_dsn: str | None = None,
+    nice: int = 0,
 ) -> DrainResult:
     """Run pgbench once over a database holding ``jobs`` enqueued jobs."""
     threads = max(1, min(clients, 2))
@@ -54,6 +55,8 @@ def run_ceiling(
                       relay_count=relay) as window:
             proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     text=True)
+            if nice:
+                meters.renice(proc.pid, nice)
             out, err = proc.communicate()
             window.stop()
             # pgbench has exited: its whole life is the window, and rusage has its CPU.

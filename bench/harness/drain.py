@@ -33,6 +33,7 @@ class DrainResult:
     host: machine.MachineReading | None = None
     round_trips: int | None = None
     peak_rss_kib: list[int] = field(default_factory=list)
+    settle: dict[str, float] | None = None
 
     @property
     def jobs_per_s(self) -> float:
@@ -56,6 +57,7 @@ class DrainResult:
             "other_machine_cpu_s": None if self.host is None else self.host.other_cpu_s,
             "round_trips": self.round_trips,
             "peak_rss_kib": self.peak_rss_kib,
+            "settle": self.settle,
         }
 
 
@@ -151,6 +153,7 @@ def run_drain(
     cpu_meter: meters.ServerCpuMeter | None,
     walinspect: bool,
     relay_count: Callable[[], int] | None = None,
+    nice: int = 0,
 ) -> DrainResult:
     """Run one drain with one worker process per command."""
     procs = [
@@ -162,6 +165,8 @@ def run_drain(
     try:
         for proc in procs:
             _read_line(proc, "ready")
+            if nice:
+                meters.renice(proc.pid, nice)
         with connect(dsn) as probe, measured(
             probe, cpu_meter=cpu_meter, walinspect=walinspect, relay_count=relay_count,
             client_pids=[p.pid for p in procs],

@@ -9,6 +9,7 @@ noisy run can be recognised in the results instead of being mistaken for a slow 
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,3 +64,20 @@ def between(start: MachineMark, end: MachineMark, server_cpu_s: float,
     clients = end.clients - start.clients if client_cpu_s is None else client_cpu_s
     other = (end.busy - start.busy) - server_cpu_s - clients - (end.own - start.own)
     return MachineReading(client_cpu_s=clients, other_cpu_s=max(other, 0.0))
+
+
+def wait_until_quiet(max_wait: float, *, threshold: float = 0.3,
+                     sample: float = 1.0) -> tuple[float, float]:
+    """Wait (at most ``max_wait`` s) for the machine to use < ``threshold`` cores.
+
+    Called between drains, when the benchmark itself is idle, so any load seen is
+    someone else's. Returns (seconds waited, cores busy in the last sample).
+    """
+    waited = 0.0
+    while True:
+        start = machine_busy_s()
+        time.sleep(sample)
+        load = (machine_busy_s() - start) / sample
+        if load < threshold or waited >= max_wait:
+            return waited + sample, load
+        waited += sample

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from harness import meters, report, secondary
+from harness import machine, meters, report, secondary
 from harness.ceiling import run_ceiling
 from harness.drain import DrainResult, run_drain
 from harness.pg import Server, analyze, connect, find_pgbench
@@ -59,7 +60,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="the smaller drain for the peak-memory comparison (default jobs/10)")
     p.add_argument("--no-secondary", action="store_true",
                    help="skip claim latency, import time and peak memory")
+    p.add_argument("--settle", type=float, default=10.0,
+                   help="before each timed drain, wait up to this many seconds for the "
+                        "machine to be quiet (< 0.3 cores busy); default %(default)s")
+    p.add_argument("--nice", type=int, default=-10,
+                   help="scheduling priority given to the workers and to the server "
+                        "backends serving the benchmark's database, so that other load on "
+                        "a shared machine disturbs the figures less (needs root; 0 leaves "
+                        "priorities alone; default %(default)s)")
     p.add_argument("--keep-databases", action="store_true")
+    p.add_argument("--report", type=Path, default=None, metavar="JSON",
+                   help="print the tables of a saved results file and exit")
     p.add_argument("--out", type=Path, default=None,
                    help="JSON results file (default bench/results/<time>.json)")
     return p.parse_args(argv)
@@ -92,10 +103,10 @@ class Bench:
     def _cpu_meter(self, dbname: str) -> meters.ServerCpuMeter | None:
         if self.postmaster is None:
             return None
-        return meters.ServerCpuMeter(self.postmaster, dbname)
+        return meters.ServerCpuMeter(self.postmaster, dbname, nice=self.args.nice)
 
     def run_cell(self, cell: Cell, jobs: int, *, relay: RoundTripRelay | None = None,
-                 tag: str = "") -> DrainResult:
+                 tag: str = "", settle: float = 0.0) -> DrainResult:
         dbname = f"leaseq_bench_{cell.key.replace('-', '_')}_c{cell.concurrency}{tag}"
         is_ceiling = cell.key == "ceiling"
         system = None if is_ceiling else SYSTEMS[cell.key]
@@ -114,6 +125,7 @@ class Bench:
             else:
                 system.enqueue(dsn, jobs, self.args.tenants)
                 analyze(dsn, list(system.tables))
+            settled = machine.wait_until_quiet(settle) if settle > 0 else None
             if is_ceiling:
                 if self.pgbench is None:
                     raise RuntimeError("pgbench not found (on PATH or /usr/lib/postgresql)")
@@ -121,7 +133,7 @@ class Bench:
                     self.pgbench, dsn, jobs, cell.concurrency,
                     cpu_meter=self._cpu_meter(dbname), walinspect=walinspect,
                     relay=(lambda: relay.round_trips) if relay else None,
-                    relay_dsn=relay.dsn_for(dsn) if relay else None)
+                    relay_dsn=relay.dsn_for(dsn) if relay else None, nice=self.args.nice)
                 finished = leaseq_finished(dsn)
             else:
                 assert system is not None
@@ -129,16 +141,27 @@ class Bench:
                 result = run_drain(
                     system.commands(worker_dsn, cell.concurrency), dsn,
                     cpu_meter=self._cpu_meter(dbname), walinspect=walinspect,
-                    relay_count=(lambda: relay.round_trips) if relay else None)
+                    relay_count=(lambda: relay.round_trips) if relay else None,
+                    nice=self.args.nice)
                 finished = system.finished(dsn)
             if finished != jobs:
                 raise RuntimeError(f"{cell.name}: {finished} of {jobs} jobs finished")
+        if settled is not None:
+            result.settle = {"waited_s": settled[0], "load_before": settled[1]}
         return result
 
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    if args.report is not None:
+        saved = json.loads(args.report.read_text(encoding="utf-8"))
+        saved["summary"] = report.summarise(saved)
+        print(report.render(saved))
+        return 0
     cells = plan(args)
+    if args.nice:
+        # Inherited by every worker, pgbench and import-time interpreter started below.
+        meters.renice(os.getpid(), args.nice)
     bench = Bench(args)
     started = time.time()
     facts = bench.server.facts()
@@ -146,15 +169,44 @@ def main(argv: list[str]) -> int:
     print(f"{args.jobs} jobs, {args.tenants} tenants, batch 10, {args.runs} runs; "
           f"cells: {', '.join(c.name for c in cells)}", flush=True)
 
+    out = args.out or BENCH_DIR / "results" / (
+        datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + ".json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    setup = {
+        "jobs": args.jobs, "tenants": args.tenants, "runs": args.runs, "batch": 10,
+        "cells": [c.name for c in cells], "rt_jobs": args.rt_jobs,
+        "server": facts, "pgbench": bench.pgbench is not None,
+        "server_cpu_meter": bench.postmaster is not None,
+        "pg_walinspect": bench.walinspect,
+        "nice": args.nice,
+    }
     runs: dict[str, list[dict[str, Any]]] = {c.name: [] for c in cells}
+
+    def save(partial: bool, **extra: Any) -> dict[str, Any]:
+        """Write what is known so far, so an interrupted run still leaves its data."""
+        results = {
+            "started": datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"),
+            "duration_s": time.time() - started,
+            "partial": partial,
+            "setup": setup,
+            "runs": runs,
+            **extra,
+        }
+        out.write_text(json.dumps(results, indent=2, default=str), encoding="utf-8")
+        return results
+
     # Runs are interleaved (every cell once, then again) so that a slow spell on a
     # shared machine spreads over all systems instead of sinking one of them.
     for run in range(args.runs):
         for cell in cells:
-            result = bench.run_cell(cell, args.jobs)
-            runs[cell.name].append(result.as_dict())
+            result = bench.run_cell(cell, args.jobs, settle=args.settle)
+            entry = result.as_dict()
+            runs[cell.name].append(entry)
+            other = (result.host.other_cpu_s / result.seconds
+                     if result.host and result.seconds else 0.0)
             print(f"  run {run + 1} {cell.name:<22} {result.jobs_per_s:>8.0f} jobs/s"
-                  f"  ({result.seconds:.2f} s)", flush=True)
+                  f"  ({result.seconds:.2f} s; other load {other:.2f} cores)", flush=True)
+            save(partial=True)
 
     round_trips: dict[str, Any] = {}
     if args.rt_jobs:
@@ -186,30 +238,13 @@ def main(argv: list[str]) -> int:
         if args.finished:
             extra["claim_latency"] = secondary.claim_latency(
                 bench.server, finished=args.finished, tenants=args.tenants,
-                keep=args.keep_databases)
+                keep=args.keep_databases, nice=args.nice)
             print(f"  claim latency ratio {extra['claim_latency']['ratio']:.2f}", flush=True)
         extra["import_time"] = secondary.import_time()
         print(f"  import time {extra['import_time'].get('median_ms', 'n/a')}", flush=True)
 
-    results = {
-        "started": datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"),
-        "duration_s": time.time() - started,
-        "setup": {
-            "jobs": args.jobs, "tenants": args.tenants, "runs": args.runs, "batch": 10,
-            "cells": [c.name for c in cells], "rt_jobs": args.rt_jobs,
-            "server": facts, "pgbench": bench.pgbench is not None,
-            "server_cpu_meter": bench.postmaster is not None,
-            "pg_walinspect": bench.walinspect,
-        },
-        "runs": runs,
-        "round_trips": round_trips,
-        **extra,
-    }
-    summary = report.summarise(results)
-    results["summary"] = summary
-    out = args.out or BENCH_DIR / "results" / (
-        datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + ".json")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    results = save(partial=False, round_trips=round_trips, **extra)
+    results["summary"] = report.summarise(results)
     out.write_text(json.dumps(results, indent=2, default=str), encoding="utf-8")
     print()
     print(report.render(results))

@@ -7,6 +7,7 @@ and reports the rest as ``foreign`` instead of silently charging it to the queue
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -90,10 +91,12 @@ class ServerCpuMeter:
     reported as foreign. Needs the server on this machine and /proc access to it.
     """
 
-    def __init__(self, postmaster_pid: int, own_database: str, interval: float = 0.02) -> None:
+    def __init__(self, postmaster_pid: int, own_database: str, interval: float = 0.02,
+                 *, nice: int = 0) -> None:
         self.postmaster_pid = postmaster_pid
         self.own_database = own_database
         self.interval = interval
+        self.nice = nice
         self.cluster_prefix = self._cluster_prefix()
         self._processes: dict[int, _Process] = {}
         self._stop = threading.Event()
@@ -124,12 +127,16 @@ class ServerCpuMeter:
             own, _ = _cpu_ticks(fields)
             known = self._processes.get(pid)
             if known is None:
-                database = _database_of(pid, self.cluster_prefix)
-                self._processes[pid] = _Process(
-                    first=own if at_start else 0, last=own, database=database,
+                known = self._processes[pid] = _Process(
+                    first=own if at_start else 0, last=own, database=None,
                     seen_at_start=at_start)
             else:
                 known.last = own
+            if known.database is None:
+                # A new backend names its database only once it has authenticated.
+                known.database = _database_of(pid, self.cluster_prefix)
+                if known.database == self.own_database and self.nice:
+                    renice(pid, self.nice)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -168,6 +175,15 @@ class ServerCpuMeter:
             if proc.database is not None and proc.database != self.own_database:
                 foreign += proc.last - proc.first
         return CpuReading(total_s=total / CLOCK_TICKS, foreign_s=foreign / CLOCK_TICKS)
+
+
+def renice(pid: int, nice: int) -> None:
+    """Give ``pid`` (a worker, or a backend serving the benchmark's database) priority.
+
+    Needs root for a negative value; without it, or if the process is gone, nothing.
+    """
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, pid, nice)
 
 
 def postmaster_pid(conn: Conn) -> int | None:

@@ -173,10 +173,9 @@ def render(results: dict[str, Any]) -> str:
                      f"{rss['small_kib'] / 1024:.1f} MiB")
     imports = results.get("import_time") or {}
     if "median_ms" in imports:
-        top = ", ".join(f"{m['module']} {m['cumulative_ms']:.0f}"
-                        for m in imports["largest_imports"][:6])
+        top = ", ".join(f"{m['package']} {m['self_ms']:.0f}" for m in imports["by_package"][:8])
         lines.append(f"import app (worker function): {imports['median_ms']:.0f} ms median; "
-                     f"largest imports (ms): {top}")
+                     f"by package (ms): {top}")
     elif imports:
         lines.append(f"import time: not measured ({imports.get('error')})")
     lines += ["", *wal_table(results)]

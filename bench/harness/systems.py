@@ -191,7 +191,8 @@ async def _procrastinate(dsn: str, action: str, jobs: int = 0, tenants: int = 1)
             task = app.tasks["noop"]
             for start in range(0, jobs, ENQUEUE_CHUNK):
                 ns = range(start, min(start + ENQUEUE_CHUNK, jobs))
-                await task.batch_defer_async(*({"n": n} for n in ns))
+                kwargs: list[dict[str, Any]] = [{"n": n} for n in ns]
+                await task.batch_defer_async(*kwargs)
         else:
             raise ValueError(action)
 
