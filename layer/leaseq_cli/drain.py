@@ -110,7 +110,7 @@ def _minimum_budget() -> str:
             f"{FINISH_RESERVE:g} = {needed:g} s")
 
 
-def _as_report(value: Any) -> dict[str, Any]:
+def as_report(value: Any) -> dict[str, Any]:
     """The handler's answer as a dict of counters, whatever its exact shape."""
     if isinstance(value, dict):
         nested = value.get("report") or value.get("drain")
@@ -203,10 +203,10 @@ def drain(
                 totals.stopped = "invocation_limit"
                 break
             if reaper is not None:
-                reaped = _as_report(reaper(reaper_budget))
+                reaped = as_report(reaper(reaper_budget))
                 totals.reaper_invocations += 1
                 totals.leases_recovered += int(reaped.get("released", 0) or 0)
-            report = _as_report(worker(budget))
+            report = as_report(worker(budget))
             totals.add_worker(report)
             if int(report.get("claimed", 0) or 0) > 0:
                 idle_since = None

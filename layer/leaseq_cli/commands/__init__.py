@@ -1,0 +1,31 @@
+"""What each ``leaseq`` subcommand does. Parsing lives in main.py, output in render.py."""
+
+from leaseq_cli.commands.database import (
+    cmd_db_start,
+    cmd_db_status,
+    cmd_db_stop,
+    cmd_db_url,
+    cmd_migrate,
+)
+from leaseq_cli.commands.enqueue import cmd_enqueue
+from leaseq_cli.commands.inspect import cmd_dead_list, cmd_jobs_show, cmd_status
+from leaseq_cli.commands.operate import cmd_cancel, cmd_dead_retry, cmd_prune
+from leaseq_cli.commands.run import cmd_demo, cmd_drain, cmd_reap
+
+__all__ = [
+    "cmd_cancel",
+    "cmd_db_start",
+    "cmd_db_status",
+    "cmd_db_stop",
+    "cmd_db_url",
+    "cmd_dead_list",
+    "cmd_dead_retry",
+    "cmd_demo",
+    "cmd_drain",
+    "cmd_enqueue",
+    "cmd_jobs_show",
+    "cmd_migrate",
+    "cmd_prune",
+    "cmd_reap",
+    "cmd_status",
+]

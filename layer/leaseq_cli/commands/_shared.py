@@ -1,0 +1,63 @@
+"""What every command needs: the database, the local home, the audit actor."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from leaseq_cli import demo, embedded
+from leaseq_cli.operator import Operator
+from leaseq_cli.render import Ui
+from leaseq_cli.target import Target, configured_url, resolve
+
+STATES = ("pending", "running", "retry_wait", "succeeded", "dead", "cancelled")
+
+
+def local_home() -> Path:
+    return embedded.leaseq_home()
+
+
+def target_for(args: argparse.Namespace, ui: Ui) -> Target:
+    home = local_home()
+    was_running = embedded.state(home).running if configured_url(args.database_url) is None \
+        else True
+    target = resolve(args.database_url, home=home)
+    if target.embedded is not None and not was_running:
+        ui.note(f"[dim]started the embedded PostgreSQL in {home / 'pgdata'} "
+                "(stop it with: leaseq db stop)[/]")
+    return target
+
+
+@contextmanager
+def operator_for(args: argparse.Namespace, ui: Ui) -> Iterator[Operator]:
+    target = target_for(args, ui)
+    with target.connect_worker() as conn:
+        yield Operator(conn)
+
+
+def actor(args: argparse.Namespace) -> str:
+    if getattr(args, "actor", None):
+        return str(args.actor)
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"leaseq-cli:{user}"[:200]
+
+
+def handlers_env(args: argparse.Namespace, target: Target) -> dict[str, str | None]:
+    handlers = getattr(args, "handlers", None) or os.environ.get("LEASEQ_HANDLERS") \
+        or demo.DEMO_HANDLERS
+    # Like `python -m`, let a handlers module in the current directory be found.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    env: dict[str, str | None] = {"DATABASE_URL": target.worker_dsn,
+                                  "LEASEQ_HANDLERS": handlers}
+    if getattr(args, "job_timeout", None):
+        env["LEASEQ_JOB_TIMEOUT_SECONDS"] = f"{args.job_timeout:g}"
+    return env

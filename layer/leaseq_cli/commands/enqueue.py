@@ -1,0 +1,114 @@
+"""leaseq enqueue: one job from options, or many from a JSON-lines file."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import uuid
+from pathlib import Path
+from typing import Any, TextIO
+
+from leaseq.client import enqueue_jobs
+from leaseq.jobs import EnqueueRequest
+from pydantic import ValidationError
+from rich.console import Console
+
+from leaseq_cli.commands._shared import operator_for
+from leaseq_cli.failures import ConflictError, UsageError
+from leaseq_cli.render import Ui, table
+
+# enqueue --------------------------------------------------------------------------------
+
+
+#: Jobs per enqueue call: the SQL contract's batch bound.
+ENQUEUE_CHUNK = 1000
+
+
+def _requests_from_file(stream: TextIO, name: str,
+                        default_tenant: uuid.UUID | None) -> list[EnqueueRequest]:
+    requests: list[EnqueueRequest] = []
+    for number, line in enumerate(stream, start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        where = f"{name} line {number}"
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"{where} is not valid JSON ({exc.msg} at column {exc.colno}); "
+                             "each line must be one JSON object") from None
+        if not isinstance(item, dict):
+            raise UsageError(f"{where} must be a JSON object with tenant_id, operation_key, "
+                             "kind and payload")
+        if "tenant_id" not in item and default_tenant is not None:
+            item["tenant_id"] = str(default_tenant)
+        if "payload" in item and not isinstance(item["payload"], dict):
+            raise UsageError(f"{where}: payload must be a JSON object, such as "
+                             """{"to": "ada@example.com"}""")
+        try:
+            requests.append(EnqueueRequest.model_validate(item))
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'line'}: {e['msg']}"
+                                 for e in exc.errors())
+            raise UsageError(f"{where}: {problems}") from None
+    if not requests:
+        raise UsageError(f"{name} holds no jobs; write one JSON object per line")
+    return requests
+
+
+def _read_requests(args: argparse.Namespace) -> list[EnqueueRequest]:
+    if args.file is not None:
+        if args.kind or args.payload is not None or args.key:
+            raise UsageError("give either --file or --kind/--payload/--key, not both")
+        if args.file == "-":
+            return _requests_from_file(sys.stdin, "stdin", args.tenant)
+        path = Path(args.file)
+        try:
+            with path.open(encoding="utf-8") as stream:
+                return _requests_from_file(stream, str(path), args.tenant)
+        except OSError as exc:
+            raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+    if args.tenant is None or not args.kind:
+        raise UsageError("say what to enqueue: --tenant UUID --kind KIND [--payload JSON], "
+                         "or --file JOBS.jsonl")
+    return [EnqueueRequest(
+        tenant_id=args.tenant, operation_key=args.key or f"cli-{uuid.uuid4()}", kind=args.kind,
+        payload=args.payload or {}, max_attempts=args.max_attempts,
+        correlation_id=args.correlation_id)]
+
+
+def cmd_enqueue(args: argparse.Namespace, ui: Ui) -> int:
+    requests = _read_requests(args)
+    with operator_for(args, ui) as operator:
+        results = []
+        for start in range(0, len(requests), ENQUEUE_CHUNK):
+            chunk = requests[start:start + ENQUEUE_CHUNK]
+            for result in enqueue_jobs(operator.conn, chunk):
+                results.append((start + result.index, result))
+    counts = {s: sum(1 for _, r in results if r.status == s)
+              for s in ("created", "existing", "conflict")}
+    rows: list[dict[str, Any]] = [
+        {"index": i, "job_id": r.job_id, "status": r.status, "state": r.state.value,
+         "tenant_id": requests[i].tenant_id, "operation_key": requests[i].operation_key,
+         "kind": requests[i].kind} for i, r in results]
+
+    def render(out: Console) -> None:
+        if len(rows) <= 20:
+            shown = table("job id", "tenant", "kind", "operation key", "status")
+            for row in rows:
+                status = row["status"]
+                style = {"created": "green", "existing": "dim", "conflict": "bold red"}[status]
+                shown.add_row(str(row["job_id"]), str(row["tenant_id"]), row["kind"],
+                              row["operation_key"], f"[{style}]{status}[/]")
+            out.print(shown)
+        out.print(f"{counts['created']} created, {counts['existing']} already existed, "
+                  f"{counts['conflict']} conflicts")
+
+    ui.emit({"counts": counts, "jobs": rows}, render)
+    if counts["conflict"]:
+        first = next(r for r in rows if r["status"] == "conflict")
+        raise ConflictError(
+            f"{counts['conflict']} operation keys already name a job with another kind or "
+            f"payload (first: {first['operation_key']!r}, job {first['job_id']}); use new keys "
+            "for new jobs")
+    return 0

@@ -1,0 +1,146 @@
+"""leaseq status, jobs show and dead list: read-only views of the queue."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rich.console import Console
+
+from leaseq_cli.commands._shared import STATES, operator_for
+from leaseq_cli.failures import NotFoundError
+from leaseq_cli.render import Ui, age, compact, styled_state, table, when
+
+# status ---------------------------------------------------------------------------------
+
+
+def _status_document(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    tenants: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        entry = tenants.setdefault(str(row["tenant_id"]), {
+            "tenant_id": row["tenant_id"], "states": dict.fromkeys(STATES, 0), "ready": 0,
+            "oldest_ready_age": None, "next_ready_in": None})
+        entry["states"][row["state"]] = int(row["jobs"])
+        entry["ready"] += int(row["ready_jobs"])
+        for key in ("oldest_ready_age", "next_ready_in"):
+            value = row[key]
+            if value is not None:
+                current = entry[key]
+                better = max if key == "oldest_ready_age" else min
+                entry[key] = value if current is None else better(current, value)
+    totals = dict.fromkeys(STATES, 0)
+    for entry in tenants.values():
+        for state, count in entry["states"].items():
+            totals[state] += count
+    return {"tenants": list(tenants.values()), "totals": totals,
+            "ready": sum(e["ready"] for e in tenants.values())}
+
+
+def cmd_status(args: argparse.Namespace, ui: Ui) -> int:
+    with operator_for(args, ui) as operator:
+        document = _status_document(operator.queue_status(args.tenant))
+
+    def render(out: Console) -> None:
+        if not document["tenants"]:
+            out.print("the queue is empty" + (" for this tenant" if args.tenant else ""))
+            return
+        shown = table("tenant", *STATES, "ready", "oldest ready")
+        for entry in document["tenants"]:
+            counts = [_count(state, entry["states"][state]) for state in STATES]
+            shown.add_row(str(entry["tenant_id"]), *counts, str(entry["ready"]),
+                          age(entry["oldest_ready_age"]))
+        if len(document["tenants"]) > 1:
+            shown.add_section()
+            shown.add_row("[bold]all tenants[/]",
+                          *[_count(s, document["totals"][s]) for s in STATES],
+                          str(document["ready"]), "")
+        out.print(shown)
+        if document["totals"]["dead"]:
+            out.print(f"[red]{document['totals']['dead']} dead[/]: see them with "
+                      "leaseq dead list")
+
+    ui.emit(document, render)
+    return 0
+
+
+def _count(state: str, count: int) -> str:
+    if not count:
+        return "[dim]0[/]"
+    return f"[bold red]{count}[/]" if state == "dead" else str(count)
+
+# jobs show ------------------------------------------------------------------------------
+
+
+def cmd_jobs_show(args: argparse.Namespace, ui: Ui) -> int:
+    with operator_for(args, ui) as operator:
+        job = operator.get_job(args.job_id)
+        if job is None:
+            raise NotFoundError(f"no job has id {args.job_id}; find ids with leaseq dead list, "
+                                "or in the output of leaseq enqueue")
+        events = operator.job_timeline(args.job_id, args.limit)
+
+    def render(out: Console) -> None:
+        facts = table("", "", title=f"job {job['id']}")
+        facts.show_header = False
+        for label, value in (
+            ("tenant", str(job["tenant_id"])),
+            ("kind", job["kind"]),
+            ("operation key", job["operation_key"]),
+            ("state", styled_state(str(job["state"]))),
+            ("attempts", f"{job['attempts']} of {job['max_attempts']}"),
+            ("created", when(job["created_at"])),
+            ("available at", when(job["available_at"])),
+            ("completed", when(job["completed_at"])),
+            ("lease", f"{job['lease_owner']} until {when(job['lease_expires_at'])}"
+             if job["lease_owner"] else "-"),
+            ("correlation id", job["correlation_id"] or "-"),
+            ("payload", compact(job["payload"], 400)),
+            ("result", compact(job["result"], 400) or "-"),
+            ("last error", compact(job["last_error"], 400) or "-"),
+        ):
+            facts.add_row(f"[bold]{label}[/]", value)
+        out.print(facts)
+        out.print()
+        timeline = table("#", "time", "event", "actor", "details", title="timeline")
+        for event in events:
+            timeline.add_row(str(event["sequence"]), when(event["created_at"]),
+                             _event_style(event["event_type"]), event["actor"],
+                             compact(event["details"], 300))
+        out.print(timeline)
+
+    ui.emit({"job": job, "events": events}, render)
+    return 0
+
+
+def _event_style(event: str) -> str:
+    style = {"succeeded": "green", "dead": "bold red", "retry_scheduled": "yellow",
+             "lease_expired": "yellow", "cancelled": "magenta", "redriven": "cyan",
+             "claimed": "blue"}.get(event)
+    return f"[{style}]{event}[/]" if style else event
+
+
+# dead list --------------------------------------------------------------------------------
+
+
+def cmd_dead_list(args: argparse.Namespace, ui: Ui) -> int:
+    with operator_for(args, ui) as operator:
+        rows = operator.dead_jobs(args.tenant, args.kind, args.limit)
+
+    def render(out: Console) -> None:
+        if not rows:
+            out.print("no dead jobs")
+            return
+        shown = table("job id", "tenant", "kind", "attempts", "reason", "error", "died")
+        for row in rows:
+            error = row["last_error"] or {}
+            message = error.get("message") if isinstance(error, dict) else None
+            code = error.get("code") if isinstance(error, dict) else None
+            shown.add_row(str(row["id"]), str(row["tenant_id"]), row["kind"],
+                          f"{row['attempts']}/{row['max_attempts']}", row["reason"] or "-",
+                          " ".join(str(x) for x in (code, message) if x)[:120],
+                          when(row["completed_at"]))
+        out.print(shown)
+        out.print("retry one with: leaseq dead retry JOB_ID   (or --tenant/--kind/--all)")
+
+    ui.emit({"jobs": rows}, render)
+    return 0

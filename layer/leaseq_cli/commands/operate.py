@@ -1,0 +1,79 @@
+"""leaseq dead retry, cancel and prune: changes an operator makes, each audited."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+
+from leaseq_cli.commands._shared import actor, operator_for
+from leaseq_cli.failures import ConflictError, NotFoundError, UsageError
+from leaseq_cli.operator import Selection
+from leaseq_cli.render import Ui
+
+# dead retry / cancel --------------------------------------------------------
+
+
+def _selection(args: argparse.Namespace, verb: str, what: str) -> Selection:
+    selection = Selection(tuple(args.job_ids or ()), args.tenant, args.kind)
+    if selection.job_ids and (args.tenant or args.kind or args.all):
+        raise UsageError("give job ids or filters (--tenant/--kind/--all), not both")
+    if selection.everything and not args.all:
+        raise UsageError(f"say which {what} to {verb}: job ids, --tenant and/or --kind, "
+                         "or --all")
+    return selection
+
+
+def _act(args: argparse.Namespace, ui: Ui, *, verb: str, past: str, what: str,
+         allowed: tuple[str, ...]) -> int:
+    selection = _selection(args, verb, what)
+    with operator_for(args, ui) as operator:
+        for job_id in selection.job_ids:
+            if operator.get_job(job_id) is None:
+                raise NotFoundError(f"no job has id {job_id}; nothing was {past}")
+        action = operator.redrive_jobs if verb == "retry" else operator.cancel_jobs
+        done = action(actor(args), selection, reason=args.reason, limit=args.limit)
+        done_ids = {row["job_id"] for row in done}
+        skipped = []
+        for job_id in selection.job_ids:
+            if job_id not in done_ids:
+                job = operator.get_job(job_id)
+                skipped.append((job_id, str(job["state"]) if job else "gone"))
+
+    def render(out: Console) -> None:
+        out.print(f"{past} {len(done)} job{'s' if len(done) != 1 else ''}"
+                  + (f" (audit actor {actor(args)})" if done else ""))
+        for row in done[:20]:
+            out.print(f"  {row['job_id']}  {row['kind']}  tenant {row['tenant_id']}")
+        if len(done) > 20:
+            out.print(f"  ... and {len(done) - 20} more")
+
+    ui.emit({past: done, "skipped": [{"job_id": j, "state": s} for j, s in skipped]}, render)
+    if skipped:
+        job_id, state = skipped[0]
+        raise ConflictError(
+            f"job {job_id} is {state}, so it was not {past}: only "
+            f"{' or '.join(allowed)} jobs can be {past}"
+            + (f" ({len(skipped) - 1} more skipped)" if len(skipped) > 1 else ""))
+    return 0
+
+
+def cmd_dead_retry(args: argparse.Namespace, ui: Ui) -> int:
+    return _act(args, ui, verb="retry", past="redriven", what="dead jobs", allowed=("dead",))
+
+
+def cmd_cancel(args: argparse.Namespace, ui: Ui) -> int:
+    return _act(args, ui, verb="cancel", past="cancelled", what="pending jobs",
+                allowed=("pending", "retry_wait"))
+
+# prune ----------------------------------------------------------------------------------
+
+
+def cmd_prune(args: argparse.Namespace, ui: Ui) -> int:
+    with operator_for(args, ui) as operator:
+        report = operator.prune_jobs(args.older_than, batch=args.batch,
+                                     max_batches=args.max_batches)
+    ui.emit(dict(report.__dict__), lambda out: out.print(
+        f"deleted {report.jobs_deleted} finished jobs older than {args.older_than} and "
+        f"{report.events_deleted} events, in {report.batches} batches"))
+    return 0
