@@ -8,9 +8,9 @@ from leaseq_cli.commands.database import (
     cmd_migrate,
 )
 from leaseq_cli.commands.enqueue import cmd_enqueue
-from leaseq_cli.commands.inspect import cmd_dead_list, cmd_jobs_show, cmd_status
 from leaseq_cli.commands.operate import cmd_cancel, cmd_dead_retry, cmd_prune
 from leaseq_cli.commands.run import cmd_demo, cmd_drain, cmd_reap
+from leaseq_cli.commands.views import cmd_dead_list, cmd_jobs_show, cmd_status
 
 __all__ = [
     "cmd_cancel",

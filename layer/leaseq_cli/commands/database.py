@@ -44,7 +44,7 @@ def cmd_migrate(args: argparse.Namespace, ui: Ui) -> int:
 
 def cmd_db_start(args: argparse.Namespace, ui: Ui) -> int:
     db = embedded.start(local_home())
-    return _db_status(ui, embedded.state(db.home), started=True)
+    return _db_status(ui, embedded.state(db.home))
 
 
 def cmd_db_stop(args: argparse.Namespace, ui: Ui) -> int:
@@ -67,7 +67,7 @@ def cmd_db_status(args: argparse.Namespace, ui: Ui) -> int:
     return _db_status(ui, embedded.state(local_home()))
 
 
-def _db_status(ui: Ui, current: embedded.ServerState, *, started: bool = False) -> int:
+def _db_status(ui: Ui, current: embedded.ServerState) -> int:
     override = configured_url(None)
     document = {**current.as_dict(), "database_url_set": override is not None}
 
