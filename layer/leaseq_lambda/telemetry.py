@@ -22,7 +22,14 @@ from typing import IO, Any, cast
 
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import MetricUnit
-from leaseq import DrainReport, JobLogFields, JobRecord, ReapReport, job_log_fields
+from leaseq import (
+    DrainReport,
+    JobLogFields,
+    JobRecord,
+    JobState,
+    ReapReport,
+    job_log_fields,
+)
 
 SERVICE = "leaseq"
 NAMESPACE = "Leaseq"
@@ -117,7 +124,7 @@ class JobTelemetry:
             return
         fields["duration_ms"] = _ms(record.duration)
         fields["queue_lag_ms"] = _ms(record.queue_lag)
-        if record.outcome == "dead":
+        if record.state is JobState.DEAD:
             self.logger.warning("job finished: dead", extra=fields)
         else:
             self.logger.info("job finished", extra=fields)

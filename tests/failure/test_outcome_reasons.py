@@ -6,7 +6,6 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-import pytest
 from leaseq import (
     DiscardJob,
     EnqueueRequest,
@@ -55,9 +54,6 @@ def test_a_handler_discard_is_recorded_as_discarded(db: Database, admin: Conn) -
     assert _dead_event(admin) == {"reason": "discarded", "attempts": 1, "code": "DISCARDED"}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Worker._retry turns the last failed attempt into outcome 'dead', which "
-    "app.finish_jobs records with reason 'discarded' instead of 'max_attempts'"))
 def test_a_job_that_fails_every_attempt_dies_with_reason_max_attempts(
     db: Database, admin: Conn
 ) -> None:

@@ -424,6 +424,10 @@ def test_the_jobs_own_max_attempts_ends_retries(client: QueueClient, owner: Conn
 
     assert (report.claimed, report.retried, report.dead) == (3, 2, 1)
     assert (job(owner, job_id)["state"], job(owner, job_id)["attempts"]) == ("dead", 3)
+    dead = owner.execute("select details from app.job_events where job_id = %s"
+                         " and event_type = 'dead'", (job_id,)).fetchone()
+    assert dead is not None
+    assert dead["details"]["reason"] == "max_attempts"  # not "discarded": retries ran out
 
 
 class Receipt(BaseModel):
