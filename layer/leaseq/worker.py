@@ -263,7 +263,7 @@ class Worker:
             _renew=lambda: self._renew(job, deadline) is not None,
         )
         policy = self._policy(registration)
-        logger.info("job started", extra=log)
+        logger.debug("job started", extra=log)
         try:
             result = call_with_timeout(lambda: registration.handler(payload, context), budget)
         except JobTimeout:
@@ -280,7 +280,7 @@ class Worker:
             logger.warning("handler failed", extra={**log, "error": repr(exc)}, exc_info=True)
             return self._retry(job, policy, None, _error(
                 "HANDLER_ERROR", str(exc) or type(exc).__name__, type=type(exc).__qualname__))
-        logger.info("job handler returned", extra=log)
+        logger.debug("job handler returned", extra=log)
         return self._success(job, result)
 
     def _success(self, job: ClaimedJob, result: Any) -> JobOutcome:

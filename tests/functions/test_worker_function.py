@@ -3,6 +3,7 @@ remaining time the test sets, settings from the environment, a real database."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable
 from types import ModuleType
@@ -19,6 +20,10 @@ from tests.support.fakes import FakeLambdaContext
 from tests.support.postgres import Conn
 
 JOB_FIELDS = ("job_id", "tenant_id", "kind", "attempt", "correlation_id")
+
+
+def read_messages(lines: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
+    return [line for line in lines if line["message"] == text]
 
 
 def enqueue(app: ModuleType, event: str, request_id: str = "enqueue-request-1") -> dict[str, Any]:
@@ -73,8 +78,10 @@ def test_every_job_log_line_carries_the_job_and_the_correlation_id_from_enqueue(
 
     logs = read_output().logs
     job_lines = [line for line in logs if "job_id" in line]
-    assert {line["message"] for line in job_lines} >= {
-        "job started", "sending the welcome email", "job handler returned", "job finished"}
+    # At INFO: one line per job from the worker, plus what the handlers log themselves.
+    assert {line["message"] for line in job_lines} == {"sending the welcome email",
+                                                        "job finished"}
+    assert len(read_messages(job_lines, "job finished")) == 6
     for line in job_lines:
         assert all(line.get(key) is not None for key in JOB_FIELDS), line
         assert line["attempt"] == 1
@@ -206,3 +213,24 @@ def test_invalid_settings_fail_the_invocation_with_the_variable_named(
     lambda_env.setenv("LEASEQ_BATCH_SIZE", "1000")
     with pytest.raises(ConfigurationError, match="LEASEQ_BATCH_SIZE"):
         worker_app.lambda_handler({}, FakeLambdaContext())
+
+
+def test_at_debug_level_the_librarys_own_lines_carry_the_job_fields_too(
+        worker_app: ModuleType, enqueue_app: ModuleType,
+        read_output: Callable[[], Output]) -> None:
+    enqueue(enqueue_app, "enqueue_direct")
+    read_output()
+    service_logger = logging.getLogger("leaseq")  # POWERTOOLS_LOG_LEVEL=DEBUG in Lambda
+    service_logger.setLevel(logging.DEBUG)
+    try:
+        worker_app.lambda_handler(load_event("worker_schedule"), FakeLambdaContext())
+    finally:
+        service_logger.setLevel(logging.INFO)
+
+    lines = read_output().logs
+    (started,) = read_messages(lines, "job started")
+    (returned,) = read_messages(lines, "job handler returned")
+    for line in (started, returned):
+        assert {k: line[k] for k in ("kind", "attempt", "correlation_id")} == {
+            "kind": "send_welcome_email", "attempt": 1, "correlation_id": "signup-4711"}
+    assert started["job_id"] == returned["job_id"]
