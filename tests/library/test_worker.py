@@ -568,3 +568,26 @@ def test_every_ready_tenant_gets_a_job_into_the_first_batch_whatever_their_numbe
 
     assert (report.batches, report.claimed) == (1, 10)
     assert set(ran) == {*backlog, newcomer}
+
+
+def test_an_outcome_the_database_refuses_costs_only_its_own_job(
+        client: QueueClient, owner: Conn, caplog: pytest.LogCaptureFixture) -> None:
+    # 1e20 is 5 characters in Python's JSON and 21 in PostgreSQL's: under the size
+    # bound here, over it there, so the statement recording the batch is refused.
+    def handler(payload: dict[str, Any], ctx: JobContext) -> Any:
+        return {"values": [1e20] * 30_000} if payload["i"] == 0 else "ok"
+
+    registry = Registry()
+    registry.register("echo", handler)
+    ids = enqueue(client, uuid.uuid4(), 4)
+
+    with caplog.at_level(logging.ERROR, logger="leaseq"):
+        report = make_worker(client, registry).drain(FakeDeadline(60))
+
+    assert (report.succeeded, report.dead, report.lost_leases) == (3, 1, 0)
+    row = job(owner, ids[0])
+    assert (row["state"], row["last_error"]["code"]) == ("dead", "OUTCOME_NOT_STORABLE")
+    assert row["last_error"]["intended"] == "succeeded"
+    assert "at most 262144 bytes" in row["last_error"]["message"]
+    assert {job(owner, i)["state"] for i in ids[1:]} == {"succeeded"}
+    assert "outcomes refused as a batch" in caplog.text
