@@ -10,7 +10,13 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from leaseq import ConfigurationError, EnqueueRequest, QueueClient, connect
+from leaseq import (
+    ConfigurationError,
+    DatabaseUnavailableError,
+    EnqueueRequest,
+    QueueClient,
+    connect,
+)
 from leaseq_lambda import runtime
 
 from tests.conftest import Database
@@ -234,3 +240,18 @@ def test_at_debug_level_the_librarys_own_lines_carry_the_job_fields_too(
         assert {k: line[k] for k in ("kind", "attempt", "correlation_id")} == {
             "kind": "send_welcome_email", "attempt": 1, "correlation_id": "signup-4711"}
     assert started["job_id"] == returned["job_id"]
+
+
+@pytest.mark.filterwarnings("ignore:No application metrics to publish")
+def test_an_unreachable_database_fails_the_invocation_with_a_structured_log_line(
+        worker_app: ModuleType, lambda_env: pytest.MonkeyPatch,
+        read_output: Callable[[], Output]) -> None:
+    lambda_env.setenv("DATABASE_URL", "postgresql://nobody@127.0.0.1:1/none?connect_timeout=1")
+
+    with pytest.raises(DatabaseUnavailableError, match="database unavailable"):
+        worker_app.lambda_handler(load_event("worker_schedule"), FakeLambdaContext())
+
+    (line,) = read_output().messages("drain failed")
+    assert line["level"] == "ERROR"
+    assert "exception" in line  # with the traceback, for the Errors alarm's investigation
+    assert "Check the host, port, credentials" in line["error"]
