@@ -346,8 +346,8 @@ def test_batch_writes_all_its_events_with_one_insert_statement(
 @pytest.mark.parametrize(
     ("outcome", "token", "message"),
     [
-        ("finished", uuid.uuid4(), "must be succeeded, retry or dead (got finished)"),
-        (None, uuid.uuid4(), "must be succeeded, retry or dead (got NULL)"),
+        ("finished", uuid.uuid4(), "must be succeeded, retry, dead or exhausted (got finished)"),
+        (None, uuid.uuid4(), "must be succeeded, retry, dead or exhausted (got NULL)"),
         ("succeeded", None, "tenant_id, job_id and token are required"),
     ],
 )
