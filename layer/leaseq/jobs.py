@@ -154,7 +154,7 @@ class ClaimedJob:
         return self.attempts >= self.max_attempts
 
 
-OutcomeKind = Literal["succeeded", "retry", "dead"]
+OutcomeKind = Literal["succeeded", "retry", "dead", "exhausted"]
 
 
 @dataclass(frozen=True)

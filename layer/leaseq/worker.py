@@ -66,7 +66,7 @@ class JobRecord:
     """One job's run, as reported to observers (logs, metrics)."""
 
     job: ClaimedJob
-    outcome: Literal["succeeded", "retry", "dead", "released"]
+    outcome: Literal["succeeded", "retry", "dead", "exhausted", "released"]
     state: JobState | None
     duration: float
     queue_lag: float
@@ -303,13 +303,10 @@ class Worker:
     def _retry(self, job: ClaimedJob, policy: RetryPolicy, delay: timedelta | None,
                error: dict[str, Any]) -> JobOutcome:
         if not policy.allows_another(job.attempts, job.max_attempts):
-            final = {**error, "final": True}
-            if job.attempts >= job.max_attempts:
-                # The job's own limit: sent as a retry, the queue records it dead with
-                # reason max_attempts, which operators tell apart from a discard.
-                return JobOutcome(job, "retry", final, retry_delay=timedelta(0))
-            # A kind's stricter limit is the worker's decision; the queue only sees dead.
-            return JobOutcome(job, "dead", final)
+            # Attempts used up, by the job's own limit or the kind's stricter one: the
+            # queue records it dead with reason max_attempts, which operators tell
+            # apart from a discard.
+            return JobOutcome(job, "exhausted", {**error, "final": True})
         chosen = delay if delay is not None else policy.delay(job.attempts, rand=self._rand)
         chosen = min(max(chosen, timedelta(0)), MAX_RETRY_DELAY)  # the SQL contract's bounds
         return JobOutcome(job, "retry", error, retry_delay=chosen)

@@ -410,6 +410,10 @@ def test_a_kinds_max_attempts_makes_the_job_dead_before_the_jobs_own_limit(
     row = job(owner, job_id)
     assert (row["state"], row["attempts"], row["max_attempts"]) == ("dead", 2, 6)
     assert row["last_error"]["final"] is True
+    dead = owner.execute("select details from app.job_events where job_id = %s"
+                         " and event_type = 'dead'", (job_id,)).fetchone()
+    assert dead is not None
+    assert dead["details"]["reason"] == "max_attempts"  # the kind's retries ran out
 
 
 def test_the_jobs_own_max_attempts_ends_retries(client: QueueClient, owner: Conn) -> None:
