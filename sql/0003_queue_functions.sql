@@ -264,7 +264,7 @@ begin
   select * into v_result
   from app.enqueue_jobs(array[p_tenant_id], array[p_operation_key], array[p_kind],
                         array[p_payload], array[p_available_at], array[p_max_attempts]);
-  select * into v_job from app.jobs where id = v_result.job_id;
+  select * into v_job from app.jobs where id = v_result.job_id and tenant_id = p_tenant_id;
   if v_result.status = 'conflict' then
     raise exception using
       errcode = '23505',
@@ -272,16 +272,64 @@ begin
                        p_operation_key, p_tenant_id, v_job.id, v_job.kind),
       hint = 'Use a new operation_key for a different job, or repeat the original kind and payload.';
   end if;
+  -- A producer learns the job's state, never the lease that a worker holds on it.
+  v_job.lease_token := null;
   return v_job;
 end;
 $$;
 
 -- Claim --------------------------------------------------------------------------------
 
--- Claims take the oldest ready rows with FOR UPDATE SKIP LOCKED inside a MATERIALIZED
--- CTE, so the LIMIT applies to rows this transaction actually locked, and concurrent
--- claimers walk past each other instead of queueing on the same rows. The UPDATE and
--- the 'claimed' audit rows are written by the same statement (one INSERT ... SELECT).
+-- Claim rows this transaction has already locked FOR UPDATE: one INSERT ... SELECT of
+-- 'claimed' audit rows, then one UPDATE. The audit rows come first so that the foreign
+-- key check of each finds its job row already locked FOR UPDATE by the claim and takes
+-- no second row lock (one heap LOCK WAL record per job fewer). Internal: owner only.
+create function app.claim_locked_jobs(
+  p_ids uuid[],
+  p_owner text,
+  p_lease interval,
+  p_now timestamptz
+)
+returns setof app.jobs
+language plpgsql
+set search_path = ''
+as $$
+declare
+  v_tokens uuid[];
+begin
+  select array_agg(gen_random_uuid()) into v_tokens from unnest(p_ids);
+
+  insert into app.job_events (tenant_id, job_id, event_type, actor, lease_token, details, created_at)
+  select j.tenant_id, j.id, 'claimed', p_owner, c.token,
+         jsonb_build_object('attempt', j.attempts + 1, 'leaseExpiresAt', p_now + p_lease),
+         p_now
+  from unnest(p_ids, v_tokens) as c(id, token)
+  join app.jobs j on j.id = c.id;
+
+  return query
+  with claimed as (
+    update app.jobs j
+    set state = 'running',
+        attempts = j.attempts + 1,
+        lease_owner = p_owner,
+        lease_token = c.token,
+        lease_expires_at = p_now + p_lease,
+        updated_at = p_now
+    from unnest(p_ids, v_tokens) as c(id, token)
+    where j.id = c.id
+    returning j.*
+  )
+  select * from claimed c order by c.available_at, c.created_at, c.id;
+end;
+$$;
+revoke all on function app.claim_locked_jobs(uuid[], text, interval, timestamptz) from public;
+
+-- Claims take the oldest ready rows with FOR UPDATE SKIP LOCKED in a subquery whose
+-- LIMIT applies to rows this transaction actually locked, so concurrent claimers walk
+-- past each other instead of queueing on the same rows; claim_locked_jobs then writes
+-- all their 'claimed' audit rows with one INSERT ... SELECT and updates them with one
+-- UPDATE. Argument checks are plain expressions; the helper that raises the detailed
+-- message only runs when one fails.
 create or replace function app.claim_jobs(
   p_tenant_id uuid,
   p_owner text,
@@ -295,14 +343,23 @@ set search_path = ''
 as $$
 declare
   v_now timestamptz := clock_timestamp();
+  v_ids uuid[];
 begin
-  perform app.check_required('p_tenant_id', p_tenant_id);
-  perform app.check_owner(p_owner);
-  perform app.check_range('p_limit', p_limit, 1, 100);
-  perform app.check_lease(p_lease);
+  if p_tenant_id is null then
+    perform app.check_required('p_tenant_id', p_tenant_id);
+  end if;
+  if p_owner is null or p_owner ~ '^\s*$' or length(p_owner) > 200 then
+    perform app.check_owner(p_owner);
+  end if;
+  if p_limit is null or p_limit < 1 or p_limit > 100 then
+    perform app.check_range('p_limit', p_limit, 1, 100);
+  end if;
+  if p_lease is null or p_lease < interval '1 second' or p_lease > interval '1 day' then
+    perform app.check_lease(p_lease);
+  end if;
 
-  return query
-  with candidates as materialized (
+  select array_agg(c.id) into v_ids
+  from (
     select j.id
     from app.jobs j
     where j.tenant_id = p_tenant_id
@@ -311,30 +368,17 @@ begin
     order by j.available_at, j.created_at, j.id
     for update skip locked
     limit p_limit
-  ), claimed as (
-    update app.jobs j
-    set state = 'running',
-        attempts = j.attempts + 1,
-        lease_owner = p_owner,
-        lease_token = gen_random_uuid(),
-        lease_expires_at = v_now + p_lease,
-        updated_at = v_now
-    from candidates c
-    where j.id = c.id
-    returning j.*
-  ), audit as (
-    insert into app.job_events (tenant_id, job_id, event_type, actor, lease_token, details, created_at)
-    select c.tenant_id, c.id, 'claimed', p_owner, c.lease_token,
-           jsonb_build_object('attempt', c.attempts, 'leaseExpiresAt', c.lease_expires_at),
-           v_now
-    from claimed c
-  )
-  select * from claimed c order by c.available_at, c.created_at, c.id;
+  ) c;
+  if v_ids is null then
+    return;
+  end if;
+  return query select * from app.claim_locked_jobs(v_ids, p_owner, p_lease, v_now);
 end;
 $$;
 
 -- Tenants with claimable work, in tenant_id order, found by a loose index scan over
--- jobs_claimable_idx: one index probe per tenant, never a scan of the backlog.
+-- jobs_claimable_idx: one index probe per tenant (its first entry carries both the
+-- tenant and its oldest available_at), never a scan of the backlog.
 -- oldest_ready_at is the tenant's oldest pending/retry_wait available_at; a tenant
 -- whose work is all in the future is left out.
 create function app.ready_tenants(p_limit integer default 100)
@@ -348,46 +392,43 @@ as $$
 declare
   v_now timestamptz := clock_timestamp();
 begin
-  perform app.check_range('p_limit', p_limit, 1, 10000);
+  if p_limit is null or p_limit < 1 or p_limit > 10000 then
+    perform app.check_range('p_limit', p_limit, 1, 10000);
+  end if;
   return query
   with recursive tenants as (
-    (select j.tenant_id
+    (select j.tenant_id, j.available_at
      from app.jobs j
      where j.state in ('pending', 'retry_wait')
-     order by j.tenant_id
+     order by j.tenant_id, j.available_at
      limit 1)
     union all
-    select (select j.tenant_id
-            from app.jobs j
-            where j.state in ('pending', 'retry_wait')
-              and j.tenant_id > t.tenant_id
-            order by j.tenant_id
-            limit 1)
+    select following.tenant_id, following.available_at
     from tenants t
-    where t.tenant_id is not null
+    cross join lateral (
+      select j.tenant_id, j.available_at
+      from app.jobs j
+      where j.state in ('pending', 'retry_wait')
+        and j.tenant_id > t.tenant_id
+      order by j.tenant_id, j.available_at
+      limit 1
+    ) following
   )
-  select t.tenant_id, o.oldest
+  select t.tenant_id, t.available_at
   from tenants t
-  cross join lateral (
-    select j.available_at as oldest
-    from app.jobs j
-    where j.tenant_id = t.tenant_id
-      and j.state in ('pending', 'retry_wait')
-    order by j.tenant_id, j.available_at
-    limit 1
-  ) o
-  where t.tenant_id is not null
-    and o.oldest <= v_now
+  where t.available_at <= v_now
   limit p_limit;
 end;
 $$;
 
 -- Fair claim across tenants, for scheduled workers that serve everyone.
--- Up to p_limit ready tenants are served, the one waiting longest first; each gets an
--- equal share of the batch (ceil(limit / tenants)) and the shares left unused by small
--- tenants are then refilled from the others. So while no more than p_limit tenants
--- have ready work, every one of them gets at least one job into every batch: a backlog
--- of any size in one tenant delays another tenant's job by at most one batch.
+-- Up to p_limit ready tenants are served, the one waiting longest first. Each locks a
+-- share of ceil(limit / tenants) candidates, and the batch takes them round by round:
+-- every tenant's first job, then every tenant's second, and so on; shares left unused
+-- by small tenants are then refilled from the others. So while no more than p_limit
+-- tenants have ready work, every one of them gets at least one job into every batch: a
+-- backlog of any size in one tenant delays another tenant's job by at most one batch.
+-- Locked candidates beyond the limit (a share's rounding) unlock at commit.
 create function app.claim_ready_jobs(
   p_owner text,
   p_limit integer default 10,
@@ -402,12 +443,18 @@ declare
   v_now timestamptz := clock_timestamp();
   v_tenants uuid[];
   v_share integer;
-  v_ids uuid[] := '{}';
+  v_ids uuid[];
   v_more uuid[];
 begin
-  perform app.check_owner(p_owner);
-  perform app.check_range('p_limit', p_limit, 1, 100);
-  perform app.check_lease(p_lease);
+  if p_owner is null or p_owner ~ '^\s*$' or length(p_owner) > 200 then
+    perform app.check_owner(p_owner);
+  end if;
+  if p_limit is null or p_limit < 1 or p_limit > 100 then
+    perform app.check_range('p_limit', p_limit, 1, 100);
+  end if;
+  if p_lease is null or p_lease < interval '1 second' or p_lease > interval '1 day' then
+    perform app.check_lease(p_lease);
+  end if;
 
   select array_agg(r.tenant_id order by r.oldest_ready_at, r.tenant_id)
   into v_tenants
@@ -417,31 +464,37 @@ begin
     order by rt.oldest_ready_at, rt.tenant_id
     limit p_limit
   ) r;
-
   if v_tenants is null then
     return;
   end if;
   v_share := ceil(p_limit::numeric / cardinality(v_tenants));
 
-  select coalesce(array_agg(c.id), '{}') into v_ids
+  select array_agg(c.id) into v_ids
   from (
-    select picked.id
+    select ranked.id
     from unnest(v_tenants) with ordinality as t(tenant_id, pos)
     cross join lateral (
-      select j.id
-      from app.jobs j
-      where j.tenant_id = t.tenant_id
-        and j.state in ('pending', 'retry_wait')
-        and j.available_at <= v_now
-      order by j.available_at, j.created_at, j.id
-      for update skip locked
-      limit v_share
-    ) picked
+      select picked.id,
+             row_number() over (order by picked.available_at, picked.created_at, picked.id)
+               as round
+      from (
+        select j.id, j.available_at, j.created_at
+        from app.jobs j
+        where j.tenant_id = t.tenant_id
+          and j.state in ('pending', 'retry_wait')
+          and j.available_at <= v_now
+        order by j.available_at, j.created_at, j.id
+        for update skip locked
+        limit v_share
+      ) picked
+    ) ranked
+    order by ranked.round, t.pos
     limit p_limit
   ) c;
+  v_ids := coalesce(v_ids, '{}');
 
   if cardinality(v_ids) < p_limit and cardinality(v_tenants) > 1 then
-    select coalesce(array_agg(c.id), '{}') into v_more
+    select array_agg(c.id) into v_more
     from (
       select picked.id
       from unnest(v_tenants) with ordinality as t(tenant_id, pos)
@@ -458,32 +511,13 @@ begin
       ) picked
       limit p_limit - cardinality(v_ids)
     ) c;
-    v_ids := v_ids || v_more;
+    v_ids := v_ids || coalesce(v_more, '{}');
   end if;
 
   if cardinality(v_ids) = 0 then
     return;
   end if;
-
-  return query
-  with claimed as (
-    update app.jobs j
-    set state = 'running',
-        attempts = j.attempts + 1,
-        lease_owner = p_owner,
-        lease_token = gen_random_uuid(),
-        lease_expires_at = v_now + p_lease,
-        updated_at = v_now
-    where j.id = any (v_ids)
-    returning j.*
-  ), audit as (
-    insert into app.job_events (tenant_id, job_id, event_type, actor, lease_token, details, created_at)
-    select c.tenant_id, c.id, 'claimed', p_owner, c.lease_token,
-           jsonb_build_object('attempt', c.attempts, 'leaseExpiresAt', c.lease_expires_at),
-           v_now
-    from claimed c
-  )
-  select * from claimed c order by c.available_at, c.created_at, c.id;
+  return query select * from app.claim_locked_jobs(v_ids, p_owner, p_lease, v_now);
 end;
 $$;
 
@@ -526,10 +560,49 @@ $$;
 
 -- Finish -------------------------------------------------------------------------------
 
+-- Raises the detailed 22023 message for outcome number p_n; called only when the
+-- set-based check in finish_jobs found that outcome invalid.
+create function app.explain_invalid_outcome(
+  p_n bigint,
+  p_tenant_id uuid,
+  p_job_id uuid,
+  p_token uuid,
+  p_outcome text,
+  p_detail jsonb,
+  p_delay interval
+)
+returns void
+language plpgsql
+set search_path = ''
+as $$
+begin
+  if p_tenant_id is null or p_job_id is null or p_token is null then
+    perform app.raise_invalid(format('outcome %s: tenant_id, job_id and token are required', p_n));
+  end if;
+  if p_outcome is null or p_outcome not in ('succeeded', 'retry', 'dead', 'exhausted') then
+    perform app.raise_invalid(format('outcome %s: must be succeeded, retry, dead or exhausted (got %s)',
+      p_n, coalesce(p_outcome, 'NULL')));
+  end if;
+  if p_outcome = 'retry' then
+    perform app.check_interval(format('outcome %s: retry delay', p_n),
+      p_delay, interval '0 seconds', interval '30 days');
+  end if;
+  if p_outcome = 'succeeded' and octet_length(p_detail::text) > 262144 then
+    perform app.raise_invalid(format('outcome %s: result must be at most 262144 bytes as JSON text (got %s)',
+      p_n, octet_length(p_detail::text)));
+  end if;
+end;
+$$;
+revoke all on function app.explain_invalid_outcome(bigint, uuid, uuid, uuid, text, jsonb, interval) from public;
+
 -- Record a batch of outcomes in one statement, each fenced by owner + token + a live
 -- lease. p_outcomes: 'succeeded' (p_details is the result), 'retry' (p_details is the
--- error; retry_wait after p_retry_delays[i], or dead once attempts reached
--- max_attempts), 'dead' (p_details is the error; dead at once, never retried).
+-- error; retry_wait after p_retry_delays[i], or dead with reason max_attempts once the
+-- job's attempts are used up), 'dead' (the error; dead at once, reason discarded),
+-- 'exhausted' (the error; dead at once, reason max_attempts: the kind's own retry
+-- policy allowed no more attempts). The batch is validated by one set-based query.
+-- The fences are in the UPDATE's WHERE, which PostgreSQL re-checks on a row updated
+-- concurrently (by the reaper, say), so the rows need no lock beforehand.
 -- Returns one row per outcome that was applied; a stale token simply returns no row.
 create function app.finish_jobs(
   p_owner text,
@@ -549,10 +622,14 @@ as $$
 declare
   v_now timestamptz := clock_timestamp();
   v_count integer := coalesce(cardinality(p_job_ids), 0);
-  v_item record;
+  v_bad record;
 begin
-  perform app.check_owner(p_owner);
-  perform app.check_range('number of outcomes', v_count, 1, 1000);
+  if p_owner is null or p_owner ~ '^\s*$' or length(p_owner) > 200 then
+    perform app.check_owner(p_owner);
+  end if;
+  if v_count < 1 or v_count > 1000 then
+    perform app.check_range('number of outcomes', v_count, 1, 1000);
+  end if;
   if coalesce(cardinality(p_tenant_ids), -1) <> v_count
      or coalesce(cardinality(p_tokens), -1) <> v_count
      or coalesce(cardinality(p_outcomes), -1) <> v_count
@@ -560,26 +637,21 @@ begin
      or coalesce(cardinality(p_retry_delays), -1) <> v_count then
     perform app.raise_invalid('finish arrays must all have the same length');
   end if;
-  for v_item in
-    select * from unnest(p_tenant_ids, p_job_ids, p_tokens, p_outcomes, p_details, p_retry_delays)
-      with ordinality as u(tenant_id, job_id, token, outcome, detail, delay, n)
-  loop
-    if v_item.tenant_id is null or v_item.job_id is null or v_item.token is null then
-      perform app.raise_invalid(format('outcome %s: tenant_id, job_id and token are required', v_item.n));
-    end if;
-    if v_item.outcome is null or v_item.outcome not in ('succeeded', 'retry', 'dead') then
-      perform app.raise_invalid(format('outcome %s: must be succeeded, retry or dead (got %s)',
-        v_item.n, coalesce(v_item.outcome, 'NULL')));
-    end if;
-    if v_item.outcome = 'retry' then
-      perform app.check_interval(format('outcome %s: retry delay', v_item.n),
-        v_item.delay, interval '0 seconds', interval '30 days');
-    end if;
-    if v_item.outcome = 'succeeded' and octet_length(v_item.detail::text) > 262144 then
-      perform app.raise_invalid(format('outcome %s: result must be at most 262144 bytes as JSON text (got %s)',
-        v_item.n, octet_length(v_item.detail::text)));
-    end if;
-  end loop;
+
+  select u.* into v_bad
+  from unnest(p_tenant_ids, p_job_ids, p_tokens, p_outcomes, p_details, p_retry_delays)
+    with ordinality as u(tenant_id, job_id, token, outcome, detail, delay, n)
+  where u.tenant_id is null or u.job_id is null or u.token is null
+     or u.outcome is null or u.outcome not in ('succeeded', 'retry', 'dead', 'exhausted')
+     or (u.outcome = 'retry' and (u.delay is null or u.delay < interval '0 seconds'
+                                  or u.delay > interval '30 days'))
+     or (u.outcome = 'succeeded' and octet_length(u.detail::text) > 262144)
+  order by u.n
+  limit 1;
+  if found then
+    perform app.explain_invalid_outcome(v_bad.n, v_bad.tenant_id, v_bad.job_id, v_bad.token,
+                                        v_bad.outcome, v_bad.detail, v_bad.delay);
+  end if;
 
   return query
   with input as (
@@ -589,35 +661,31 @@ begin
            u.delay
     from unnest(p_tenant_ids, p_job_ids, p_tokens, p_outcomes, p_details, p_retry_delays)
       as u(tenant_id, job_id, token, outcome, detail, delay)
-  ), decided as (
-    select j.id, i.token, i.outcome, i.detail,
-           case
-             when i.outcome = 'succeeded' then 'succeeded'
-             when i.outcome = 'dead' or j.attempts >= j.max_attempts then 'dead'
-             else 'retry_wait'
-           end::app.job_state as next_state,
-           v_now + coalesce(i.delay, interval '0 seconds') as retry_at
-    from input i
-    join app.jobs j on j.id = i.job_id and j.tenant_id = i.tenant_id
-    where j.state = 'running'
-      and j.lease_owner = p_owner
-      and j.lease_token = i.token
-      and j.lease_expires_at > v_now
-    for update of j
   ), finished as (
     update app.jobs j
-    set state = d.next_state,
-        result = case when d.next_state = 'succeeded' then d.detail else j.result end,
-        last_error = case when d.next_state = 'succeeded' then j.last_error else d.detail end,
-        available_at = case when d.next_state = 'retry_wait' then d.retry_at else j.available_at end,
+    set state = case
+                  when i.outcome = 'succeeded' then 'succeeded'
+                  when i.outcome = 'retry' and j.attempts < j.max_attempts then 'retry_wait'
+                  else 'dead'
+                end::app.job_state,
+        result = case when i.outcome = 'succeeded' then i.detail else j.result end,
+        last_error = case when i.outcome = 'succeeded' then j.last_error else i.detail end,
+        available_at = case when i.outcome = 'retry' and j.attempts < j.max_attempts
+                            then v_now + i.delay else j.available_at end,
         lease_owner = null,
         lease_token = null,
         lease_expires_at = null,
-        completed_at = case when d.next_state = 'retry_wait' then null else v_now end,
+        completed_at = case when i.outcome = 'retry' and j.attempts < j.max_attempts
+                            then null else v_now end,
         updated_at = v_now
-    from decided d
-    where j.id = d.id
-    returning j.id, j.tenant_id, j.state, j.attempts, j.max_attempts, j.available_at, d.token, d.outcome, d.detail
+    from input i
+    where j.id = i.job_id
+      and j.tenant_id = i.tenant_id
+      and j.state = 'running'
+      and j.lease_owner = p_owner
+      and j.lease_token = i.token
+      and j.lease_expires_at > v_now
+    returning j.id, j.tenant_id, j.state, j.attempts, j.available_at, i.token, i.outcome, i.detail
   ), audit as (
     insert into app.job_events (tenant_id, job_id, event_type, actor, lease_token, details, created_at)
     select f.tenant_id, f.id,

@@ -6,13 +6,6 @@
 -- the queue (available_at is unchanged), and other workers may claim it immediately
 -- instead of waiting for the lease to expire. Fenced like every other transition.
 
-alter table app.job_events drop constraint job_events_event_type_check;
-alter table app.job_events
-  add constraint job_events_event_type_check check (event_type in (
-    'created', 'claimed', 'retry_scheduled', 'succeeded', 'dead',
-    'lease_expired', 'cancelled', 'redriven', 'released'
-  ));
-
 create function app.release_jobs(
   p_owner text,
   p_tenant_ids uuid[],
