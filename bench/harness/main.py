@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -15,7 +16,13 @@ from harness import machine, meters, report, secondary
 from harness.ceiling import run_ceiling
 from harness.drain import DrainResult, run_drain
 from harness.pg import Server, analyze, connect, find_pgbench
-from harness.systems import SYSTEMS, leaseq_enqueue, leaseq_finished, leaseq_install
+from harness.systems import (
+    SYSTEMS,
+    leaseq_enqueue,
+    leaseq_finished,
+    leaseq_install,
+    pin_migrations,
+)
 from harness.wire import RoundTripRelay
 
 BENCH_DIR = Path(__file__).resolve().parent.parent
@@ -32,6 +39,18 @@ class Cell:
     @property
     def name(self) -> str:
         return f"{self.key}@c{self.concurrency}"
+
+
+def source_revision() -> str:
+    """The checkout's commit, with "+changes" when the working tree differs from it."""
+    def git(*cmd: str) -> str:
+        done = subprocess.run(["git", *cmd], capture_output=True, text=True,
+                              cwd=BENCH_DIR, check=False)
+        return done.stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    dirty = git("status", "--porcelain", "--", "sql", "layer", "functions")
+    return commit + ("+changes" if dirty else "")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -68,6 +87,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "backends serving the benchmark's database, so that other load on "
                         "a shared machine disturbs the figures less (needs root; 0 leaves "
                         "priorities alone; default %(default)s)")
+    p.add_argument("--sql-upto", type=int, default=None, metavar="VERSION",
+                   help="apply leaseq's migrations only up to this version (to compare a "
+                        "schema change with what came before it; default: all)")
     p.add_argument("--keep-databases", action="store_true")
     p.add_argument("--report", type=Path, default=None, metavar="JSON",
                    help="print the tables of a saved results file and exit")
@@ -163,6 +185,7 @@ def main(argv: list[str]) -> int:
         # Inherited by every worker, pgbench and import-time interpreter started below.
         meters.renice(os.getpid(), args.nice)
     bench = Bench(args)
+    migrations = pin_migrations(args.sql_upto)
     started = time.time()
     facts = bench.server.facts()
     print(f"server: {facts['version']}")
@@ -179,6 +202,8 @@ def main(argv: list[str]) -> int:
         "server_cpu_meter": bench.postmaster is not None,
         "pg_walinspect": bench.walinspect,
         "nice": args.nice,
+        "leaseq_migrations": migrations,
+        "source": source_revision(),
     }
     runs: dict[str, list[dict[str, Any]]] = {c.name: [] for c in cells}
 

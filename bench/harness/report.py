@@ -120,6 +120,11 @@ def summarise(results: dict[str, Any]) -> dict[str, Any]:
     return {"cells": cells, "targets": targets}
 
 
+def _migrations(setup: dict[str, Any]) -> str:
+    versions = [m["version"] for m in setup.get("leaseq_migrations", [])]
+    return f"{min(versions):04d}-{max(versions):04d}" if versions else "?"
+
+
 def _fmt(value: float | None, spec: str) -> str:
     return "–" if value is None else format(value, spec)
 
@@ -131,6 +136,7 @@ def render(results: dict[str, Any]) -> str:
         f"{setup['jobs']:,} no-op jobs, {setup['tenants']} tenants, batch {setup['batch']}, "
         f"median of {setup['runs']} runs; {setup['server']['version'].split(' on ')[0]}, "
         f"{setup['server']['cpus']} CPUs",
+        f"leaseq schema: migrations {_migrations(setup)}; source {setup.get('source', '?')}",
         "",
         "| System | Workers | jobs/s median | min | max | × PgQueuer c4 | × ceiling c4 "
         "| WAL B/job | server CPU ms/job | client CPU ms/job | round trips/job | other load |",

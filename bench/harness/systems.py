@@ -37,13 +37,28 @@ class System(Protocol):
 # leaseq ------------------------------------------------------------------------------
 
 
+# The migrations every leaseq database of one benchmark run gets: read once at the
+# start (see pin_migrations), so that SQL files changing during a run cannot make its
+# lines incomparable.
+_PINNED: list[Any] | None = None
+
+
+def pin_migrations(upto: int | None = None) -> list[dict[str, Any]]:
+    """Read the packaged migrations now (up to version ``upto``); describe them."""
+    global _PINNED
+    from leaseq.migrate import load_migrations
+
+    _PINNED = [m for m in load_migrations() if upto is None or m.version <= upto]
+    return [{"version": m.version, "name": m.name, "sha256": m.checksum} for m in _PINNED]
+
+
 def leaseq_install(dsn: str) -> None:
     from leaseq.db import connect as leaseq_connect
     from leaseq.migrate import migrate
 
     conn = leaseq_connect(dsn, application_name="leaseq-bench-migrate")
     try:
-        migrate(conn)
+        migrate(conn, _PINNED)
     finally:
         conn.close()
 
