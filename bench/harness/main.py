@@ -91,6 +91,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="apply leaseq's migrations only up to this version (to compare a "
                         "schema change with what came before it; default: all)")
     p.add_argument("--keep-databases", action="store_true")
+    p.add_argument("--self-check", action="store_true",
+                   help="check the meters against known work on the server, then exit")
     p.add_argument("--report", type=Path, default=None, metavar="JSON",
                    help="print the tables of a saved results file and exit")
     p.add_argument("--out", type=Path, default=None,
@@ -180,6 +182,10 @@ def main(argv: list[str]) -> int:
         saved["summary"] = report.summarise(saved)
         print(report.render(saved))
         return 0
+    if args.self_check:
+        from harness import selfcheck
+
+        return selfcheck.run(Server(args.dsn))
     cells = plan(args)
     if args.nice:
         # Inherited by every worker, pgbench and import-time interpreter started below.
