@@ -81,6 +81,18 @@ def enqueue_job(conn: psycopg.Connection[Any], request: EnqueueRequest) -> Enque
     return result
 
 
+def _outcome_params(owner: str, outcomes: Sequence[JobOutcome]) -> dict[str, Any]:
+    return {
+        "owner": owner,
+        "tenant_ids": [o.job.tenant_id for o in outcomes],
+        "job_ids": [o.job.id for o in outcomes],
+        "tokens": [o.job.lease_token for o in outcomes],
+        "outcomes": [o.outcome for o in outcomes],
+        "details": [Jsonb(o.detail) for o in outcomes],
+        "retry_delays": [o.retry_delay for o in outcomes],
+    }
+
+
 class QueueClient:
     """The queue's SQL contract as methods, named after the functions they call."""
 
@@ -187,17 +199,21 @@ class QueueClient:
         """Record outcomes in one statement; jobs whose lease was lost are absent."""
         if not outcomes:
             return {}
-        params = {
-            "owner": owner,
-            "tenant_ids": [o.job.tenant_id for o in outcomes],
-            "job_ids": [o.job.id for o in outcomes],
-            "tokens": [o.job.lease_token for o in outcomes],
-            "outcomes": [o.outcome for o in outcomes],
-            "details": [Jsonb(o.detail) for o in outcomes],
-            "retry_delays": [o.retry_delay for o in outcomes],
-        }
-        rows = self._query(queries.FINISH_JOBS, params)
+        rows = self._query(queries.FINISH_JOBS, _outcome_params(owner, outcomes))
         return {row["job_id"]: JobState(row["state"]) for row in rows}
+
+    def finish_and_claim_jobs(
+        self, owner: str, outcomes: Sequence[JobOutcome], limit: int, lease: timedelta
+    ) -> tuple[dict[UUID, JobState], list[ClaimedJob]]:
+        """Record a batch's outcomes and claim the next batch: one round trip, one commit.
+
+        Returns the states of the outcomes applied (a lost lease is absent) and the
+        jobs claimed. A refused outcome refuses the claim too (one transaction).
+        """
+        params = {**_outcome_params(owner, outcomes), "limit": limit, "lease": lease}
+        rows = self._query(queries.FINISH_AND_CLAIM_JOBS, params)
+        states = {row["id"]: JobState(row["state"]) for row in rows if not row["claimed"]}
+        return states, [ClaimedJob.from_row(row) for row in rows if row["claimed"]]
 
     def release_jobs(self, owner: str, jobs: Iterable[ClaimedJob]) -> set[UUID]:
         """Give back claimed jobs that were never started (the attempt is not counted)."""

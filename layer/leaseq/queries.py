@@ -34,6 +34,12 @@ FINISH_JOBS: Final[LiteralString] = (
     " %(retry_delays)s::interval[])"
 )
 
+FINISH_AND_CLAIM_JOBS: Final[LiteralString] = (
+    "select * from app.finish_and_claim_jobs(%(owner)s, %(tenant_ids)s::uuid[],"
+    " %(job_ids)s::uuid[], %(tokens)s::uuid[], %(outcomes)s::text[], %(details)s::jsonb[],"
+    " %(retry_delays)s::interval[], %(limit)s, %(lease)s::interval)"
+)
+
 RELEASE_JOBS: Final[LiteralString] = (
     "select job_id from app.release_jobs(%(owner)s, %(tenant_ids)s::uuid[],"
     " %(job_ids)s::uuid[], %(tokens)s::uuid[])"

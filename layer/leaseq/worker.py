@@ -93,6 +93,10 @@ class DrainReport:
         return dict(self.__dict__)
 
 
+#: One job's outcome with its run time and queue lag, waiting to be recorded.
+_Ran = tuple[JobOutcome, float, float]
+
+
 def _error(code: str, message: str, **extra: Any) -> dict[str, Any]:
     document: dict[str, Any] = _storable({"code": code, "message": message, **extra})
     return document
@@ -146,43 +150,56 @@ class Worker:
     # The pass -------------------------------------------------------------------------
 
     def drain(self, deadline: Deadline) -> DrainReport:
+        """Claim, run and record batches until the queue is empty or time is short.
+
+        The outcomes of a batch travel with the claim of the next one (one statement,
+        one commit per batch); the last batch's outcomes are recorded on their own.
+        """
         report = DrainReport()
         cfg = self.config
-        while True:
-            remaining = deadline.remaining()
-            if remaining < cfg.job_timeout + cfg.lease_margin + FINISH_RESERVE:
-                report.stopped = "deadline"
-                break
-            lease = lease_for(remaining, margin=cfg.lease_margin, cap=cfg.max_lease)
-            if lease is None:
-                report.stopped = "deadline"
-                break
-            lease_ends_at = remaining - lease.total_seconds()
-            jobs = self.client.claim_ready_jobs(cfg.owner, cfg.batch_size, lease)
-            if not jobs:
-                report.stopped = "queue_empty"
-                break
-            report.batches += 1
-            report.claimed += len(jobs)
-            if not self._run_batch(jobs, deadline, lease_ends_at, report):
-                # A job could not be started in the time left: claiming again would
-                # only take it and give it back, over and over.
-                report.stopped = "deadline"
-                break
+        carried: list[_Ran] = []
+        try:
+            while True:
+                remaining = deadline.remaining()
+                lease = lease_for(remaining, margin=cfg.lease_margin, cap=cfg.max_lease)
+                if (lease is None
+                        or remaining < cfg.job_timeout + cfg.lease_margin + FINISH_RESERVE):
+                    report.stopped = "deadline"
+                    break
+                lease_ends_at = remaining - lease.total_seconds()
+                if carried:
+                    jobs = self._record_and_claim(carried, lease, report)
+                    carried = []
+                else:
+                    jobs = self.client.claim_ready_jobs(cfg.owner, cfg.batch_size, lease)
+                if not jobs:
+                    report.stopped = "queue_empty"
+                    break
+                report.batches += 1
+                report.claimed += len(jobs)
+                finished_in_time, carried = self._run_batch(jobs, deadline, lease_ends_at, report)
+                if not finished_in_time:
+                    # A job could not be started in the time left: claiming again would
+                    # only take it and give it back, over and over.
+                    report.stopped = "deadline"
+                    break
+        finally:
+            self._record(carried, report)
         report.time_left = deadline.remaining()
         return report
 
     def _run_batch(self, jobs: list[ClaimedJob], deadline: Deadline, lease_ends_at: float,
-                   report: DrainReport) -> bool:
-        """Run a claimed batch; record outcomes in as few statements as the leases allow.
+                   report: DrainReport) -> tuple[bool, list[_Ran]]:
+        """Run a claimed batch; return whether it all ran, and the outcomes to record.
 
         Times are in "remaining seconds" units, which shrink as time passes: a lease
         that ends at 12.0 ends when the deadline has 12 s left. Without a lease cap all
-        leases end at the margin, so the whole batch is recorded by one statement;
-        with a cap, outcomes are recorded early when a lease would end first.
-        Returns False when jobs had to be given back because time ran short.
+        leases end at the margin, so the whole batch is recorded by one statement, the
+        one that claims the next batch; with a cap, outcomes are recorded early when a
+        lease would end first. When jobs had to be given back because time ran short,
+        everything is recorded here and (False, []) comes back.
         """
-        pending: list[tuple[JobOutcome, float, float]] = []
+        pending: list[_Ran] = []
         lease_end = dict.fromkeys((job.id for job in jobs), lease_ends_at)
         unstarted: list[ClaimedJob] = []
         for position, job in enumerate(jobs):
@@ -207,9 +224,9 @@ class Worker:
             started = self._timer()
             outcome = self._run_one(job, registration, budget, deadline)
             pending.append((outcome, self._timer() - started, lag))
-        self._record(pending, report)
         if not unstarted:
-            return True
+            return True, pending
+        self._record(pending, report)
         given_back = self.client.release_jobs(self.config.owner, unstarted)
         report.released += len(given_back)
         report.lost_leases += len(unstarted) - len(given_back)
@@ -219,7 +236,7 @@ class Worker:
             self._observe(JobRecord(job, "released",
                                     JobState.PENDING if job.id in given_back else None,
                                     0.0, 0.0))
-        return False
+        return False, []
 
     def _budget(self, registration: Registration | None) -> float:
         if registration is not None and registration.timeout is not None:
@@ -321,12 +338,28 @@ class Worker:
 
     # Recording --------------------------------------------------------------------------
 
-    def _record(self, outcomes: list[tuple[JobOutcome, float, float]],
-                report: DrainReport) -> None:
+    def _record(self, outcomes: list[_Ran], report: DrainReport) -> None:
         if not outcomes:
             return
         recorded, states = self._finish([o for o, _, _ in outcomes])
-        for outcome, (_, duration, lag) in zip(recorded, outcomes, strict=True):
+        self._account(outcomes, recorded, states, report)
+
+    def _record_and_claim(self, outcomes: list[_Ran], lease: timedelta,
+                          report: DrainReport) -> list[ClaimedJob]:
+        try:
+            states, jobs = self.client.finish_and_claim_jobs(
+                self.config.owner, [o for o, _, _ in outcomes], self.config.batch_size, lease)
+        except InvalidRequestError as exc:
+            logger.error("outcomes refused with the next claim; recording them apart",
+                         extra={"error": exc.message, "outcomes": len(outcomes)})
+            self._record(outcomes, report)
+            return self.client.claim_ready_jobs(self.config.owner, self.config.batch_size, lease)
+        self._account(outcomes, [o for o, _, _ in outcomes], states, report)
+        return jobs
+
+    def _account(self, ran: list[_Ran], recorded: list[JobOutcome],
+                 states: dict[UUID, JobState], report: DrainReport) -> None:
+        for outcome, (_, duration, lag) in zip(recorded, ran, strict=True):
             state = states.get(outcome.job.id)
             if state is None:
                 report.lost_leases += 1

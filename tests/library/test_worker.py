@@ -23,10 +23,12 @@ from leaseq import (
     RetryPolicy,
     Worker,
     WorkerConfig,
+    connect,
 )
 from leaseq.retry import MAX_RETRY_DELAY
 from pydantic import BaseModel
 
+from tests.conftest import Database
 from tests.library.support import enqueue, event_types, expire_lease, job, jobs, make_ready, states
 from tests.support.fakes import FakeDeadline
 from tests.support.postgres import Conn
@@ -595,3 +597,63 @@ def test_an_outcome_the_database_refuses_costs_only_its_own_job(
     assert "at most 262144 bytes" in row["last_error"]["message"]
     assert {job(owner, i)["state"] for i in ids[1:]} == {"succeeded"}
     assert "outcomes refused as a batch" in caplog.text
+
+
+class CountingClient(QueueClient):
+    """The real client, counting which statements a drain sends."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls: list[str] = []
+
+    def claim_ready_jobs(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls.append("claim")
+        return super().claim_ready_jobs(*args, **kwargs)
+
+    def finish_jobs(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls.append("finish")
+        return super().finish_jobs(*args, **kwargs)
+
+    def finish_and_claim_jobs(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls.append("finish+claim")
+        return super().finish_and_claim_jobs(*args, **kwargs)
+
+
+def test_each_batch_is_recorded_by_the_statement_that_claims_the_next(
+        db: Database, owner: Conn) -> None:
+    counting = CountingClient(lambda: connect(db.worker_dsn))
+    registry = Registry()
+    registry.register("echo", lambda payload, ctx: {"i": payload["i"]})
+    enqueue(counting, uuid.uuid4(), 25)
+
+    report = make_worker(counting, registry, batch_size=10).drain(FakeDeadline(60))
+    counting.close()
+
+    # 3 batches: claim, then two finish+claim (the last claims nothing), then nothing
+    # is left to record: 3 statements for 25 jobs instead of 6.
+    assert counting.calls == ["claim", "finish+claim", "finish+claim", "finish+claim"]
+    assert (report.claimed, report.succeeded, report.batches) == (25, 25, 3)
+    assert states(owner) == {"succeeded": 25}
+
+
+def test_the_last_batch_is_recorded_on_its_own_when_time_runs_short(
+        db: Database, owner: Conn) -> None:
+    counting = CountingClient(lambda: connect(db.worker_dsn))
+    deadline = FakeDeadline(60)
+    registry = Registry()
+
+    def slow(payload: Any, ctx: JobContext) -> None:
+        deadline.spend(5)  # each job uses 5 s of the invocation's budget
+
+    registry.register("echo", slow)
+    enqueue(counting, uuid.uuid4(), 20)
+
+    report = make_worker(counting, registry, batch_size=5, job_timeout=10,
+                         lease_margin=5).drain(deadline)
+    counting.close()
+
+    assert counting.calls[0] == "claim"
+    assert counting.calls[-1] == "finish"
+    assert report.stopped == "deadline"
+    assert report.succeeded == report.claimed - report.released
+    assert states(owner).get("running", 0) == 0
