@@ -82,6 +82,11 @@ def make_logger() -> Logger:
         library.propagate = True
     logger = Logger(service=service_name(), stream=cast(IO[str], _CurrentStdout()),
                     use_rfc3339=True)
+    # Powertools configures a logger of a given name only once per process; the level
+    # is set again so that a process building loggers several times (the local CLI,
+    # tests) follows the environment of each build, as a fresh Lambda environment does.
+    logger.setLevel(os.environ.get("AWS_LAMBDA_LOG_LEVEL")
+                    or os.environ.get("POWERTOOLS_LOG_LEVEL") or "INFO")
     handler = logger.registered_handler
     if not any(isinstance(f, JobLogFields) for f in handler.filters):
         handler.addFilter(JobLogFields())
