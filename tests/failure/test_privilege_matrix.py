@@ -1,0 +1,292 @@
+"""The privilege matrix: for every function, table, column and sequence of schema app,
+who may do what, written down as data and checked by connecting as each role.
+
+Each decision is checked twice: in the catalog (has_*_privilege, and the ACLs for
+PUBLIC) and by trying it. A function or table that exists without a row here fails
+the test: every new object needs an explicit decision.
+
+Roles: ``owner`` (the schema owner, not a superuser), ``worker`` (a login in
+service_role), ``reader`` (a login in authenticated), ``outsider`` (a login with no
+grant at all: what PUBLIC may do, it may do). PUBLIC itself is checked in the ACLs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from tests.conftest import Database
+from tests.support import postgres
+from tests.support.postgres import Conn
+
+ROLES = {"owner": postgres.OWNER, "worker": postgres.WORKER, "reader": postgres.READER,
+         "outsider": postgres.OUTSIDER}
+
+# x: may execute; .: may not.
+FUNCTIONS = """
+function                                                                                         owner worker reader outsider
+app.cancel_jobs(text,uuid,uuid[],text,integer,text)                                              x     x      .      .
+app.check_filters(uuid[],text,integer)                                                           x     .      .      .
+app.check_interval(text,interval,interval,interval)                                              x     .      .      .
+app.check_lease(interval)                                                                        x     .      .      .
+app.check_owner(text)                                                                            x     .      .      .
+app.check_range(text,integer,integer,integer)                                                    x     .      .      .
+app.check_reason(text)                                                                           x     .      .      .
+app.check_required(text,anyelement)                                                              x     .      .      .
+app.claim_jobs(uuid,text,integer,interval)                                                       x     x      .      .
+app.claim_locked_jobs(uuid[],text,interval,timestamp with time zone)                             x     .      .      .
+app.claim_ready_jobs(text,integer,interval)                                                      x     x      .      .
+app.complete_job(uuid,uuid,text,uuid,jsonb)                                                      x     x      .      .
+app.current_tenant_id()                                                                          x     .      x      .
+app.dead_jobs(uuid,text,integer)                                                                 x     x      .      .
+app.discard_job(uuid,uuid,text,uuid,jsonb)                                                       x     x      .      .
+app.enqueue_job(uuid,text,text,jsonb,timestamp with time zone,integer)                           x     x      .      .
+app.enqueue_jobs(uuid[],text[],text[],jsonb[],timestamp with time zone[],integer[],text[])       x     x      .      .
+app.error_document(jsonb)                                                                        x     .      .      .
+app.explain_invalid_outcome(bigint,uuid,uuid,uuid,text,jsonb,interval)                           x     .      .      .
+app.fail_job(uuid,uuid,text,uuid,jsonb,interval)                                                 x     x      .      .
+app.finish_and_claim_jobs(text,uuid[],uuid[],uuid[],text[],jsonb[],interval[],integer,interval)  x     x      .      .
+app.finish_jobs(text,uuid[],uuid[],uuid[],text[],jsonb[],interval[])                             x     x      .      .
+app.get_job(uuid)                                                                                x     x      .      .
+app.job_timeline(uuid,integer)                                                                   x     x      .      .
+app.prune_jobs(interval,integer)                                                                 x     x      .      .
+app.queue_status(uuid)                                                                           x     x      .      .
+app.raise_invalid(text)                                                                          x     .      .      .
+app.ready_tenants(integer)                                                                       x     x      .      .
+app.redrive_jobs(text,uuid,uuid[],text,integer,text)                                             x     x      .      .
+app.release_all_expired_jobs(integer)                                                            x     x      .      .
+app.release_expired(uuid,integer)                                                                x     .      .      .
+app.release_expired_jobs(uuid,integer)                                                           x     x      .      .
+app.release_jobs(text,uuid[],uuid[],uuid[])                                                      x     x      .      .
+app.renew_job_lease(uuid,uuid,text,uuid,interval)                                                x     x      .      .
+"""  # noqa: E501
+
+# S select (every column unless listed under "columns"), I insert, U update, D delete,
+# T truncate; -: nothing.
+TABLES = """
+table                 owner  worker reader outsider
+app.jobs              SIUDT  -      S      -
+app.job_events        SIUDT  -      S      -
+app.tenant_readers    SIUDT  -      S      -
+app.schema_migrations SIUDT  -      -      -
+"""
+
+#: Columns a role with SELECT on the table may still not read.
+HIDDEN_COLUMNS = {
+    ("app.jobs", "reader"): {"lease_token"},
+    ("app.job_events", "reader"): {"lease_token"},
+}
+
+SEQUENCES = """
+sequence                      owner worker reader outsider
+app.job_events_sequence_seq   x     .      .      .
+"""
+
+SCHEMA_USAGE = {"owner": True, "worker": True, "reader": True, "outsider": False}
+
+PRIVILEGE_STATEMENTS = {
+    "I": "insert into {table} default values",
+    # The last column: the first may be an identity column, which refuses updates
+    # for another reason before privileges are looked at.
+    "U": "update {table} set {column} = {column} where false",
+    "D": "delete from {table} where false",
+    "T": "truncate {table}",
+}
+PRIVILEGE_NAMES = {"S": "SELECT", "I": "INSERT", "U": "UPDATE", "D": "DELETE", "T": "TRUNCATE"}
+
+
+def _matrix(text: str) -> dict[str, dict[str, str]]:
+    """Rows of a whitespace-aligned table; the last four cells are the role columns."""
+    lines = [line.split() for line in text.strip().splitlines()]
+    header, rows = lines[0], lines[1:]
+    roles = header[-4:]
+    return {" ".join(row[:-4]): dict(zip(roles, row[-4:], strict=True)) for row in rows}
+
+
+FUNCTION_MATRIX = _matrix(FUNCTIONS)
+TABLE_MATRIX = _matrix(TABLES)
+SEQUENCE_MATRIX = _matrix(SEQUENCES)
+
+
+@pytest.fixture(scope="module")
+def catalog(migrated_database: Database) -> dict[str, Any]:
+    with migrated_database.connect(postgres.OWNER) as conn:
+        functions = conn.execute(
+            """
+            select p.oid::regprocedure::text as signature, p.proname as name,
+                   array(select case when t.typtype = 'p' then 'text'
+                                     else format_type(t.oid, null) end
+                         from unnest(p.proargtypes) with ordinality a(oid, i)
+                         join pg_type t on t.oid = a.oid order by a.i) as types,
+                   exists (select 1 from aclexplode(coalesce(p.proacl, acldefault('f', p.proowner)))
+                           where grantee = 0) as public_execute
+            from pg_proc p where p.pronamespace = 'app'::regnamespace
+            """).fetchall()
+        relations = conn.execute(
+            """
+            select c.oid::regclass::text as name, c.relkind,
+                   array(select a.attname::text from pg_attribute a
+                         where a.attrelid = c.oid and a.attnum > 0 and not a.attisdropped
+                         order by a.attnum) as columns,
+                   exists (select 1 from aclexplode(coalesce(c.relacl, acldefault(
+                             (case when c.relkind = 'S' then 's' else 'r' end)::"char",
+                             c.relowner)))
+                           where grantee = 0)
+                   or exists (select 1 from pg_attribute a, aclexplode(a.attacl) x
+                              where a.attrelid = c.oid and x.grantee = 0) as public_access
+            from pg_class c
+            where c.relnamespace = 'app'::regnamespace
+              and c.relkind in ('r', 'p', 'v', 'm', 'S', 'f')
+            """).fetchall()
+    return {"functions": {f["signature"]: f for f in functions},
+            "relations": {r["name"]: r for r in relations}}
+
+
+@contextmanager
+def _as(db: Database, role: str) -> Iterator[Conn]:
+    with db.connect(ROLES[role]) as conn:
+        yield conn
+
+
+def _allowed(conn: Conn, statement: sql.Composable) -> bool:
+    """Try ``statement`` in a transaction that is rolled back; was it permitted?
+
+    Refused by privileges is SQLSTATE 42501; any other outcome (success, a bad
+    argument, a constraint) means the role got past the privilege check.
+    """
+    try:
+        with conn.transaction(force_rollback=True):
+            conn.execute(statement)
+    except psycopg.errors.InsufficientPrivilege:
+        return False
+    except psycopg.Error:
+        return True
+    return True
+
+
+# Every object has a decision -----------------------------------------------------------
+
+
+def test_every_function_in_app_has_a_decision_in_the_matrix(catalog: dict[str, Any]) -> None:
+    existing = set(catalog["functions"])
+    assert sorted(existing - set(FUNCTION_MATRIX)) == [], "functions without a decision"
+    assert sorted(set(FUNCTION_MATRIX) - existing) == [], "decisions for missing functions"
+
+
+def test_every_table_and_sequence_in_app_has_a_decision_in_the_matrix(
+    catalog: dict[str, Any]
+) -> None:
+    relations = catalog["relations"]
+    tables = {name for name, r in relations.items() if r["relkind"] != "S"}
+    sequences = {name for name, r in relations.items() if r["relkind"] == "S"}
+    assert tables == set(TABLE_MATRIX)
+    assert sequences == set(SEQUENCE_MATRIX)
+
+
+def test_public_holds_no_privilege_on_any_function_table_or_sequence(
+    catalog: dict[str, Any], owner: Conn
+) -> None:
+    assert [s for s, f in catalog["functions"].items() if f["public_execute"]] == []
+    assert [n for n, r in catalog["relations"].items() if r["public_access"]] == []
+    row = owner.execute(
+        "select has_schema_privilege('public', 'app', 'USAGE') as usage,"
+        " has_schema_privilege('public', 'app', 'CREATE') as create").fetchone()
+    assert row == {"usage": False, "create": False}
+
+
+# Functions ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_function_execute_rights_match_the_matrix_in_the_catalog(
+    role: str, catalog: dict[str, Any], owner: Conn
+) -> None:
+    actual = {}
+    for signature in catalog["functions"]:
+        row = owner.execute("select has_function_privilege(%s, %s, 'EXECUTE') as ok",
+                            (ROLES[role], signature)).fetchone()
+        assert row is not None
+        actual[signature] = "x" if row["ok"] else "."
+    expected = {s: FUNCTION_MATRIX[s][role] for s in catalog["functions"] if s in FUNCTION_MATRIX}
+    assert {s: actual[s] for s in expected} == expected
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_calling_every_function_is_allowed_or_refused_as_the_matrix_says(
+    role: str, db: Database, catalog: dict[str, Any]
+) -> None:
+    """Each function is called with NULL for every argument: a permitted call fails on
+    its argument checks (or does nothing), a refused one fails with 42501."""
+    outcome = {}
+    with _as(db, role) as conn:
+        for signature, function in catalog["functions"].items():
+            call = sql.SQL("select {}.{}({})").format(
+                sql.Identifier("app"), sql.Identifier(function["name"]),
+                sql.SQL(", ").join(sql.SQL("null::{}").format(sql.SQL(t))
+                                   for t in function["types"]))
+            outcome[signature] = "x" if _allowed(conn, call) else "."
+    expected = {s: FUNCTION_MATRIX[s][role] for s in outcome if s in FUNCTION_MATRIX}
+    assert {s: outcome[s] for s in expected} == expected
+
+
+# Tables, columns, sequences, the schema ----------------------------------------------------
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_table_privileges_match_the_matrix_when_tried(
+    role: str, db: Database, catalog: dict[str, Any]
+) -> None:
+    actual: dict[str, str] = {}
+    with _as(db, role) as conn:
+        for table in TABLE_MATRIX:
+            columns = catalog["relations"][table]["columns"]
+            schema, name = table.split(".")
+            target = sql.Identifier(schema, name)
+            granted = ""
+            readable = {c for c in columns if _allowed(conn, sql.SQL(
+                "select {} from {} limit 0").format(sql.Identifier(c), target))}
+            if readable:
+                granted += "S"
+                assert set(columns) - readable == HIDDEN_COLUMNS.get((table, role), set()), (
+                    f"{role} reads the wrong columns of {table}")
+            for letter, statement in PRIVILEGE_STATEMENTS.items():
+                if _allowed(conn, sql.SQL(statement).format(
+                        table=target, column=sql.Identifier(columns[-1]))):
+                    granted += letter
+            actual[table] = granted or "-"
+    assert actual == {table: row[role] for table, row in TABLE_MATRIX.items()}
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_table_and_column_privileges_match_the_matrix_in_the_catalog(
+    role: str, owner: Conn, catalog: dict[str, Any]
+) -> None:
+    for table, row in TABLE_MATRIX.items():
+        for letter, privilege in PRIVILEGE_NAMES.items():
+            if letter == "S":
+                continue
+            granted = owner.execute("select has_table_privilege(%s, %s, %s) as ok",
+                                    (ROLES[role], table, privilege)).fetchone()
+            assert granted == {"ok": letter in row[role]}, (table, privilege)
+        for column in catalog["relations"][table]["columns"]:
+            readable = owner.execute("select has_column_privilege(%s, %s, %s, 'SELECT') as ok",
+                                     (ROLES[role], table, column)).fetchone()
+            expected = "S" in row[role] and column not in HIDDEN_COLUMNS.get((table, role), set())
+            assert readable == {"ok": expected}, (table, column)
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_sequence_and_schema_privileges_match_the_matrix(role: str, db: Database) -> None:
+    with _as(db, role) as conn:
+        for sequence, row in SEQUENCE_MATRIX.items():
+            call = sql.SQL("select nextval({})").format(sql.Literal(sequence))
+            assert _allowed(conn, call) is (row[role] == "x"), sequence
+        usage = conn.execute("select has_schema_privilege('app', 'USAGE') as ok").fetchone()
+        assert usage == {"ok": SCHEMA_USAGE[role]}
+        create = _allowed(conn, sql.SQL("create table app.privilege_probe (x int)"))
+        assert create is (role == "owner")
