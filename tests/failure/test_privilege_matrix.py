@@ -153,7 +153,7 @@ def _as(db: Database, role: str) -> Iterator[Conn]:
         yield conn
 
 
-def _allowed(conn: Conn, statement: sql.Composable) -> bool:
+def _allowed(conn: Conn, statement: sql.SQL | sql.Composed) -> bool:
     """Try ``statement`` in a transaction that is rolled back; was it permitted?
 
     Refused by privileges is SQLSTATE 42501; any other outcome (success, a bad
