@@ -41,12 +41,9 @@ KINDS: tuple[ChaosKind, ...] = (
     # Asks to be discarded: dead at once.
     ChaosKind("chaos.poison", 15, frozenset({_dead("discarded", "DISCARDED")})),
     # Always raises: dead once its 3 attempts are spent, by its handler's last failure
-    # or, when chaos ended its last attempt, by lease expiry. The worker records the
-    # last failure as a discard today (see test_outcome_reasons.py); both are accepted
-    # here so that this run checks delivery, not the wording of the reason.
+    # or, when chaos ended its last attempt, by lease expiry.
     ChaosKind("chaos.doomed", 15, frozenset({
         _dead("max_attempts", "HANDLER_ERROR"),
-        _dead("discarded", "HANDLER_ERROR"),
         _dead("lease_expired_at_max_attempts", "LEASE_EXPIRED"),
     }), max_attempts=3),
     # No handler is registered for it.
