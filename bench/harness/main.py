@@ -5,14 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from harness import machine, meters, report, secondary
+from harness import machine, meters, report, secondary, source
 from harness.ceiling import run_ceiling
 from harness.drain import DrainResult, run_drain
 from harness.pg import Server, analyze, connect, find_pgbench
@@ -39,18 +38,6 @@ class Cell:
     @property
     def name(self) -> str:
         return f"{self.key}@c{self.concurrency}"
-
-
-def source_revision() -> str:
-    """The checkout's commit, with "+changes" when the working tree differs from it."""
-    def git(*cmd: str) -> str:
-        done = subprocess.run(["git", *cmd], capture_output=True, text=True,
-                              cwd=BENCH_DIR, check=False)
-        return done.stdout.strip()
-
-    commit = git("rev-parse", "--short", "HEAD") or "unknown"
-    dirty = git("status", "--porcelain", "--", "sql", "layer", "functions")
-    return commit + ("+changes" if dirty else "")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -187,6 +174,8 @@ def main(argv: list[str]) -> int:
 
         return selfcheck.run(Server(args.dsn))
     cells = plan(args)
+    revision = source.revision()
+    source.freeze()
     if args.nice:
         # Inherited by every worker, pgbench and import-time interpreter started below.
         meters.renice(os.getpid(), args.nice)
@@ -209,7 +198,7 @@ def main(argv: list[str]) -> int:
         "pg_walinspect": bench.walinspect,
         "nice": args.nice,
         "leaseq_migrations": migrations,
-        "source": source_revision(),
+        "source": revision,
     }
     runs: dict[str, list[dict[str, Any]]] = {c.name: [] for c in cells}
 

@@ -12,15 +12,12 @@ import subprocess
 import sys
 import time
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
+from harness import source
 from harness.meters import renice
 from harness.pg import Server, connect
 from harness.systems import leaseq_enqueue, leaseq_install, tenant_ids
-
-REPO_DIR = Path(__file__).resolve().parent.parent.parent
-WORKER_FUNCTION_DIR = REPO_DIR / "functions" / "worker"
 
 # Finished jobs are written in one set-based statement (no functions, no events): the
 # claim never reads them, so what matters is that they sit in the same table and its
@@ -101,7 +98,8 @@ _IMPORT_LINE = re.compile(r"import time:\s+(\d+) \|\s+(\d+) \|(\s*)(\S+)")
 
 def _handler_env() -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(WORKER_FUNCTION_DIR), str(REPO_DIR / "layer")])
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(source.worker_function_dir()), str(source.layer_dir())])
     # What the deployed function has in its environment; nothing is contacted at import.
     env.setdefault("DATABASE_URL", "postgresql://bench@127.0.0.1:9/none")
     env.setdefault("AWS_DEFAULT_REGION", "us-east-1")
@@ -116,20 +114,20 @@ def import_time(repeats: int = 7) -> dict[str, Any]:
     The interpreter's own start-up is excluded (Lambda pays it whatever the code);
     where it goes comes from ``-X importtime``, summed per top-level package.
     """
-    app = WORKER_FUNCTION_DIR / "app.py"
-    if not app.exists():
-        return {"error": f"{app.relative_to(REPO_DIR)} does not exist yet"}
+    function_dir = source.worker_function_dir()
+    if not (function_dir / "app.py").exists():
+        return {"error": "functions/worker/app.py does not exist"}
     code = "import time; t = time.perf_counter(); import app; print(time.perf_counter() - t)"
     walls = []
     for _ in range(repeats):
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              env=_handler_env(), cwd=WORKER_FUNCTION_DIR, check=False)
+                              env=_handler_env(), cwd=function_dir, check=False)
         if proc.returncode != 0:
             return {"error": proc.stderr.strip().splitlines()[-1:] or ["import failed"]}
         walls.append(float(proc.stdout.strip().splitlines()[-1]) * 1000)
     proc = subprocess.run([sys.executable, "-X", "importtime", "-c", "import app"],
                           capture_output=True, text=True, env=_handler_env(),
-                          cwd=WORKER_FUNCTION_DIR, check=False)
+                          cwd=function_dir, check=False)
     by_package: dict[str, float] = {}
     for line in proc.stderr.splitlines():
         match = _IMPORT_LINE.match(line)

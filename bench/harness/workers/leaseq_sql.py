@@ -1,8 +1,10 @@
-"""leaseq SQL floor: the two queue functions called directly, no library code.
+"""leaseq SQL floor: the queue functions called directly, no library code.
 
-One ``app.claim_ready_jobs`` and one ``app.finish_jobs`` per batch, each its own
-autocommit statement, both writing their audit rows. This is the least any leaseq
-client can send per batch, so the library's drain is compared against it.
+Where the schema has ``app.finish_and_claim_jobs``, one call per batch records the
+previous batch's outcomes and claims the next one; otherwise one
+``app.claim_ready_jobs`` and one ``app.finish_jobs`` per batch. Each call is its own
+autocommit statement and writes its audit rows. This is the least any leaseq client
+can send per batch, so the library's drain is compared against it.
 
 Usage: python -m harness.workers.leaseq_sql DSN OWNER BATCH
 """
@@ -28,10 +30,48 @@ def handle(_payload: object) -> None:
     """The no-op job."""
 
 
+FINISH_AND_CLAIM = (
+    "select claimed, id, tenant_id, kind, payload, lease_token from app.finish_and_claim_jobs("
+    "%s, %s::uuid[], %s::uuid[], %s::uuid[], %s::text[], %s::jsonb[], %s::interval[], %s, %s)"
+)
+HAS_FINISH_AND_CLAIM = (
+    "select to_regprocedure('app.finish_and_claim_jobs(text, uuid[], uuid[], uuid[],"
+    " text[], jsonb[], interval[], integer, interval)') is not null as ok"
+)
+
+
+def _outcomes(owner: str, done: list[dict[str, object]]) -> tuple[object, ...]:
+    n = len(done)
+    return (owner, [j["tenant_id"] for j in done], [j["id"] for j in done],
+            [j["lease_token"] for j in done], ["succeeded"] * n, [None] * n, [None] * n)
+
+
+def drain_bundled(conn: psycopg.Connection[dict[str, object]], owner: str, batch: int,
+                  lease: timedelta) -> int:
+    jobs = 0
+    done: list[dict[str, object]] = []
+    while True:
+        rows = conn.execute(FINISH_AND_CLAIM, (*_outcomes(owner, done), batch, lease)).fetchall()
+        jobs += len(done)
+        claimed = [r for r in rows if r["claimed"]]
+        if not claimed:
+            return jobs
+        for job in claimed:
+            handle(job["payload"])
+        done = claimed
+
+
 def main(dsn: str, owner: str, batch: int) -> None:
     conn = psycopg.connect(dsn, autocommit=True, prepare_threshold=None, row_factory=dict_row)
     lease = timedelta(seconds=30)
+    row = conn.execute(HAS_FINISH_AND_CLAIM).fetchone()
+    bundled = bool(row and row["ok"])
     protocol.ready_then_wait_for_go()
+    if bundled:
+        protocol.done(drain_bundled(conn, owner, batch, lease))
+        protocol.wait_for_quit()
+        conn.close()
+        return
     jobs = 0
     while True:
         claimed = conn.execute(CLAIM, (owner, batch, lease)).fetchall()
@@ -39,17 +79,8 @@ def main(dsn: str, owner: str, batch: int) -> None:
             break
         for job in claimed:
             handle(job["payload"])
-        n = len(claimed)
-        conn.execute(FINISH, (
-            owner,
-            [j["tenant_id"] for j in claimed],
-            [j["id"] for j in claimed],
-            [j["lease_token"] for j in claimed],
-            ["succeeded"] * n,
-            [None] * n,
-            [None] * n,
-        )).fetchall()
-        jobs += n
+        conn.execute(FINISH, _outcomes(owner, claimed)).fetchall()
+        jobs += len(claimed)
     protocol.done(jobs)
     protocol.wait_for_quit()
     conn.close()
