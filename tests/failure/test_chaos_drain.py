@@ -114,7 +114,7 @@ def run_chaos_drain(db: Database, tmp_path: Path, *, jobs: int, tenants: int, pr
                 fleet.stop()
                 reaper.stop()
             audit = audit_queue(admin)
-            figures = _figures(run, fleet, reaper, audit)
+            figures = [f"seed                       {seed}", *_figures(run, fleet, reaper, audit)]
             print("\n" + "\n".join(figures))
             (tmp_path / "figures.txt").write_text("\n".join(figures) + "\n")
             fates = _fates_by_kind(admin)
