@@ -12,7 +12,8 @@
 --   available_at       clamped to now when in the past, at most 365 days ahead
 --   max_attempts       1 .. 20
 --   enqueue batch      1 .. 1000 jobs; finish batch 1 .. 1000 outcomes
---   payload            a JSON object of at most 256 KiB (as text); result at most 256 KiB
+--   payload            a JSON object of at most 256 KiB (as text), nested at most 100
+--                      levels deep (deeper cannot be decoded by a worker); result at most 256 KiB
 --
 -- The five reference functions keep their signatures. They are created with CREATE OR
 -- REPLACE because on a database where the reference schema was applied by hand they
@@ -171,6 +172,9 @@ begin
     if v_item.payload is null or jsonb_typeof(v_item.payload) <> 'object' then
       perform app.raise_invalid(format('job %s: payload must be a JSON object (got %s)',
         v_item.n, coalesce(jsonb_typeof(v_item.payload), 'NULL')));
+    end if;
+    if jsonb_path_exists(v_item.payload, '$.**{101}') then
+      perform app.raise_invalid(format('job %s: payload must nest at most 100 levels below the top-level object', v_item.n));
     end if;
     if octet_length(v_item.payload::text) > 262144 then
       perform app.raise_invalid(format('job %s: payload must be at most 262144 bytes as JSON text (got %s)',

@@ -15,7 +15,26 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 MAX_DOCUMENT_BYTES = 262_144
 
 
+#: The SQL contract's nesting bound (sql/0003): no value more than this many levels below
+#: the payload object. Far deeper documents cannot be decoded by Python's json module,
+#: so a worker could never read them back.
+MAX_PAYLOAD_DEPTH = 100
+
 _NUL = "must not contain NUL characters (U+0000); PostgreSQL cannot store them"
+
+
+def nesting_depth(value: Any) -> int:
+    """Levels below ``value`` (0 for a scalar), without recursion, so any depth is safe."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, level = stack.pop()
+        deepest = max(deepest, level)
+        if isinstance(item, dict):
+            stack.extend((child, level + 1) for child in item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend((child, level + 1) for child in item)
+    return deepest
 
 
 def contains_nul(value: Any) -> bool:
@@ -79,6 +98,9 @@ class EnqueueRequest(BaseModel):
     @field_validator("payload")
     @classmethod
     def _storable_payload(cls, value: dict[str, Any]) -> dict[str, Any]:
+        depth = nesting_depth(value)
+        if depth > MAX_PAYLOAD_DEPTH:
+            raise ValueError(f"must nest at most {MAX_PAYLOAD_DEPTH} levels (got {depth})")
         try:
             size = json_size(value)
         except (TypeError, ValueError) as exc:

@@ -11,6 +11,7 @@ from psycopg.types.json import Jsonb
 
 from tests.conftest import Database
 from tests.sql.calls import (
+    claim,
     claim_one,
     enqueue,
     enqueue_many,
@@ -338,3 +339,16 @@ def test_concurrent_enqueue_of_one_key_waits_and_then_returns_the_winner_or_crea
     assert (second[0]["id"] == first["id"]) is first_commits
     assert owner.execute("select count(*) as n from app.jobs").fetchone() == {"n": 1}
     assert event_types(owner, second[0]["id"]) == ["created"]
+
+
+def test_a_repeat_enqueue_of_a_running_job_does_not_reveal_its_lease_token(
+        worker: Conn) -> None:
+    tenant = new_tenant()
+    enqueue(worker, tenant, "k")
+    running = claim(worker, tenant, limit=1)[0]
+
+    again = enqueue(worker, tenant, "k")
+
+    assert (again["id"], again["state"]) == (running["id"], "running")
+    assert again["lease_owner"] == running["lease_owner"]
+    assert again["lease_token"] is None
