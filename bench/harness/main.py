@@ -69,6 +69,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--settle", type=float, default=10.0,
                    help="before each timed drain, wait up to this many seconds for the "
                         "machine to be quiet (< 0.3 cores busy); default %(default)s")
+    p.add_argument("--quiet-retries", type=int, default=0, metavar="N",
+                   help="repeat a drain up to N times while the rest of the machine used "
+                        "more than --max-other-load cores during it, and keep the quietest "
+                        "attempt (default %(default)s: keep every first attempt)")
+    p.add_argument("--max-other-load", type=float, default=0.25, metavar="CORES",
+                   help="see --quiet-retries (default %(default)s)")
     p.add_argument("--nice", type=int, default=-10,
                    help="scheduling priority given to the workers and to the server "
                         "backends serving the benchmark's database, so that other load on "
@@ -197,6 +203,8 @@ def main(argv: list[str]) -> int:
         "server_cpu_meter": bench.postmaster is not None,
         "pg_walinspect": bench.walinspect,
         "nice": args.nice,
+        "quiet_retries": args.quiet_retries,
+        "max_other_load": args.max_other_load,
         "leaseq_migrations": migrations,
         "source": revision,
     }
@@ -219,13 +227,22 @@ def main(argv: list[str]) -> int:
     # shared machine spreads over all systems instead of sinking one of them.
     for run in range(args.runs):
         for cell in cells:
-            result = bench.run_cell(cell, args.jobs, settle=args.settle)
+            attempts: list[tuple[float, DrainResult]] = []
+            for _ in range(1 + max(args.quiet_retries, 0)):
+                attempt = bench.run_cell(cell, args.jobs, settle=args.settle)
+                load = (attempt.host.other_cpu_s / attempt.seconds
+                        if attempt.host and attempt.seconds else 0.0)
+                attempts.append((load, attempt))
+                print(f"  run {run + 1} {cell.name:<22} {attempt.jobs_per_s:>8.0f} jobs/s"
+                      f"  ({attempt.seconds:.2f} s; other load {load:.2f} cores)", flush=True)
+                if load <= args.max_other_load:
+                    break
+            _, result = min(attempts, key=lambda a: a[0])
             entry = result.as_dict()
+            # Every attempt's rate and load; the figures above are the quietest one's.
+            entry["attempts"] = [{"other_load": load, "jobs_per_s": a.jobs_per_s}
+                                 for load, a in attempts]
             runs[cell.name].append(entry)
-            other = (result.host.other_cpu_s / result.seconds
-                     if result.host and result.seconds else 0.0)
-            print(f"  run {run + 1} {cell.name:<22} {result.jobs_per_s:>8.0f} jobs/s"
-                  f"  ({result.seconds:.2f} s; other load {other:.2f} cores)", flush=True)
             save(partial=True)
 
     round_trips: dict[str, Any] = {}
