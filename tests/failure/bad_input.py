@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 TENANT_POOL = [uuid.UUID(int=n) for n in (1, 2, 3)]
 KEY_POOL = ["op-1", "op-2", "op-3"]
 
-#: Deepest payload the fuzzers build. Deeper payloads cannot be decoded by Python's
-#: json module at all; what happens to them is pinned by dedicated tests.
+#: The contract refuses payloads nested more than 100 levels; the fuzzers straddle that
+#: bound and go well past it (Python's json module itself gives up near 1,000).
 MAX_FUZZ_DEPTH = 300
 
 SQL_FRAGMENTS = [
@@ -95,6 +95,7 @@ def nested(depth: int) -> dict[str, Any]:
 payloads = mostly(st.dictionaries(plain_text, valid_json, max_size=4), st.one_of(
     st.dictionaries(st.text(max_size=8), json_values, max_size=5),
     st.integers(1, MAX_FUZZ_DEPTH).map(nested),
+    st.integers(95, 105).map(nested),
     # Around the 256 KiB bound: {"blob": "..."} is the string plus 12 bytes.
     st.integers(262_144 - 16, 262_144 - 8).map(lambda n: {"blob": "x" * n}),
     st.integers(262_144 - 12, 262_144 + 64).map(lambda n: {"blob": "é" * (n // 2)}),
@@ -171,3 +172,17 @@ def enqueue_events(draw: st.DrawFn) -> Any:
     if draw(st.integers(0, 9)) == 0:
         del envelope[draw(st.sampled_from(sorted(envelope)))]
     return envelope
+
+
+@st.composite
+def nested_near_the_bound(draw: st.DrawFn) -> dict[str, Any]:
+    """A payload whose deepest branch is 90 to 110 levels of objects and arrays (empty
+    or not at the bottom), with shallower siblings along the way."""
+    value: Any = draw(st.sampled_from([1, "x", None, [], {}]))
+    for _ in range(draw(st.integers(90, 110))):
+        sibling: Any = draw(st.none() | st.just([1, [2]]) | st.just({"s": {}}))
+        if draw(st.booleans()):
+            value = [value] if sibling is None else [sibling, value]
+        else:
+            value = {"n": value} if sibling is None else {"s": sibling, "n": value}
+    return {"top": value}

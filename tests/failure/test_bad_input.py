@@ -31,6 +31,7 @@ from leaseq import (
     connect,
     enqueue_jobs,
 )
+from leaseq.jobs import nesting_depth
 from leaseq_lambda import runtime
 from psycopg.types.json import Jsonb
 from pydantic import ValidationError
@@ -45,6 +46,7 @@ from tests.failure.bad_input import (
     kinds,
     mostly,
     nasty_text,
+    nested_near_the_bound,
     operation_keys,
     plain_text,
     tenant_ids,
@@ -331,6 +333,39 @@ def test_a_payload_too_deep_to_decode_is_refused_at_the_door_and_the_worker_runs
     assert_worker_drains_everything(db, admin)
     rows = admin.execute("select operation_key, state::text as state from app.jobs").fetchall()
     assert {r["operation_key"]: r["state"] for r in rows} == {"plain": "succeeded"}
+
+
+def test_the_nesting_bound_is_the_same_for_the_model_and_the_sql_contract(
+    worker: Conn, admin: Conn
+) -> None:
+    """A payload pydantic accepts must not be refused by SQL, and the reverse: one
+    bound, enforced at both doors, so a library caller and a SQL caller agree."""
+    seen = set()
+
+    @fuzz_settings(150)
+    @given(payload=nested_near_the_bound())
+    def fuzz(payload: dict[str, Any]) -> None:
+        try:
+            EnqueueRequest(tenant_id=uuid.uuid4(), operation_key="deep", kind="echo",
+                           payload=payload)
+        except ValidationError:
+            model_accepts = False
+        else:
+            model_accepts = True
+        try:
+            with worker.transaction(force_rollback=True):
+                worker.execute("select app.enqueue_job(%s, 'deep', 'echo', %s)",
+                               (uuid.uuid4(), Jsonb(payload)))
+        except psycopg.errors.InvalidParameterValue:
+            sql_accepts = False
+        else:
+            sql_accepts = True
+        assert model_accepts is sql_accepts, f"depth {nesting_depth(payload)}"
+        seen.add(model_accepts)
+
+    fuzz()
+    assert seen == {True, False}
+    assert counts(admin) == Counts(0, 0, 0)
 
 
 def test_a_payload_nested_too_deep_is_a_validation_error(worker: Conn) -> None:
