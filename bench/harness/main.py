@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import sys
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -180,6 +182,8 @@ def main(argv: list[str]) -> int:
 
         return selfcheck.run(Server(args.dsn))
     cells = plan(args)
+    # A terminated run still stops its workers, drops its databases and its code copy.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     revision = source.revision()
     source.freeze()
     if args.nice:
