@@ -23,7 +23,7 @@ from pydantic import BaseModel, ValidationError
 from leaseq.client import QueueClient
 from leaseq.deadline import Deadline, lease_for
 from leaseq.errors import InvalidRequestError
-from leaseq.interrupt import call_with_timeout
+from leaseq.interrupt import call_with_timeout, timeouts
 from leaseq.job_context import JobContext, job_log_fields, running
 from leaseq.jobs import (
     MAX_DOCUMENT_BYTES,
@@ -156,8 +156,14 @@ class Worker:
         one commit per batch); the last batch's outcomes are recorded on their own.
         """
         report = DrainReport()
-        cfg = self.config
         carried: list[_Ran] = []
+        with timeouts():
+            self._drain(deadline, report, carried)
+        report.time_left = deadline.remaining()
+        return report
+
+    def _drain(self, deadline: Deadline, report: DrainReport, carried: list[_Ran]) -> None:
+        cfg = self.config
         try:
             while True:
                 remaining = deadline.remaining()
@@ -169,7 +175,7 @@ class Worker:
                 lease_ends_at = remaining - lease.total_seconds()
                 if carried:
                     jobs = self._record_and_claim(carried, lease, report)
-                    carried = []
+                    carried.clear()
                 else:
                     jobs = self.client.claim_ready_jobs(cfg.owner, cfg.batch_size, lease)
                 if not jobs:
@@ -177,7 +183,8 @@ class Worker:
                     break
                 report.batches += 1
                 report.claimed += len(jobs)
-                finished_in_time, carried = self._run_batch(jobs, deadline, lease_ends_at, report)
+                finished_in_time, ran = self._run_batch(jobs, deadline, lease_ends_at, report)
+                carried.extend(ran)
                 if not finished_in_time:
                     # A job could not be started in the time left: claiming again would
                     # only take it and give it back, over and over.
@@ -185,8 +192,6 @@ class Worker:
                     break
         finally:
             self._record(carried, report)
-        report.time_left = deadline.remaining()
-        return report
 
     def _run_batch(self, jobs: list[ClaimedJob], deadline: Deadline, lease_ends_at: float,
                    report: DrainReport) -> tuple[bool, list[_Ran]]:
