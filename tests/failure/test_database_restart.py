@@ -1,8 +1,8 @@
 """A database restart in the middle of a drain: the server of a private embedded
-cluster is stopped (fast shutdown: every session is cut) and started again on the
+cluster is stopped (fast shutdown: every connection is cut) and started again on the
 same data directory and socket while worker processes and the reaper keep going.
 
-The shared session server is never touched: it may be a PostgreSQL that other
+The server the rest of the suite uses is never touched: it may be a PostgreSQL that other
 tests, or CI's second run, depend on.
 """
 
