@@ -93,7 +93,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.worker.close()
         self.admin.close()
 
-    # Model bookkeeping--------------------------------------------------------------
+    # Model bookkeeping -------------------------------------------------------------
 
     def _ready(self, tenant: uuid.UUID | None = None) -> list[ModelJob]:
         ready = [j for j in self.jobs.values()
