@@ -100,6 +100,27 @@ as $$
   select app.check_interval('p_lease', p_lease, interval '1 second', interval '1 day')
 $$;
 
+-- The arguments every claim takes. One call per claim (per batch, not per job); the
+-- checks are plain expressions and the detailed message is only built on failure.
+create function app.check_claim(p_owner text, p_limit integer, p_lease interval)
+returns void
+language plpgsql
+immutable
+set search_path = ''
+as $$
+begin
+  if p_owner is null or p_owner ~ '^\s*$' or length(p_owner) > 200 then
+    perform app.check_owner(p_owner);
+  end if;
+  if p_limit is null or p_limit < 1 or p_limit > 100 then
+    perform app.check_range('p_limit', p_limit, 1, 100);
+  end if;
+  if p_lease is null or p_lease < interval '1 second' or p_lease > interval '1 day' then
+    perform app.check_lease(p_lease);
+  end if;
+end;
+$$;
+
 -- A failure report is never refused: whatever the worker sends becomes a JSON object
 -- that fits the row, so a bad error document cannot lose the failure it describes.
 create function app.error_document(p_error jsonb)
@@ -352,15 +373,7 @@ begin
   if p_tenant_id is null then
     perform app.check_required('p_tenant_id', p_tenant_id);
   end if;
-  if p_owner is null or p_owner ~ '^\s*$' or length(p_owner) > 200 then
-    perform app.check_owner(p_owner);
-  end if;
-  if p_limit is null or p_limit < 1 or p_limit > 100 then
-    perform app.check_range('p_limit', p_limit, 1, 100);
-  end if;
-  if p_lease is null or p_lease < interval '1 second' or p_lease > interval '1 day' then
-    perform app.check_lease(p_lease);
-  end if;
+  perform app.check_claim(p_owner, p_limit, p_lease);
 
   select array_agg(c.id) into v_ids
   from (
@@ -450,15 +463,7 @@ declare
   v_ids uuid[];
   v_more uuid[];
 begin
-  if p_owner is null or p_owner ~ '^\s*$' or length(p_owner) > 200 then
-    perform app.check_owner(p_owner);
-  end if;
-  if p_limit is null or p_limit < 1 or p_limit > 100 then
-    perform app.check_range('p_limit', p_limit, 1, 100);
-  end if;
-  if p_lease is null or p_lease < interval '1 second' or p_lease > interval '1 day' then
-    perform app.check_lease(p_lease);
-  end if;
+  perform app.check_claim(p_owner, p_limit, p_lease);
 
   select array_agg(r.tenant_id order by r.oldest_ready_at, r.tenant_id)
   into v_tenants

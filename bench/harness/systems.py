@@ -99,6 +99,7 @@ class LeaseqSqlFloor:
     key: str = "leaseq-sql"
     label: str = "leaseq SQL floor (functions called directly)"
     tables: tuple[str, ...] = ("app.jobs", "app.job_events")
+    worker_module: str = "harness.workers.leaseq_sql"
 
     def install(self, dsn: str) -> None:
         leaseq_install(dsn)
@@ -108,7 +109,7 @@ class LeaseqSqlFloor:
 
     def commands(self, dsn: str, concurrency: int) -> list[list[str]]:
         return [
-            ["-m", "harness.workers.leaseq_sql", dsn, f"bench-worker-{i}", str(BATCH)]
+            ["-m", self.worker_module, dsn, f"bench-worker-{i}", str(BATCH)]
             for i in range(concurrency)
         ]
 
@@ -117,25 +118,12 @@ class LeaseqSqlFloor:
 
 
 @dataclass
-class LeaseqLibrary:
+class LeaseqLibrary(LeaseqSqlFloor):
+    """The same schema and jobs, drained by the library's Worker.drain."""
+
     key: str = "leaseq"
     label: str = "leaseq (library drain, as the worker Lambda)"
-    tables: tuple[str, ...] = ("app.jobs", "app.job_events")
-
-    def install(self, dsn: str) -> None:
-        leaseq_install(dsn)
-
-    def enqueue(self, dsn: str, jobs: int, tenants: int) -> None:
-        leaseq_enqueue(dsn, jobs, tenants)
-
-    def commands(self, dsn: str, concurrency: int) -> list[list[str]]:
-        return [
-            ["-m", "harness.workers.leaseq_drain", dsn, f"bench-worker-{i}", str(BATCH)]
-            for i in range(concurrency)
-        ]
-
-    def finished(self, dsn: str) -> int:
-        return leaseq_finished(dsn)
+    worker_module: str = "harness.workers.leaseq_drain"
 
 
 # PgQueuer ----------------------------------------------------------------------------

@@ -53,4 +53,31 @@ RELEASE_ALL_EXPIRED_JOBS: Final[LiteralString] = (
     "select app.release_all_expired_jobs(%(limit)s) as released"
 )
 
+# Operator functions (sql/0006), used by the command line.
+
+QUEUE_STATUS: Final[LiteralString] = (
+    "select tenant_id, state::text as state, jobs, ready_jobs, oldest_ready_age,"
+    " next_ready_in from app.queue_status(%(tenant_id)s)"
+)
+GET_JOB: Final[LiteralString] = "select * from app.get_job(%(job_id)s)"
+JOB_TIMELINE: Final[LiteralString] = (
+    "select sequence, event_type, actor, details, created_at"
+    " from app.job_timeline(%(job_id)s, %(limit)s)"
+)
+DEAD_JOBS: Final[LiteralString] = (
+    "select * from app.dead_jobs(%(tenant_id)s, %(kind)s, %(limit)s)"
+)
+REDRIVE_JOBS: Final[LiteralString] = (
+    "select job_id, tenant_id, kind from app.redrive_jobs(%(actor)s, %(tenant_id)s,"
+    " %(job_ids)s::uuid[], %(kind)s, %(limit)s, %(reason)s)"
+)
+CANCEL_JOBS: Final[LiteralString] = (
+    "select job_id, tenant_id, kind from app.cancel_jobs(%(actor)s, %(tenant_id)s,"
+    " %(job_ids)s::uuid[], %(kind)s, %(limit)s, %(reason)s)"
+)
+PRUNE_JOBS: Final[LiteralString] = (
+    "select jobs_deleted, events_deleted from app.prune_jobs(%(older_than)s::interval,"
+    " %(limit)s)"
+)
+
 PING: Final[LiteralString] = "select 1"

@@ -9,34 +9,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Final, LiteralString
+from typing import Any, LiteralString
 from uuid import UUID
 
 from leaseq.db import Connection, translate_errors
-
-QUEUE_STATUS: Final[LiteralString] = (
-    "select tenant_id, state::text as state, jobs, ready_jobs, oldest_ready_age,"
-    " next_ready_in from app.queue_status(%(tenant_id)s)"
-)
-GET_JOB: Final[LiteralString] = "select * from app.get_job(%(job_id)s)"
-JOB_TIMELINE: Final[LiteralString] = (
-    "select sequence, event_type, actor, details, created_at"
-    " from app.job_timeline(%(job_id)s, %(limit)s)"
-)
-DEAD_JOBS: Final[LiteralString] = (
-    "select * from app.dead_jobs(%(tenant_id)s, %(kind)s, %(limit)s)"
-)
-REDRIVE_JOBS: Final[LiteralString] = (
-    "select job_id, tenant_id, kind from app.redrive_jobs(%(actor)s, %(tenant_id)s,"
-    " %(job_ids)s::uuid[], %(kind)s, %(limit)s, %(reason)s)"
-)
-CANCEL_JOBS: Final[LiteralString] = (
-    "select job_id, tenant_id, kind from app.cancel_jobs(%(actor)s, %(tenant_id)s,"
-    " %(job_ids)s::uuid[], %(kind)s, %(limit)s, %(reason)s)"
-)
-PRUNE_JOBS: Final[LiteralString] = (
-    "select jobs_deleted, events_deleted from app.prune_jobs(%(older_than)s::interval,"
-    " %(limit)s)"
+from leaseq.queries import (
+    CANCEL_JOBS,
+    DEAD_JOBS,
+    GET_JOB,
+    JOB_TIMELINE,
+    PRUNE_JOBS,
+    QUEUE_STATUS,
+    REDRIVE_JOBS,
 )
 
 #: The SQL functions' per-call bound for redrive and cancel.

@@ -31,6 +31,7 @@ ROLES = {"owner": postgres.OWNER, "worker": postgres.WORKER, "reader": postgres.
 FUNCTIONS = """
 function                                                                                         owner worker reader outsider
 app.cancel_jobs(text,uuid,uuid[],text,integer,text)                                              x     x      .      .
+app.check_claim(text,integer,interval)                                                           x     .      .      .
 app.check_filters(uuid[],text,integer)                                                           x     .      .      .
 app.check_interval(text,interval,interval,interval)                                              x     .      .      .
 app.check_lease(interval)                                                                        x     .      .      .
