@@ -88,7 +88,9 @@ def _outcome_params(owner: str, outcomes: Sequence[JobOutcome]) -> dict[str, Any
         "job_ids": [o.job.id for o in outcomes],
         "tokens": [o.job.lease_token for o in outcomes],
         "outcomes": [o.outcome for o in outcomes],
-        "details": [Jsonb(o.detail) for o in outcomes],
+        # SQL NULL is the contract's "no result" (stored as JSON null), and costs no
+        # JSON encoding: most handlers return nothing.
+        "details": [None if o.detail is None else Jsonb(o.detail) for o in outcomes],
         "retry_delays": [o.retry_delay for o in outcomes],
     }
 

@@ -34,40 +34,47 @@ def _can_use_alarm() -> bool:
     )
 
 
-@contextmanager
-def timeouts() -> Iterator[None]:
-    """Keep the alarm handler installed for a whole drain.
+class TimeLimit:
+    """Runs handlers under a time budget for the length of one drain.
 
-    Installing and restoring a signal handler around every job cost about as much
-    client CPU as recording its outcome; within this scope each job only arms and
-    disarms the timer. Outside it (or off the main thread) call_with_timeout still works.
+    Got from :func:`timeouts`. Where the alarm handler is installed for the scope, each
+    job only arms and disarms the timer: per job, that is two system calls and no
+    signal-handler bookkeeping, which used to cost as much client CPU as recording
+    the job's outcome. Elsewhere each job runs in an abandonable thread.
+    """
+
+    def __init__(self, alarm: bool) -> None:
+        self._alarm = alarm
+
+    def call(self, func: Callable[[], T], seconds: float) -> T:
+        """Run ``func``; raise :class:`JobTimeout` if it runs longer than ``seconds``."""
+        if seconds <= 0:
+            raise JobTimeout("no time budget left for the job")
+        if not self._alarm:
+            return _call_in_thread(func, seconds)
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        try:
+            return func()
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+@contextmanager
+def timeouts() -> Iterator[TimeLimit]:
+    """Install the alarm handler once for a whole drain, when this thread may use it.
+
+    A handler that replaces the SIGALRM handler or arms ITIMER_REAL itself inside
+    the scope takes over the timer, and its own job can then overrun its budget.
     """
     if not _can_use_alarm():
-        yield
+        yield TimeLimit(alarm=False)
         return
     previous = signal.signal(signal.SIGALRM, _raise_timeout)
     try:
-        yield
+        yield TimeLimit(alarm=True)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-
-
-def call_with_timeout(func: Callable[[], T], seconds: float) -> T:
-    """Run ``func``; raise :class:`JobTimeout` if it runs longer than ``seconds``."""
-    if seconds <= 0:
-        raise JobTimeout("no time budget left for the job")
-    if not _can_use_alarm():
-        return _call_in_thread(func, seconds)
-    installed = signal.getsignal(signal.SIGALRM) is _raise_timeout
-    previous = None if installed else signal.signal(signal.SIGALRM, _raise_timeout)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        return func()
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        if previous is not None:
-            signal.signal(signal.SIGALRM, previous)
 
 
 def _call_in_thread(func: Callable[[], T], seconds: float) -> T:

@@ -9,9 +9,8 @@ job's identity: :class:`JobLogFields` copies it onto log records. This stays sta
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable
+from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,13 +51,23 @@ def current_job() -> ClaimedJob | None:
     return _current_job.get()
 
 
-@contextmanager
-def running(job: ClaimedJob) -> Iterator[None]:
-    token = _current_job.set(job)
-    try:
-        yield
-    finally:
-        _current_job.reset(token)
+class running:
+    """Mark ``job`` as the one running in this context for the length of a block.
+
+    A class rather than a generator-based context manager: it is entered once per job.
+    """
+
+    __slots__ = ("_job", "_token")
+    _token: Token[ClaimedJob | None]
+
+    def __init__(self, job: ClaimedJob) -> None:
+        self._job = job
+
+    def __enter__(self) -> None:
+        self._token = _current_job.set(self._job)
+
+    def __exit__(self, *exc_info: object) -> None:
+        _current_job.reset(self._token)
 
 
 def job_log_fields(job: ClaimedJob) -> dict[str, Any]:

@@ -28,16 +28,18 @@ RENEW_JOB_LEASE: Final[LiteralString] = (
     " %(lease)s::interval) as renewed"
 )
 
+# The per-job arrays of a batch's outcomes travel in binary (%b): a worker sends them for
+# every batch, and the text form costs the client a quoting scan of every element.
 FINISH_JOBS: Final[LiteralString] = (
-    "select job_id, state from app.finish_jobs(%(owner)s, %(tenant_ids)s::uuid[],"
-    " %(job_ids)s::uuid[], %(tokens)s::uuid[], %(outcomes)s::text[], %(details)s::jsonb[],"
-    " %(retry_delays)s::interval[])"
+    "select job_id, state from app.finish_jobs(%(owner)s, %(tenant_ids)b::uuid[],"
+    " %(job_ids)b::uuid[], %(tokens)b::uuid[], %(outcomes)b::text[], %(details)b::jsonb[],"
+    " %(retry_delays)b::interval[])"
 )
 
 FINISH_AND_CLAIM_JOBS: Final[LiteralString] = (
-    "select * from app.finish_and_claim_jobs(%(owner)s, %(tenant_ids)s::uuid[],"
-    " %(job_ids)s::uuid[], %(tokens)s::uuid[], %(outcomes)s::text[], %(details)s::jsonb[],"
-    " %(retry_delays)s::interval[], %(limit)s, %(lease)s::interval)"
+    "select * from app.finish_and_claim_jobs(%(owner)s, %(tenant_ids)b::uuid[],"
+    " %(job_ids)b::uuid[], %(tokens)b::uuid[], %(outcomes)b::text[], %(details)b::jsonb[],"
+    " %(retry_delays)b::interval[], %(limit)s, %(lease)s::interval)"
 )
 
 RELEASE_JOBS: Final[LiteralString] = (

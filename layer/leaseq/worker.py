@@ -23,7 +23,7 @@ from pydantic import BaseModel, ValidationError
 from leaseq.client import QueueClient
 from leaseq.deadline import Deadline, lease_for
 from leaseq.errors import InvalidRequestError
-from leaseq.interrupt import call_with_timeout, timeouts
+from leaseq.interrupt import TimeLimit, timeouts
 from leaseq.job_context import JobContext, job_log_fields, running
 from leaseq.jobs import (
     MAX_DOCUMENT_BYTES,
@@ -61,12 +61,15 @@ class WorkerConfig:
             raise ValueError("lease_margin must be >= 0 and job_timeout > 0")
 
 
+_RecordOutcome = Literal["succeeded", "retry", "dead", "exhausted", "released"]
+
+
 @dataclass(frozen=True)
 class JobRecord:
     """One job's run, as reported to observers (logs, metrics)."""
 
     job: ClaimedJob
-    outcome: Literal["succeeded", "retry", "dead", "exhausted", "released"]
+    outcome: _RecordOutcome
     state: JobState | None
     duration: float
     queue_lag: float
@@ -157,12 +160,13 @@ class Worker:
         """
         report = DrainReport()
         carried: list[_Ran] = []
-        with timeouts():
-            self._drain(deadline, report, carried)
+        with timeouts() as limit:
+            self._drain(deadline, report, carried, limit)
         report.time_left = deadline.remaining()
         return report
 
-    def _drain(self, deadline: Deadline, report: DrainReport, carried: list[_Ran]) -> None:
+    def _drain(self, deadline: Deadline, report: DrainReport, carried: list[_Ran],
+               limit: TimeLimit) -> None:
         cfg = self.config
         try:
             while True:
@@ -183,7 +187,8 @@ class Worker:
                     break
                 report.batches += 1
                 report.claimed += len(jobs)
-                finished_in_time, ran = self._run_batch(jobs, deadline, lease_ends_at, report)
+                finished_in_time, ran = self._run_batch(
+                    jobs, deadline, lease_ends_at, report, limit)
                 carried.extend(ran)
                 if not finished_in_time:
                     # A job could not be started in the time left: claiming again would
@@ -194,7 +199,7 @@ class Worker:
             self._record(carried, report)
 
     def _run_batch(self, jobs: list[ClaimedJob], deadline: Deadline, lease_ends_at: float,
-                   report: DrainReport) -> tuple[bool, list[_Ran]]:
+                   report: DrainReport, limit: TimeLimit) -> tuple[bool, list[_Ran]]:
         """Run a claimed batch; return whether it all ran, and the outcomes to record.
 
         Times are in "remaining seconds" units, which shrink as time passes: a lease
@@ -205,6 +210,7 @@ class Worker:
         everything is recorded here and (False, []) comes back.
         """
         pending: list[_Ran] = []
+        pending_lease_end = 0.0  # the latest lease end among ``pending``
         lease_end = dict.fromkeys((job.id for job in jobs), lease_ends_at)
         unstarted: list[ClaimedJob] = []
         for position, job in enumerate(jobs):
@@ -215,20 +221,22 @@ class Worker:
                 unstarted = jobs[position:]
                 break
             recorded_by = now - budget - FINISH_RESERVE
-            if pending and max(lease_end[o.job.id] for o, _, _ in pending) > recorded_by:
+            if pending and pending_lease_end > recorded_by:
                 self._record(pending, report)
-                pending = []
+                pending, pending_lease_end = [], 0.0
             if lease_end[job.id] > recorded_by:
                 renewed = self._renew(job, deadline)
                 if renewed is None:
                     report.lost_leases += 1
-                    self._observe(JobRecord(job, "retry", None, 0.0, 0.0))
+                    self._observe(job, "retry", None)
                     continue
                 lease_end[job.id] = renewed
             lag = max(0.0, (self._now() - job.available_at).total_seconds())
             started = self._timer()
-            outcome = self._run_one(job, registration, budget, deadline)
+            with running(job):
+                outcome = self._run_one(job, registration, budget, deadline, limit)
             pending.append((outcome, self._timer() - started, lag))
+            pending_lease_end = max(pending_lease_end, lease_end[job.id])
         if not unstarted:
             return True, pending
         self._record(pending, report)
@@ -238,9 +246,7 @@ class Worker:
         logger.info("gave back jobs that could not start in the time left", extra={
             "given_back": len(given_back), "time_left": round(deadline.remaining(), 3)})
         for job in unstarted:
-            self._observe(JobRecord(job, "released",
-                                    JobState.PENDING if job.id in given_back else None,
-                                    0.0, 0.0))
+            self._observe(job, "released", JobState.PENDING if job.id in given_back else None)
         return False, []
 
     def _budget(self, registration: Registration | None) -> float:
@@ -256,15 +262,10 @@ class Worker:
     # One job ----------------------------------------------------------------------------
 
     def _run_one(self, job: ClaimedJob, registration: Registration | None, budget: float,
-                 deadline: Deadline) -> JobOutcome:
-        with running(job):
-            return self._run_in_context(job, registration, budget, deadline)
-
-    def _run_in_context(self, job: ClaimedJob, registration: Registration | None,
-                        budget: float, deadline: Deadline) -> JobOutcome:
-        log = job_log_fields(job)
+                 deadline: Deadline, limit: TimeLimit) -> JobOutcome:
+        """Run one job's handler (in the job's logging context) and judge its outcome."""
         if registration is None:
-            logger.error("no handler registered for this kind", extra=log)
+            logger.error("no handler registered for this kind", extra=job_log_fields(job))
             return JobOutcome(job, "dead", _error(
                 "UNKNOWN_KIND", f"no handler is registered for kind {job.kind!r}",
                 kind=job.kind))
@@ -273,7 +274,7 @@ class Worker:
             if registration.payload_model is not None:
                 payload = registration.payload_model.model_validate(job.payload)
         except ValidationError as exc:
-            logger.error("payload does not match the kind's model", extra=log)
+            logger.error("payload does not match the kind's model", extra=job_log_fields(job))
             return JobOutcome(job, "dead", _error(
                 "INVALID_PAYLOAD", f"payload does not match {exc.title}",
                 errors=json.loads(exc.json(include_url=False, include_input=False))))
@@ -285,27 +286,34 @@ class Worker:
             _renew=lambda: self._renew(job, deadline) is not None,
         )
         policy = self._policy(registration)
-        logger.debug("job started", extra=log)
+        debug = logger.isEnabledFor(logging.DEBUG)
+        if debug:
+            logger.debug("job started", extra=job_log_fields(job))
         try:
-            result = call_with_timeout(lambda: registration.handler(payload, context), budget)
+            result = limit.call(lambda: registration.handler(payload, context), budget)
         except JobTimeout:
-            logger.warning("job overran its time budget and was interrupted", extra=log)
+            logger.warning("job overran its time budget and was interrupted",
+                           extra=job_log_fields(job))
             return self._retry(job, policy, None, _error(
                 "JOB_TIMEOUT", f"the handler ran longer than its budget of {budget:g} s"))
         except RetryJob as exc:
-            logger.info("handler asked for a retry", extra=log)
+            logger.info("handler asked for a retry", extra=job_log_fields(job))
             return self._retry(job, policy, exc.delay, _error("RETRY_REQUESTED", exc.reason))
         except DiscardJob as exc:
-            logger.warning("handler discarded the job", extra=log)
+            logger.warning("handler discarded the job", extra=job_log_fields(job))
             return JobOutcome(job, "dead", _error("DISCARDED", exc.reason))
         except Exception as exc:
-            logger.warning("handler failed", extra={**log, "error": repr(exc)}, exc_info=True)
+            logger.warning("handler failed", extra={**job_log_fields(job), "error": repr(exc)},
+                           exc_info=True)
             return self._retry(job, policy, None, _error(
                 "HANDLER_ERROR", str(exc) or type(exc).__name__, type=type(exc).__qualname__))
-        logger.debug("job handler returned", extra=log)
+        if debug:
+            logger.debug("job handler returned", extra=job_log_fields(job))
         return self._success(job, result)
 
     def _success(self, job: ClaimedJob, result: Any) -> JobOutcome:
+        if result is None:  # most handlers return nothing: nothing to check
+            return JobOutcome(job, "succeeded")
         try:
             value = _json_result(result)
             size = json_size(value)
@@ -377,7 +385,7 @@ class Worker:
             else:
                 report.retried += 1
             error = outcome.detail if outcome.outcome != "succeeded" else None
-            self._observe(JobRecord(outcome.job, outcome.outcome, state, duration, lag, error))
+            self._observe(outcome.job, outcome.outcome, state, duration, lag, error)
 
     def _finish(self, outcomes: list[JobOutcome]
                 ) -> tuple[list[JobOutcome], dict[UUID, JobState]]:
@@ -409,10 +417,12 @@ class Worker:
             recorded.append(outcome)
         return recorded, states
 
-    def _observe(self, record: JobRecord) -> None:
-        if self._on_job is None:
+    def _observe(self, job: ClaimedJob, outcome: _RecordOutcome, state: JobState | None,
+                 duration: float = 0.0, lag: float = 0.0,
+                 error: dict[str, Any] | None = None) -> None:
+        if self._on_job is None:  # no record built per job for nobody
             return
         try:
-            self._on_job(record)
+            self._on_job(JobRecord(job, outcome, state, duration, lag, error))
         except Exception:
             logger.exception("job observer failed; continuing")
