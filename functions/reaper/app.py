@@ -26,7 +26,9 @@ def lambda_handler(event: Any, context: LambdaContext) -> dict[str, Any]:
     try:
         rt = runtime.get()
         rt.check()
-        report = reap_once(rt.client, LambdaDeadline(context), limit=rt.settings.reaper.limit)
+        reaper = rt.settings.reaper
+        report = reap_once(rt.client, LambdaDeadline(context), limit=reaper.limit,
+                           retention=reaper.retention)
     except LeaseqError as exc:
         logger.exception("reaper pass failed",
                          extra={"error": exc.message, "sqlstate": exc.sqlstate})

@@ -238,3 +238,11 @@ class QueueClient:
     def release_all_expired_jobs(self, limit: int = 1000) -> int:
         rows = self._query(queries.RELEASE_ALL_EXPIRED_JOBS, {"limit": limit})
         return int(rows[0]["released"])
+
+    # Retention ----------------------------------------------------------------------
+
+    def prune_jobs(self, older_than: timedelta, limit: int = 1000) -> tuple[int, int]:
+        """Delete up to ``limit`` jobs finished before ``older_than`` ago, with their
+        events; returns (jobs deleted, events deleted)."""
+        (row,) = self._query(queries.PRUNE_JOBS, {"older_than": older_than, "limit": limit})
+        return int(row["jobs_deleted"]), int(row["events_deleted"])

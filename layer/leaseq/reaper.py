@@ -1,14 +1,18 @@
-"""reap_once(): give every tenant's expired leases back to the queue.
+"""reap_once(): give every tenant's expired leases back to the queue, then apply the
+retention period to finished jobs.
 
-Each call of app.release_all_expired_jobs is bounded (``limit`` rows, oldest expiry
-first), and the pass repeats it only while whole pages come back and time remains,
-so one reaper invocation can never run past its own deadline.
+Each call of app.release_all_expired_jobs and app.prune_jobs is bounded (``limit``
+rows, oldest first), and the pass repeats one only while whole pages come back and
+time remains, so one reaper invocation can never run past its own deadline. Releasing
+comes first: a job waiting for its lease to be released is late work, a finished job
+past its retention is only space.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from leaseq.client import QueueClient
@@ -22,6 +26,8 @@ class ReapReport:
     released: int = 0
     calls: int = 0
     complete: bool = False
+    pruned_jobs: int = 0
+    pruned_events: int = 0
     time_left: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
@@ -29,10 +35,14 @@ class ReapReport:
 
 
 def reap_once(client: QueueClient, deadline: Deadline, *, limit: int = 1000,
-              max_calls: int = 100, margin: float = 2.0) -> ReapReport:
-    """Release expired leases of every tenant until none are left or time is short."""
+              max_calls: int = 100, margin: float = 2.0,
+              retention: timedelta | None = None) -> ReapReport:
+    """Release expired leases of every tenant until none are left or time is short;
+    then, with a ``retention``, delete jobs that finished longer ago than that."""
     if not 1 <= limit <= 10_000:
         raise ValueError("limit must be between 1 and 10000")
+    if retention is not None and retention < timedelta(0):
+        raise ValueError("retention must not be negative")
     report = ReapReport()
     while report.calls < max_calls and deadline.remaining() > margin:
         released = client.release_all_expired_jobs(limit)
@@ -41,7 +51,24 @@ def reap_once(client: QueueClient, deadline: Deadline, *, limit: int = 1000,
         if released < limit:
             report.complete = True
             break
+    if report.complete and retention is not None:
+        _prune(client, deadline, report, retention, limit, max_calls, margin)
     report.time_left = deadline.remaining()
     if report.released:
         logger.info("released expired leases", extra={"released": report.released})
+    if report.pruned_jobs:
+        logger.info("deleted jobs past their retention", extra={
+            "jobs": report.pruned_jobs, "events": report.pruned_events})
     return report
+
+
+def _prune(client: QueueClient, deadline: Deadline, report: ReapReport, retention: timedelta,
+           limit: int, max_calls: int, margin: float) -> None:
+    for _ in range(max_calls):
+        if deadline.remaining() <= margin:
+            return
+        jobs, events = client.prune_jobs(retention, limit)
+        report.pruned_jobs += jobs
+        report.pruned_events += events
+        if jobs < limit:
+            return

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
@@ -73,6 +74,13 @@ class ReaperSettings(BaseModel):
     model_config = ConfigDict(frozen=True, populate_by_name=True)
 
     limit: int = Field(default=1000, ge=1, le=10_000, alias="LEASEQ_REAPER_LIMIT")
+    #: Finished jobs (succeeded, dead, cancelled) and their events are deleted this long
+    #: after they finished; 0 keeps them for ever.
+    retention_days: float = Field(default=14.0, ge=0, le=3650, alias="LEASEQ_RETENTION_DAYS")
+
+    @property
+    def retention(self) -> timedelta | None:
+        return timedelta(days=self.retention_days) if self.retention_days else None
 
 
 class LeaseqSettings(BaseModel):

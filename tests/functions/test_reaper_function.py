@@ -67,6 +67,26 @@ def test_the_reaper_limit_bounds_each_call(
     assert (summary["released"], summary["calls"], summary["complete"]) == (6, 4, True)
 
 
+def test_the_tick_deletes_jobs_finished_longer_ago_than_the_retention(
+        reaper_app: ModuleType, lambda_env: pytest.MonkeyPatch, db: Database, admin: Conn,
+        owner: Conn, read_output: Callable[[], Output]) -> None:
+    lambda_env.setenv("LEASEQ_RETENTION_DAYS", "1")
+    abandon_jobs(db, admin, 8)
+    reaper_app.lambda_handler(load_event("reaper_schedule"), FakeLambdaContext())
+    # Four jobs per tenant wait for a retry; k0 finished two days ago, k1 just now.
+    admin.execute("update app.jobs set state = 'succeeded', completed_at = clock_timestamp()"
+                  " - case when operation_key = 'k0' then interval '2 days' else '0 s' end,"
+                  " available_at = clock_timestamp() where operation_key in ('k0', 'k1')")
+    read_output()
+
+    summary = reaper_app.lambda_handler(load_event("reaper_schedule"), FakeLambdaContext())
+
+    assert (summary["status"], summary["pruned_jobs"]) == ("ok", 2)  # k0 of both tenants
+    assert summary["pruned_events"] == 6  # created, claimed, lease_expired of each
+    assert states(owner) == {"succeeded": 2, "retry_wait": 4}
+    assert read_output().metric("JobsPruned") == [2]
+
+
 def test_a_worker_tick_sent_to_the_reaper_is_rejected(reaper_app: ModuleType) -> None:
     answer = reaper_app.lambda_handler(load_event("worker_schedule"), FakeLambdaContext())
     assert answer["status"] == "rejected"

@@ -6,7 +6,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from leaseq import QueueClient, reap_once
+from leaseq import JobOutcome, QueueClient, reap_once
 
 from tests.library.support import enqueue, event_types, job, states
 from tests.support.fakes import FakeDeadline
@@ -105,3 +105,69 @@ def test_no_call_at_all_without_time_beyond_the_margin(client: QueueClient) -> N
 def test_a_limit_outside_the_sql_bounds_is_refused(client: QueueClient, limit: int) -> None:
     with pytest.raises(ValueError, match="between 1 and 10000"):
         reap_once(client, FakeDeadline(60), limit=limit)
+
+
+# Retention ------------------------------------------------------------------------------
+
+
+def finish_some(client: QueueClient, admin: Conn, *, old: int, recent: int,
+                waiting: int) -> list[uuid.UUID]:
+    """``old`` jobs finished 20 days ago (half succeeded, half dead), ``recent`` finished
+    now, ``waiting`` still pending; returns the ids of the old ones."""
+    tenant = uuid.uuid4()
+    enqueue(client, tenant, old + recent, prefix="done")
+    claimed = client.claim_ready_jobs("w", old + recent, timedelta(seconds=30))
+    client.finish_jobs("w", [
+        JobOutcome(j, "succeeded" if n % 2 == 0 else "dead",
+                   None if n % 2 == 0 else {"code": "DISCARDED", "message": "no"})
+        for n, j in enumerate(claimed)])
+    enqueue(client, tenant, waiting, prefix="waiting")
+    old_ids = [j.id for j in claimed[:old]]
+    admin.execute("update app.jobs set completed_at = completed_at - interval '20 days'"
+                  " where id = any (%s)", (old_ids,))
+    return old_ids
+
+
+def test_with_a_retention_a_pass_deletes_jobs_finished_before_it_with_their_events(
+        client: QueueClient, admin: Conn, owner: Conn) -> None:
+    old_ids = finish_some(client, admin, old=5, recent=3, waiting=2)
+
+    report = reap_once(client, FakeDeadline(60), limit=2, retention=timedelta(days=14))
+
+    # Three pages of at most two: 2 + 2 + 1 old jobs, three events each.
+    assert (report.pruned_jobs, report.pruned_events) == (5, 15)
+    assert states(owner) == {"succeeded": 1, "dead": 2, "pending": 2}
+    left = owner.execute(
+        "select (select count(*) from app.jobs where id = any (%(ids)s)) as jobs,"
+        " (select count(*) from app.job_events where job_id = any (%(ids)s)) as events",
+        {"ids": old_ids}).fetchone()
+    assert left == {"jobs": 0, "events": 0}
+
+
+def test_without_a_retention_finished_jobs_are_kept(
+        client: QueueClient, admin: Conn, owner: Conn) -> None:
+    finish_some(client, admin, old=3, recent=0, waiting=0)
+
+    report = reap_once(client, FakeDeadline(60))
+
+    assert (report.pruned_jobs, report.pruned_events) == (0, 0)
+    assert states(owner) == {"succeeded": 2, "dead": 1}
+
+
+def test_expired_leases_are_released_before_anything_is_pruned(
+        client: QueueClient, admin: Conn, owner: Conn) -> None:
+    finish_some(client, admin, old=4, recent=0, waiting=0)
+    abandon(client, admin, tenants=1, per_tenant=5)
+
+    report = reap_once(client, FakeDeadline(60), limit=2, max_calls=2,
+                       retention=timedelta(days=1))
+
+    # Two calls could not release all five: the pass stops there and prunes nothing.
+    assert (report.released, report.complete, report.pruned_jobs) == (4, False, 0)
+    report = reap_once(client, FakeDeadline(60), limit=10, retention=timedelta(days=1))
+    assert (report.released, report.complete, report.pruned_jobs) == (1, True, 4)
+
+
+def test_a_negative_retention_is_refused(client: QueueClient) -> None:
+    with pytest.raises(ValueError, match="retention must not be negative"):
+        reap_once(client, FakeDeadline(60), retention=timedelta(days=-1))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from leaseq import ConfigurationError, LeaseqSettings
 
@@ -28,6 +30,7 @@ def test_every_documented_variable_is_read() -> None:
         "LEASEQ_SECRET_MAX_AGE_SECONDS": "60", "LEASEQ_HANDLERS": "billing.jobs",
         "LEASEQ_BATCH_SIZE": "25", "LEASEQ_LEASE_MARGIN_SECONDS": "3",
         "LEASEQ_JOB_TIMEOUT_SECONDS": "12.5", "LEASEQ_REAPER_LIMIT": "500",
+        "LEASEQ_RETENTION_DAYS": "2.5",
         "LEASEQ_WORKER_ID": "blue", "UNRELATED": "ignored",
     })
     db, worker = settings.database, settings.worker
@@ -37,7 +40,13 @@ def test_every_documented_variable_is_read() -> None:
         "arn:aws:secretsmanager:us-east-1:1:secret:x", 60)
     assert (worker.handlers_module, worker.batch_size, worker.lease_margin_seconds,
             worker.job_timeout_seconds, worker.worker_id) == ("billing.jobs", 25, 3.0, 12.5, "blue")
-    assert settings.reaper.limit == 500
+    assert (settings.reaper.limit, settings.reaper.retention) == (500, timedelta(days=2.5))
+
+
+def test_finished_jobs_are_kept_two_weeks_unless_told_otherwise() -> None:
+    assert LeaseqSettings.from_env({"DATABASE_URL": DSN}).reaper.retention == timedelta(days=14)
+    kept = LeaseqSettings.from_env({"DATABASE_URL": DSN, "LEASEQ_RETENTION_DAYS": "0"})
+    assert kept.reaper.retention is None
 
 
 def test_empty_variables_count_as_unset() -> None:
@@ -55,6 +64,7 @@ def test_no_way_to_the_database_is_a_configuration_error_naming_the_options() ->
     ({"LEASEQ_BATCH_SIZE": "0"}, "LEASEQ_BATCH_SIZE: Input should be greater than or equal to 1"),
     ({"LEASEQ_BATCH_SIZE": "ten"}, "LEASEQ_BATCH_SIZE: Input should be a valid integer"),
     ({"LEASEQ_REAPER_LIMIT": "10001"}, "LEASEQ_REAPER_LIMIT: Input should be less than"),
+    ({"LEASEQ_RETENTION_DAYS": "-1"}, "LEASEQ_RETENTION_DAYS: Input should be greater than"),
     ({"LEASEQ_LEASE_MARGIN_SECONDS": "0.1"}, "LEASEQ_LEASE_MARGIN_SECONDS"),
     ({"LEASEQ_JOB_TIMEOUT_SECONDS": "-1"}, "LEASEQ_JOB_TIMEOUT_SECONDS"),
     ({"LEASEQ_DB_SSLMODE": "on"}, "LEASEQ_DB_SSLMODE"),
