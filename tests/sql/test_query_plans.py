@@ -263,6 +263,26 @@ def test_claims_read_jobs_through_the_claimable_index_and_sort_only_a_batch(
     assert "jobs_claimable_idx" in indexes_used(plans)
 
 
+def test_finish_finds_each_job_by_its_primary_key_not_by_walking_the_running_ones(
+    capture: PlanCapture,
+) -> None:
+    plans: list[Plan] = []
+    for _ in range(CALLS):
+        claimed, _ = capture.run(
+            "select tenant_id, id, lease_token from app.claim_ready_jobs('plan-check', 10)")
+        rows, captured = capture.run(
+            "select job_id from app.finish_jobs('plan-check', %s, %s, %s, %s, %s, %s)",
+            ([r["tenant_id"] for r in claimed], [r["id"] for r in claimed],
+             [r["lease_token"] for r in claimed], ["succeeded"] * len(claimed),
+             [None] * len(claimed), [None] * len(claimed)))
+        assert len(rows) == len(claimed) == 10
+        plans += [p for p in captured if "update app.jobs" in p.query]
+
+    assert plans, "auto_explain captured no finish"
+    assert seq_scans_of_jobs(plans) == []
+    assert indexes_used(plans) == {"jobs_pkey"}
+
+
 def _markdown(cluster: Cluster) -> str:
     """The plans of one call of each function, as docs/sql-plans.md shows them."""
     database = build_big_queue(cluster)
