@@ -352,3 +352,18 @@ def test_a_repeat_enqueue_of_a_running_job_does_not_reveal_its_lease_token(
     assert (again["id"], again["state"]) == (running["id"], "running")
     assert again["lease_owner"] == running["lease_owner"]
     assert again["lease_token"] is None
+
+
+def test_the_payload_must_be_an_object_on_write_and_is_not_read_again_by_updates(
+        owner: Conn) -> None:
+    """0009: the rule lives on the column's domain, so it holds for every write of the
+    column (even the owner's own INSERT), while claims and finishes, which never set
+    the payload, do not read a possibly large, toasted value back just to re-check it."""
+    with raises_sqlstate("23514", "job_payload_is_object"):
+        owner.execute(
+            "insert into app.jobs (tenant_id, operation_key, kind, payload)"
+            " values (gen_random_uuid(), 'not-an-object', 'k', '[1, 2]')")
+    table_checks_reading_the_payload = owner.execute(
+        "select conname from pg_constraint where conrelid = 'app.jobs'::regclass"
+        " and contype = 'c' and pg_get_constraintdef(oid) like '%payload%'").fetchall()
+    assert table_checks_reading_the_payload == []
