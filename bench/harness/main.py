@@ -52,6 +52,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "creates and drops its own databases there")
     p.add_argument("--jobs", type=int, default=20_000, help="jobs per drain (%(default)s)")
     p.add_argument("--tenants", type=int, default=10, help="tenants (%(default)s)")
+    p.add_argument("--payload-bytes", type=int, default=0, metavar="N",
+                   help="pad every job's payload to about N bytes of JSON (default: a few "
+                        "bytes); large payloads show what a system reads per job")
     p.add_argument("--runs", type=int, default=3, help="timed runs per line (%(default)s)")
     p.add_argument("--systems", default="leaseq,leaseq-sql,pgqueuer,procrastinate,ceiling",
                    help="comma-separated subset of the default: %(default)s")
@@ -139,10 +142,10 @@ class Bench:
             # within seconds pays the full-page images a steady queue would (few).
             self.server.checkpoint()
             if system is None:
-                leaseq_enqueue(dsn, jobs, self.args.tenants)
+                leaseq_enqueue(dsn, jobs, self.args.tenants, self.args.payload_bytes)
                 analyze(dsn, ["app.jobs", "app.job_events"])
             else:
-                system.enqueue(dsn, jobs, self.args.tenants)
+                system.enqueue(dsn, jobs, self.args.tenants, self.args.payload_bytes)
                 analyze(dsn, list(system.tables))
             settled = machine.wait_until_quiet(settle) if settle > 0 else None
             if is_ceiling:
@@ -202,6 +205,7 @@ def main(argv: list[str]) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     setup = {
         "jobs": args.jobs, "tenants": args.tenants, "runs": args.runs, "batch": 10,
+        "payload_bytes": args.payload_bytes,
         "cells": [c.name for c in cells], "rt_jobs": args.rt_jobs,
         "server": facts, "pgbench": bench.pgbench is not None,
         "server_cpu_meter": bench.postmaster is not None,

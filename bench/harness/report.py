@@ -131,6 +131,11 @@ def _migrations(setup: dict[str, Any]) -> str:
     return f"{min(versions):04d}-{max(versions):04d}" if versions else "?"
 
 
+def _payload(setup: dict[str, Any]) -> str:
+    size = setup.get("payload_bytes") or 0
+    return f" with {size:,}-byte payloads" if size else ""
+
+
 def _fmt(value: float | None, spec: str) -> str:
     return "–" if value is None else format(value, spec)
 
@@ -139,7 +144,8 @@ def render(results: dict[str, Any]) -> str:
     summary = results["summary"]
     setup = results["setup"]
     lines = [
-        f"{setup['jobs']:,} no-op jobs, {setup['tenants']} tenants, batch {setup['batch']}, "
+        f"{setup['jobs']:,} no-op jobs{_payload(setup)}, {setup['tenants']} tenants, "
+        f"batch {setup['batch']}, "
         f"median of {setup['runs']} runs; {setup['server']['version'].split(' on ')[0]}, "
         f"{setup['server']['cpus']} CPUs",
         f"leaseq schema: migrations {_migrations(setup)}; source {setup.get('source', '?')}",

@@ -8,6 +8,8 @@ and procrastinate have no tenants, so the tenant number only travels in the payl
 from __future__ import annotations
 
 import asyncio
+import json
+import random
 import uuid
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -16,6 +18,15 @@ from harness.pg import as_url, connect
 
 BATCH = 10
 ENQUEUE_CHUNK = 1000
+
+
+def payload(n: int, tenant: int, size: int) -> dict[str, Any]:
+    """Job n's payload: its number and tenant, padded to about ``size`` bytes of JSON
+    with text that is the same in every run and compresses about as well as hex does."""
+    document: dict[str, Any] = {"tenant": tenant, "n": n}
+    if size > 0:
+        document["pad"] = random.Random(n).randbytes(max(0, size - 40) // 2).hex()
+    return document
 
 
 def tenant_ids(tenants: int) -> list[uuid.UUID]:
@@ -29,7 +40,7 @@ class System(Protocol):
     tables: tuple[str, ...]
 
     def install(self, dsn: str) -> None: ...
-    def enqueue(self, dsn: str, jobs: int, tenants: int) -> None: ...
+    def enqueue(self, dsn: str, jobs: int, tenants: int, payload_bytes: int) -> None: ...
     def commands(self, dsn: str, concurrency: int) -> list[list[str]]: ...
     def finished(self, dsn: str) -> int: ...
 
@@ -63,12 +74,13 @@ def leaseq_install(dsn: str) -> None:
         conn.close()
 
 
-def leaseq_enqueue(dsn: str, jobs: int, tenants: int) -> None:
+def leaseq_enqueue(dsn: str, jobs: int, tenants: int, payload_bytes: int = 0) -> None:
     """Through app.enqueue_jobs, 1,000 per call, tenants interleaved (round robin)."""
     ids = tenant_ids(tenants)
+    chunk = ENQUEUE_CHUNK if payload_bytes < 10_000 else 50
     with connect(dsn) as conn:
-        for start in range(0, jobs, ENQUEUE_CHUNK):
-            ns = range(start, min(start + ENQUEUE_CHUNK, jobs))
+        for start in range(0, jobs, chunk):
+            ns = range(start, min(start + chunk, jobs))
             conn.execute(
                 "select count(*) from app.enqueue_jobs(%s::uuid[], %s::text[], %s::text[],"
                 " %s::jsonb[])",
@@ -76,7 +88,7 @@ def leaseq_enqueue(dsn: str, jobs: int, tenants: int) -> None:
                     [ids[n % tenants] for n in ns],
                     [f"op-{n}" for n in ns],
                     ["noop"] * len(ns),
-                    [f'{{"n": {n}}}' for n in ns],
+                    [json.dumps(payload(n, n % tenants, payload_bytes)) for n in ns],
                 ),
             ).fetchall()
 
@@ -104,8 +116,8 @@ class LeaseqSqlFloor:
     def install(self, dsn: str) -> None:
         leaseq_install(dsn)
 
-    def enqueue(self, dsn: str, jobs: int, tenants: int) -> None:
-        leaseq_enqueue(dsn, jobs, tenants)
+    def enqueue(self, dsn: str, jobs: int, tenants: int, payload_bytes: int) -> None:
+        leaseq_enqueue(dsn, jobs, tenants, payload_bytes)
 
     def commands(self, dsn: str, concurrency: int) -> list[list[str]]:
         return [
@@ -129,7 +141,8 @@ class LeaseqLibrary(LeaseqSqlFloor):
 # PgQueuer ----------------------------------------------------------------------------
 
 
-async def _pgqueuer(dsn: str, action: str, jobs: int = 0, tenants: int = 1) -> Any:
+async def _pgqueuer(dsn: str, action: str, jobs: int = 0, tenants: int = 1,
+                    payload_bytes: int = 0) -> Any:
     import asyncpg
     from pgqueuer import AsyncpgDriver, Queries
 
@@ -144,7 +157,7 @@ async def _pgqueuer(dsn: str, action: str, jobs: int = 0, tenants: int = 1) -> A
                 ns = range(start, min(start + ENQUEUE_CHUNK, jobs))
                 await queries.enqueue(
                     ["noop"] * len(ns),
-                    [f'{{"tenant": {n % tenants}, "n": {n}}}'.encode() for n in ns],
+                    [json.dumps(payload(n, n % tenants, payload_bytes)).encode() for n in ns],
                     [0] * len(ns),
                 )
             return None
@@ -169,8 +182,8 @@ class PgQueuerSystem:
     def install(self, dsn: str) -> None:
         asyncio.run(_pgqueuer(dsn, "install"))
 
-    def enqueue(self, dsn: str, jobs: int, tenants: int) -> None:
-        asyncio.run(_pgqueuer(dsn, "enqueue", jobs, tenants))
+    def enqueue(self, dsn: str, jobs: int, tenants: int, payload_bytes: int) -> None:
+        asyncio.run(_pgqueuer(dsn, "enqueue", jobs, tenants, payload_bytes))
 
     def commands(self, dsn: str, concurrency: int) -> list[list[str]]:
         return [["-m", "harness.workers.pgqueuer_drain", as_url(dsn), str(BATCH)]
@@ -183,7 +196,8 @@ class PgQueuerSystem:
 # procrastinate -----------------------------------------------------------------------
 
 
-async def _procrastinate(dsn: str, action: str, jobs: int = 0, tenants: int = 1) -> None:
+async def _procrastinate(dsn: str, action: str, jobs: int = 0, tenants: int = 1,
+                         payload_bytes: int = 0) -> None:
     from harness.workers.procrastinate_app import build_app
 
     app = build_app(dsn)
@@ -194,7 +208,7 @@ async def _procrastinate(dsn: str, action: str, jobs: int = 0, tenants: int = 1)
             task = app.tasks["noop"]
             for start in range(0, jobs, ENQUEUE_CHUNK):
                 ns = range(start, min(start + ENQUEUE_CHUNK, jobs))
-                kwargs: list[dict[str, Any]] = [{"n": n} for n in ns]
+                kwargs = [payload(n, n % tenants, payload_bytes) for n in ns]
                 await task.batch_defer_async(*kwargs)
         else:
             raise ValueError(action)
@@ -210,8 +224,8 @@ class ProcrastinateSystem:
     def install(self, dsn: str) -> None:
         asyncio.run(_procrastinate(dsn, "install"))
 
-    def enqueue(self, dsn: str, jobs: int, tenants: int) -> None:
-        asyncio.run(_procrastinate(dsn, "enqueue", jobs, tenants))
+    def enqueue(self, dsn: str, jobs: int, tenants: int, payload_bytes: int) -> None:
+        asyncio.run(_procrastinate(dsn, "enqueue", jobs, tenants, payload_bytes))
 
     def commands(self, dsn: str, concurrency: int) -> list[list[str]]:
         return [["-m", "harness.workers.procrastinate_drain", dsn,

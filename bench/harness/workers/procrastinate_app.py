@@ -16,7 +16,7 @@ def build_app(dsn: str, *, pool_size: int = 4) -> procrastinate.App:
     )
 
     @app.task(name="noop")
-    async def noop(n: int) -> None:
+    async def noop(n: int, tenant: int = 0, pad: str = "") -> None:
         global processed
         processed += 1
 
