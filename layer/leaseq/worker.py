@@ -211,32 +211,33 @@ class Worker:
         """
         pending: list[_Ran] = []
         pending_lease_end = 0.0  # the latest lease end among ``pending``
-        lease_end = dict.fromkeys((job.id for job in jobs), lease_ends_at)
         unstarted: list[ClaimedJob] = []
+        margin = self.config.lease_margin
         for position, job in enumerate(jobs):
             registration = self.registry.get(job.kind)
             budget = self._budget(registration)
             now = deadline.remaining()
-            if now - self.config.lease_margin - FINISH_RESERVE < budget:
+            if now - margin - FINISH_RESERVE < budget:
                 unstarted = jobs[position:]
                 break
             recorded_by = now - budget - FINISH_RESERVE
             if pending and pending_lease_end > recorded_by:
                 self._record(pending, report)
                 pending, pending_lease_end = [], 0.0
-            if lease_end[job.id] > recorded_by:
+            lease_end = lease_ends_at
+            if lease_end > recorded_by:
                 renewed = self._renew(job, deadline)
                 if renewed is None:
                     report.lost_leases += 1
                     self._observe(job, "retry", None)
                     continue
-                lease_end[job.id] = renewed
+                lease_end = renewed
             lag = max(0.0, (self._now() - job.available_at).total_seconds())
             started = self._timer()
             with running(job):
                 outcome = self._run_one(job, registration, budget, deadline, limit)
             pending.append((outcome, self._timer() - started, lag))
-            pending_lease_end = max(pending_lease_end, lease_end[job.id])
+            pending_lease_end = max(pending_lease_end, lease_end)
         if not unstarted:
             return True, pending
         self._record(pending, report)
