@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import machine, meters, report, secondary, source
-from harness.ceiling import run_ceiling
+from harness.ceiling import REFERENCE_SCRIPT, SCRIPT, run_ceiling
 from harness.drain import DrainResult, run_drain
 from harness.pg import Server, analyze, connect, find_pgbench
 from harness.systems import (
@@ -23,11 +23,17 @@ from harness.systems import (
     leaseq_finished,
     leaseq_install,
     pin_migrations,
+    reference_enqueue,
+    reference_install,
 )
 from harness.wire import RoundTripRelay
 
 BENCH_DIR = Path(__file__).resolve().parent.parent
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+#: The pgbench lines: the script, and the schema it runs on.
+CEILINGS = {"ceiling": SCRIPT, "ceiling-reference": REFERENCE_SCRIPT}
 
 
 @dataclass(frozen=True)
@@ -56,7 +62,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="pad every job's payload to about N bytes of JSON (default: a few "
                         "bytes); large payloads show what a system reads per job")
     p.add_argument("--runs", type=int, default=3, help="timed runs per line (%(default)s)")
-    p.add_argument("--systems", default="leaseq,leaseq-sql,pgqueuer,procrastinate,ceiling",
+    p.add_argument("--systems",
+                   default="leaseq,leaseq-sql,pgqueuer,procrastinate,ceiling,ceiling-reference",
                    help="comma-separated subset of the default: %(default)s")
     p.add_argument("--leaseq-concurrency", default="1,4", help="(default %(default)s)")
     p.add_argument("--peer-concurrency", default="4",
@@ -100,9 +107,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def plan(args: argparse.Namespace) -> list[Cell]:
     wanted = [s.strip() for s in args.systems.split(",") if s.strip()]
-    unknown = [s for s in wanted if s not in SYSTEMS and s != "ceiling"]
+    unknown = [s for s in wanted if s not in SYSTEMS and s not in CEILINGS]
     if unknown:
-        raise SystemExit(f"unknown systems {unknown}; choose from {[*SYSTEMS, 'ceiling']}")
+        raise SystemExit(f"unknown systems {unknown}; choose from {[*SYSTEMS, *CEILINGS]}")
     leaseq_c = [int(c) for c in args.leaseq_concurrency.split(",")]
     peer_c = [int(c) for c in args.peer_concurrency.split(",")]
     cells = []
@@ -130,10 +137,13 @@ class Bench:
     def run_cell(self, cell: Cell, jobs: int, *, relay: RoundTripRelay | None = None,
                  tag: str = "", settle: float = 0.0) -> DrainResult:
         dbname = f"leaseq_bench_{cell.key.replace('-', '_')}_c{cell.concurrency}{tag}"
-        is_ceiling = cell.key == "ceiling"
+        is_ceiling = cell.key in CEILINGS
+        on_reference = cell.key == "ceiling-reference"
         system = None if is_ceiling else SYSTEMS[cell.key]
         with self.server.database(dbname, keep=self.args.keep_databases) as dsn:
-            if system is None:
+            if on_reference:
+                reference_install(dsn)
+            elif system is None:
                 leaseq_install(dsn)
             else:
                 system.install(dsn)
@@ -142,7 +152,8 @@ class Bench:
             # within seconds pays the full-page images a steady queue would (few).
             self.server.checkpoint()
             if system is None:
-                leaseq_enqueue(dsn, jobs, self.args.tenants, self.args.payload_bytes)
+                enqueue = reference_enqueue if on_reference else leaseq_enqueue
+                enqueue(dsn, jobs, self.args.tenants, self.args.payload_bytes)
                 analyze(dsn, ["app.jobs", "app.job_events"])
             else:
                 system.enqueue(dsn, jobs, self.args.tenants, self.args.payload_bytes)
@@ -155,8 +166,9 @@ class Bench:
                     self.pgbench, dsn, jobs, cell.concurrency,
                     cpu_meter=self._cpu_meter(dbname), walinspect=walinspect,
                     relay=(lambda: relay.round_trips) if relay else None,
-                    relay_dsn=relay.dsn_for(dsn) if relay else None, nice=self.args.nice)
-                finished = leaseq_finished(dsn)
+                    relay_dsn=relay.dsn_for(dsn) if relay else None, nice=self.args.nice,
+                    script=CEILINGS[cell.key])
+                finished = result.jobs if on_reference else leaseq_finished(dsn)
             else:
                 assert system is not None
                 worker_dsn = relay.dsn_for(dsn) if relay else dsn

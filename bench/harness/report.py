@@ -11,6 +11,7 @@ LABELS = {
     "pgqueuer": "PgQueuer 1.6.0",
     "procrastinate": "procrastinate 3.10.0",
     "ceiling": "set-based SQL ceiling (pgbench)",
+    "ceiling-reference": "the same ceiling on the reference schema",
 }
 
 # The targets, as (description, comparison, limit).

@@ -12,7 +12,10 @@ import json
 import random
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
+
+from psycopg import sql
 
 from harness.pg import as_url, connect
 
@@ -103,6 +106,35 @@ def leaseq_enqueue(dsn: str, jobs: int, tenants: int, payload_bytes: int = 0) ->
                     [json.dumps(payload(n, n % tenants, payload_bytes)) for n in ns],
                 ),
             ).fetchall()
+
+
+#: The reference schema as the product received it (a copy the upgrade test applies).
+REFERENCE_SCHEMA = (Path(__file__).resolve().parents[2]
+                    / "tests" / "migrations" / "fixtures" / "reference-schema.sql")
+
+
+def reference_install(dsn: str) -> None:
+    """The reference schema, applied as written by a superuser (it needs the group
+    roles to exist and grants to them)."""
+    with connect(dsn) as conn:
+        for role in ("service_role", "authenticated"):
+            found = conn.execute("select 1 from pg_roles where rolname = %s", (role,))
+            if found.fetchone() is None:
+                conn.execute(sql.SQL("create role {} nologin").format(sql.Identifier(role)))
+        conn.execute(REFERENCE_SCHEMA.read_text(encoding="utf-8").encode())
+
+
+def reference_enqueue(dsn: str, jobs: int, tenants: int, payload_bytes: int = 0) -> None:
+    """Set-based INSERTs (the reference has no enqueue function), tenants interleaved."""
+    ids = tenant_ids(tenants)
+    with connect(dsn) as conn:
+        for start in range(0, jobs, ENQUEUE_CHUNK):
+            ns = range(start, min(start + ENQUEUE_CHUNK, jobs))
+            conn.execute(
+                "insert into app.jobs (tenant_id, operation_key, kind, payload)"
+                " select * from unnest(%s::uuid[], %s::text[], %s::text[], %s::jsonb[])",
+                ([ids[n % tenants] for n in ns], [f"op-{n}" for n in ns], ["noop"] * len(ns),
+                 [json.dumps(payload(n, n % tenants, payload_bytes)) for n in ns]))
 
 
 def leaseq_finished(dsn: str) -> int:
