@@ -20,7 +20,6 @@ from harness.drain import DrainResult, measured
 from harness.pg import connect
 
 SCRIPT = Path(__file__).resolve().parent.parent / "ceiling.sql"
-REFERENCE_SCRIPT = SCRIPT.with_name("ceiling_reference.sql")
 BATCH = 10
 
 _TPS = re.compile(r"tps = ([0-9.]+) \(without initial connection time\)")
@@ -42,13 +41,12 @@ def run_ceiling(
     relay: Callable[[], int] | None = None,
     relay_dsn: str | None = None,
     nice: int = 0,
-    script: Path = SCRIPT,
 ) -> DrainResult:
     """Run pgbench once over a database holding ``jobs`` enqueued jobs."""
     threads = max(1, min(clients, 2))
     command = [
         pgbench, "-n", "-M", "simple", "-c", str(clients), "-j", str(threads),
-        "-t", str(transactions_per_client(jobs, clients)), "-f", str(script),
+        "-t", str(transactions_per_client(jobs, clients)), "-f", str(SCRIPT),
         relay_dsn or dsn,
     ]
     with connect(dsn) as probe:

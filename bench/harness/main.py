@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import machine, meters, report, secondary, source
-from harness.ceiling import REFERENCE_SCRIPT, SCRIPT, run_ceiling
+from harness.ceiling import run_ceiling
 from harness.drain import DrainResult, run_drain
 from harness.pg import Server, analyze, connect, find_pgbench
 from harness.systems import (
@@ -32,8 +32,8 @@ BENCH_DIR = Path(__file__).resolve().parent.parent
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
-#: The pgbench lines: the script, and the schema it runs on.
-CEILINGS = {"ceiling": SCRIPT, "ceiling-reference": REFERENCE_SCRIPT}
+#: The pgbench lines: bench/ceiling.sql on leaseq's schema, and on the reference schema.
+CEILINGS = ("ceiling", "ceiling-reference")
 
 
 @dataclass(frozen=True)
@@ -166,8 +166,7 @@ class Bench:
                     self.pgbench, dsn, jobs, cell.concurrency,
                     cpu_meter=self._cpu_meter(dbname), walinspect=walinspect,
                     relay=(lambda: relay.round_trips) if relay else None,
-                    relay_dsn=relay.dsn_for(dsn) if relay else None, nice=self.args.nice,
-                    script=CEILINGS[cell.key])
+                    relay_dsn=relay.dsn_for(dsn) if relay else None, nice=self.args.nice)
                 finished = result.jobs if on_reference else leaseq_finished(dsn)
             else:
                 assert system is not None

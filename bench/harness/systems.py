@@ -115,13 +115,15 @@ REFERENCE_SCHEMA = (Path(__file__).resolve().parents[2]
 
 def reference_install(dsn: str) -> None:
     """The reference schema, applied as written by a superuser (it needs the group
-    roles to exist and grants to them)."""
+    roles to exist and grants to them), plus the one column bench/ceiling.sql writes
+    that it lacks: the events' lease_token (nullable, no index)."""
     with connect(dsn) as conn:
         for role in ("service_role", "authenticated"):
             found = conn.execute("select 1 from pg_roles where rolname = %s", (role,))
             if found.fetchone() is None:
                 conn.execute(sql.SQL("create role {} nologin").format(sql.Identifier(role)))
         conn.execute(REFERENCE_SCHEMA.read_text(encoding="utf-8").encode())
+        conn.execute("alter table app.job_events add column lease_token uuid")
 
 
 def reference_enqueue(dsn: str, jobs: int, tenants: int, payload_bytes: int = 0) -> None:
