@@ -1,9 +1,10 @@
 """drain(): claim a batch, run it, record it, until the queue is empty or time is short.
 
-One pass per call (the scheduler is the loop). Each batch costs two statements: one
-fair claim across tenants and one finish that records every outcome with its audit
-rows. Outcomes are fenced by lease token, so a worker that lost its lease cannot
-overwrite what another worker did; that case is counted, logged and survived.
+One pass per call (the scheduler is the loop). Each batch costs one statement: the
+fair claim of the next batch across tenants travels with the finish that records the
+previous batch's outcomes and their audit rows. Outcomes are fenced by lease token, so
+a worker that lost its lease cannot overwrite what another worker did; that case is
+counted, logged and survived.
 """
 
 from __future__ import annotations

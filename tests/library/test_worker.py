@@ -73,6 +73,19 @@ def test_drain_runs_every_ready_job_and_reports_each_outcome(
     assert states(owner) == {"succeeded": 25, "retry_wait": 1, "dead": 1}
 
 
+def test_a_handler_that_returns_nothing_leaves_a_json_null_result(
+        client: QueueClient, owner: Conn) -> None:
+    registry = Registry()
+    registry.register("quiet", lambda payload, ctx: None)
+    (job_id,) = enqueue(client, uuid.uuid4(), kind="quiet")
+
+    assert make_worker(client, registry).drain(FakeDeadline(60)).succeeded == 1
+
+    row = owner.execute("select result is null as sql_null, jsonb_typeof(result) as type"
+                        " from app.jobs where id = %s", (job_id,)).fetchone()
+    assert row == {"sql_null": False, "type": "null"}
+
+
 def test_drain_claims_nothing_when_the_time_left_is_less_than_a_job_may_need(
         client: QueueClient, owner: Conn) -> None:
     (job_id,) = enqueue(client, uuid.uuid4())
