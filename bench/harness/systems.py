@@ -13,7 +13,7 @@ import random
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, LiteralString, Protocol
 
 from psycopg import sql
 
@@ -89,23 +89,29 @@ def leaseq_install(dsn: str) -> None:
         conn.close()
 
 
-def leaseq_enqueue(dsn: str, jobs: int, tenants: int, payload_bytes: int = 0) -> None:
-    """Through app.enqueue_jobs, 1,000 per call, tenants interleaved (round robin)."""
+def _enqueue_in_chunks(dsn: str, statement: LiteralString, jobs: int, tenants: int,
+                       payload_bytes: int) -> None:
+    """Run ``statement`` over chunks of jobs given as four arrays (tenant ids, operation
+    keys, kinds, payloads), tenants interleaved round robin; smaller chunks for large
+    payloads, so that one statement stays a few megabytes."""
     ids = tenant_ids(tenants)
     chunk = ENQUEUE_CHUNK if payload_bytes < 10_000 else 50
     with connect(dsn) as conn:
         for start in range(0, jobs, chunk):
             ns = range(start, min(start + chunk, jobs))
-            conn.execute(
-                "select count(*) from app.enqueue_jobs(%s::uuid[], %s::text[], %s::text[],"
-                " %s::jsonb[])",
-                (
-                    [ids[n % tenants] for n in ns],
-                    [f"op-{n}" for n in ns],
-                    ["noop"] * len(ns),
-                    [json.dumps(payload(n, n % tenants, payload_bytes)) for n in ns],
-                ),
-            ).fetchall()
+            conn.execute(statement, (
+                [ids[n % tenants] for n in ns],
+                [f"op-{n}" for n in ns],
+                ["noop"] * len(ns),
+                [json.dumps(payload(n, n % tenants, payload_bytes)) for n in ns],
+            )).fetchall()
+
+
+def leaseq_enqueue(dsn: str, jobs: int, tenants: int, payload_bytes: int = 0) -> None:
+    """Through leaseq's own batch API, app.enqueue_jobs."""
+    _enqueue_in_chunks(
+        dsn, "select count(*) from app.enqueue_jobs(%s::uuid[], %s::text[], %s::text[],"
+             " %s::jsonb[])", jobs, tenants, payload_bytes)
 
 
 #: The reference schema as the product received it (a copy the upgrade test applies).
@@ -127,16 +133,12 @@ def reference_install(dsn: str) -> None:
 
 
 def reference_enqueue(dsn: str, jobs: int, tenants: int, payload_bytes: int = 0) -> None:
-    """Set-based INSERTs (the reference has no enqueue function), tenants interleaved."""
-    ids = tenant_ids(tenants)
-    with connect(dsn) as conn:
-        for start in range(0, jobs, ENQUEUE_CHUNK):
-            ns = range(start, min(start + ENQUEUE_CHUNK, jobs))
-            conn.execute(
-                "insert into app.jobs (tenant_id, operation_key, kind, payload)"
-                " select * from unnest(%s::uuid[], %s::text[], %s::text[], %s::jsonb[])",
-                ([ids[n % tenants] for n in ns], [f"op-{n}" for n in ns], ["noop"] * len(ns),
-                 [json.dumps(payload(n, n % tenants, payload_bytes)) for n in ns]))
+    """Set-based INSERTs: the reference has no enqueue function."""
+    _enqueue_in_chunks(
+        dsn, "with added as (insert into app.jobs (tenant_id, operation_key, kind, payload)"
+             " select * from unnest(%s::uuid[], %s::text[], %s::text[], %s::jsonb[])"
+             " returning 1) select count(*) from added",
+        jobs, tenants, payload_bytes)
 
 
 def leaseq_finished(dsn: str) -> int:
