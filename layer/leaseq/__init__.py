@@ -12,6 +12,7 @@ from leaseq.errors import (
     JobNotFoundError,
     LeaseLostError,
     LeaseqError,
+    MigrationBlockedError,
     PermissionDeniedError,
     SchemaVersionError,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "LeaseLostError",
     "LeaseqError",
     "LeaseqSettings",
+    "MigrationBlockedError",
     "MigrationReport",
     "MonotonicDeadline",
     "PermissionDeniedError",

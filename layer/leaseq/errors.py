@@ -53,6 +53,14 @@ class PermissionDeniedError(DatabaseError):
     """The connected role lacks a privilege (42501); retrying will not help."""
 
 
+class MigrationBlockedError(DatabaseError):
+    """A migration could not take its table locks in time (55P03) and was not applied.
+
+    Raised by :func:`leaseq.migrate.migrate` after its retries, instead of waiting for
+    ever behind a long transaction while every claim waits behind the migration.
+    """
+
+
 #: SQLSTATE (or class prefix) -> error type. The longest matching prefix wins.
 SQLSTATE_ERRORS: dict[str, type[LeaseqError]] = {
     "22023": InvalidRequestError,

@@ -338,7 +338,9 @@ def test_only_service_role_may_call_the_operator_functions(
             refused.execute(OPERATOR_CALLS[name].encode())
 
 
-def test_the_operator_functions_run_as_the_owner_with_an_empty_search_path(owner: Conn) -> None:
+def test_the_operator_functions_run_as_the_owner_searching_pg_catalog_before_pg_temp(
+    owner: Conn,
+) -> None:
     rows = owner.execute(
         "select proname, prosecdef, proconfig from pg_proc"
         " where pronamespace = 'app'::regnamespace and proname = any(%s)",
@@ -347,4 +349,4 @@ def test_the_operator_functions_run_as_the_owner_with_an_empty_search_path(owner
     assert {r["proname"] for r in rows} == set(OPERATOR_CALLS)
     for row in rows:
         assert row["prosecdef"], row["proname"]
-        assert row["proconfig"] == ['search_path=""'], row["proname"]
+        assert row["proconfig"] == ["search_path=pg_catalog, pg_temp"], row["proname"]

@@ -75,6 +75,7 @@ app.jobs              SIUDT  -      S      -
 app.job_events        SIUDT  -      S      -
 app.tenant_readers    SIUDT  -      S      -
 app.schema_migrations SIUDT  -      -      -
+app.schema_functions  SIUDT  -      -      -
 """
 
 #: Columns a role with SELECT on the table may still not read.

@@ -8,16 +8,24 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from leaseq.db import connect
-from leaseq.errors import DatabaseError, PermissionDeniedError, SchemaVersionError
+from leaseq.errors import (
+    DatabaseError,
+    MigrationBlockedError,
+    PermissionDeniedError,
+    SchemaVersionError,
+)
 from leaseq.migrate import (
     MIGRATION_LOCK_KEY,
+    FunctionFile,
     Migration,
     MigrationReport,
+    load_functions,
     load_migrations,
     migrate,
     pending,
@@ -30,6 +38,8 @@ from tests.support.postgres import Cluster, Conn
 
 ALL = load_migrations()
 VERSIONS = tuple(m.version for m in ALL)
+FUNCTIONS = load_functions()
+FUNCTION_FILES = tuple(f.file for f in FUNCTIONS)
 
 
 def _recorded(conn: Conn) -> list[dict[str, Any]]:
@@ -66,7 +76,9 @@ def test_fresh_database_gets_every_migration_in_order_with_its_checksum(fresh: D
         report = migrate(conn)
         rows = _recorded(conn)
 
-    assert report == MigrationReport(applied=VERSIONS, current_version=VERSIONS[-1])
+    assert report == MigrationReport(
+        applied=VERSIONS, current_version=VERSIONS[-1], functions_applied=FUNCTION_FILES
+    )
     assert [(r["version"], r["name"], r["checksum"]) for r in rows] == [
         (m.version, m.name, m.checksum) for m in ALL
     ]
@@ -98,8 +110,10 @@ def test_rerun_is_a_no_op(fresh: Database) -> None:
 
 def test_only_pending_migrations_are_applied(fresh: Database) -> None:
     with connect(fresh.owner_dsn) as conn:
-        assert migrate(conn, ALL[:2]).applied == (1, 2)
-        assert [m.version for m in pending(conn)] == list(VERSIONS[2:])
+        assert migrate(conn, ALL[:2], []).applied == (1, 2)
+        todo = pending(conn)
+        assert [m.version for m in todo if isinstance(m, Migration)] == list(VERSIONS[2:])
+        assert [f.file for f in todo if isinstance(f, FunctionFile)] == list(FUNCTION_FILES)
         assert migrate(conn).applied == VERSIONS[2:]
 
 
@@ -333,3 +347,135 @@ def test_migrate_creates_the_nologin_group_roles_when_absent(private_cluster: Cl
     # Once the roles exist, the owner without CREATEROLE finishes where it stopped.
     with connect(plain) as conn:
         assert migrate(conn).applied == VERSIONS[3:]
+
+
+def test_a_changed_function_file_is_applied_with_the_others_and_recorded(fresh: Database) -> None:
+    with connect(fresh.owner_dsn) as conn:
+        migrate(conn)
+        changed = [
+            replace(f, sql=f.sql + "\ncomment on function app.check_reason(text) is 'edited';\n")
+            if f.file == "checks.sql" else f
+            for f in FUNCTIONS
+        ]
+
+        report = migrate(conn, functions=changed)
+
+        assert report == MigrationReport((), VERSIONS[-1], FUNCTION_FILES)
+        comment = conn.execute(
+            "select obj_description('app.check_reason(text)'::regprocedure) as c"
+        ).fetchone()
+        assert comment == {"c": "edited"}
+        recorded = conn.execute("select file, checksum from app.schema_functions").fetchall()
+        assert {r["file"]: r["checksum"] for r in recorded} == {
+            f.file: f.checksum for f in changed
+        }
+        assert pending(conn, functions=changed) == []
+        assert [f.file for f in pending(conn)] == list(FUNCTION_FILES)
+
+
+def test_a_failing_function_file_leaves_every_definition_as_it_was(fresh: Database) -> None:
+    with connect(fresh.owner_dsn) as conn:
+        migrate(conn)
+        before = _catalog(conn)
+        broken = [*FUNCTIONS, FunctionFile("zz_broken.sql", "select 1 / 0;\n")]
+
+        with pytest.raises(DatabaseError, match="division by zero"):
+            migrate(conn, functions=broken)
+
+        assert _catalog(conn) == before
+        assert pending(conn) == []
+
+
+_ADD_COLUMN = Migration(len(ALL) + 1, "add_probe_column",
+                        "alter table app.jobs add column probe integer;\n")
+
+
+def _claim_durations(database: Database, until: threading.Event) -> list[float]:
+    durations = []
+    with database.connect(postgres.WORKER) as worker:
+        while not until.is_set():
+            started = time.monotonic()
+            worker.execute("select * from app.claim_ready_jobs('w1', 10)").fetchall()
+            durations.append(time.monotonic() - started)
+            time.sleep(0.02)
+    return durations
+
+
+def test_a_migration_behind_an_idle_reader_gives_up_in_time_and_claims_keep_flowing(
+    fresh: Database,
+) -> None:
+    """A claim waits behind a migration's DDL at most the migration's lock_timeout."""
+    with connect(fresh.owner_dsn) as conn:
+        migrate(conn)
+    postgres.grant_group_roles(fresh.cluster)
+    failures: list[BaseException] = []
+    stop = threading.Event()
+
+    def deploy() -> None:
+        try:
+            with connect(fresh.owner_dsn) as conn:
+                migrate(conn, [*ALL, _ADD_COLUMN], lock_timeout=timedelta(milliseconds=300),
+                        lock_attempts=3, sleep=lambda _: time.sleep(0.2))
+        except BaseException as exc:
+            failures.append(exc)
+        finally:
+            stop.set()
+
+    with fresh.connect(postgres.READER) as reader:
+        reader.execute("begin")
+        reader.execute("select count(*) from app.jobs").fetchone()
+        thread = threading.Thread(target=deploy)
+        thread.start()
+        durations = _claim_durations(fresh, stop)
+        thread.join(timeout=30)
+        reader.execute("rollback")
+
+    assert len(failures) == 1
+    assert isinstance(failures[0], MigrationBlockedError)
+    assert "idle in transaction" in str(failures[0])
+    assert failures[0].sqlstate == "55P03"
+    assert durations
+    assert max(durations) < 2.0
+    with fresh.connect(postgres.OWNER) as conn:
+        assert [r["version"] for r in _recorded(conn)] == list(VERSIONS)
+        column = conn.execute(
+            "select count(*) as n from pg_attribute"
+            " where attrelid = 'app.jobs'::regclass and attname = 'probe'"
+        ).fetchone()
+        assert column == {"n": 0}
+
+
+def test_a_blocked_migration_is_applied_once_the_reader_lets_go(fresh: Database) -> None:
+    with connect(fresh.owner_dsn) as conn:
+        migrate(conn)
+    postgres.grant_group_roles(fresh.cluster)
+    with fresh.connect(postgres.READER) as reader, connect(fresh.owner_dsn) as conn:
+        reader.execute("begin")
+        reader.execute("select count(*) from app.jobs").fetchone()
+        pauses: list[float] = []
+
+        def end_reader(seconds: float) -> None:
+            pauses.append(seconds)
+            reader.execute("rollback")
+
+        report = migrate(conn, [*ALL, _ADD_COLUMN], lock_timeout=timedelta(milliseconds=200),
+                         lock_attempts=3, sleep=end_reader)
+
+    assert report.applied == (_ADD_COLUMN.version,)
+    assert len(pauses) == 1
+
+
+def test_a_reader_session_gets_an_idle_in_transaction_timeout_unless_it_chose_a_shorter_one(
+    db: Database,
+) -> None:
+    with db.connect(postgres.READER) as reader:
+        reader.execute("select count(*) from app.jobs").fetchone()
+        assert reader.execute("show idle_in_transaction_session_timeout").fetchone() == {
+            "idle_in_transaction_session_timeout": "1min"
+        }
+    with db.connect(postgres.READER) as reader:
+        reader.execute("set idle_in_transaction_session_timeout = '5s'")
+        reader.execute("select count(*) from app.jobs").fetchone()
+        assert reader.execute("show idle_in_transaction_session_timeout").fetchone() == {
+            "idle_in_transaction_session_timeout": "5s"
+        }

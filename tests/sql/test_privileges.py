@@ -142,13 +142,24 @@ def test_service_role_executes_the_queue_functions_and_no_internal_function(owne
     }
 
 
-def test_every_security_definer_function_pins_an_empty_search_path(owner: Conn) -> None:
+def test_every_function_searches_pg_catalog_first_and_the_temporary_schema_last(
+    owner: Conn,
+) -> None:
+    """An empty search_path still looks in pg_temp first for types and tables.
+
+    So a caller's temporary domain named timestamptz would run inside a SECURITY DEFINER
+    function with the owner's rights (tests/sql/test_temp_schema_shadowing.py shows the
+    attack). Every function of the schema, definer or not, must pin the path.
+    """
     rows = owner.execute(
-        "select oid::regprocedure::text as signature, proconfig from pg_proc"
-        " where pronamespace = 'app'::regnamespace and prosecdef"
+        "select oid::regprocedure::text as signature, prosecdef, proconfig from pg_proc"
+        " where pronamespace = 'app'::regnamespace"
     ).fetchall()
-    assert len(rows) >= len(SERVICE_FUNCTIONS)
-    unpinned = [r["signature"] for r in rows if 'search_path=""' not in (r["proconfig"] or [])]
+    assert sum(r["prosecdef"] for r in rows) >= len(SERVICE_FUNCTIONS)
+    unpinned = [
+        r["signature"] for r in rows
+        if "search_path=pg_catalog, pg_temp" not in (r["proconfig"] or [])
+    ]
     assert unpinned == []
 
 
@@ -415,6 +426,7 @@ def test_owner_is_not_a_superuser_and_does_not_bypass_rls(owner: Conn) -> None:
     assert {r["relname"]: (r["relrowsecurity"], r["relforcerowsecurity"]) for r in forced} == {
         "job_events": (True, False),
         "jobs": (True, False),
+        "schema_functions": (False, False),
         "schema_migrations": (False, False),
         "tenant_readers": (True, False),
     }

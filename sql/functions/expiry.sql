@@ -1,0 +1,94 @@
+-- leaseq functions: release expired leases (the reaper's work).
+--
+-- A lease that ran out means its worker crashed or timed out. The job goes back to
+-- retry_wait (available now) or, at max_attempts, to dead. Limits: 1 .. 1000 per tenant,
+-- 1 .. 10000 across tenants per call.
+
+-- Expired leases go back to retry_wait (available now) or, at max_attempts, to dead.
+-- One statement updates the rows and writes their audit rows; the old owner and token
+-- are kept in the event. p_tenant_id NULL means every tenant (internal use only).
+create or replace function app.release_expired(p_tenant_id uuid, p_limit integer)
+returns integer
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+  v_now timestamptz := clock_timestamp();
+  v_count integer;
+begin
+  with expired as materialized (
+    select j.id, j.lease_owner, j.lease_token
+    from app.jobs j
+    where j.state = 'running'
+      and j.lease_expires_at <= v_now
+      and (p_tenant_id is null or j.tenant_id = p_tenant_id)
+    order by j.lease_expires_at
+    for update skip locked
+    limit p_limit
+  ), released as (
+    update app.jobs j
+    set state = case when j.attempts >= j.max_attempts then 'dead'::app.job_state
+                     else 'retry_wait'::app.job_state end,
+        available_at = case when j.attempts >= j.max_attempts then j.available_at else v_now end,
+        last_error = jsonb_build_object('code', 'LEASE_EXPIRED',
+                                        'retryable', j.attempts < j.max_attempts,
+                                        'leaseOwner', e.lease_owner),
+        lease_owner = null,
+        lease_token = null,
+        lease_expires_at = null,
+        completed_at = case when j.attempts >= j.max_attempts then v_now else null end,
+        updated_at = v_now
+    from expired e
+    where j.id = e.id
+    returning j.id, j.tenant_id, j.state, j.attempts, e.lease_owner, e.lease_token
+  ), audit as (
+    insert into app.job_events (tenant_id, job_id, event_type, actor, lease_token, details, created_at)
+    select r.tenant_id, r.id,
+           case when r.state = 'dead' then 'dead' else 'lease_expired' end,
+           'watchdog', r.lease_token,
+           jsonb_build_object('attempt', r.attempts, 'leaseOwner', r.lease_owner,
+                              'recoveredState', r.state,
+                              'reason', case when r.state = 'dead' then 'lease_expired_at_max_attempts'
+                                             else 'lease_expired' end),
+           v_now
+    from released r
+  )
+  select count(*) into v_count from released;
+  return v_count;
+end;
+$$;
+revoke all on function app.release_expired(uuid, integer) from public;
+
+create or replace function app.release_expired_jobs(
+  p_tenant_id uuid,
+  p_limit integer default 100
+)
+returns integer
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+  perform app.check_required('p_tenant_id', p_tenant_id);
+  perform app.check_range('p_limit', p_limit, 1, 1000);
+  return app.release_expired(p_tenant_id, p_limit);
+end;
+$$;
+revoke all on function app.release_expired_jobs(uuid, integer) from public;
+grant execute on function app.release_expired_jobs(uuid, integer) to service_role;
+
+-- The scheduled reaper's single call: expired leases of every tenant, oldest expiry
+-- first, at most p_limit rows per call, walking jobs_lease_expiry_idx.
+create or replace function app.release_all_expired_jobs(p_limit integer default 1000)
+returns integer
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+  perform app.check_range('p_limit', p_limit, 1, 10000);
+  return app.release_expired(null, p_limit);
+end;
+$$;
+revoke all on function app.release_all_expired_jobs(integer) from public;
+grant execute on function app.release_all_expired_jobs(integer) to service_role;

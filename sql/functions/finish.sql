@@ -1,0 +1,350 @@
+-- leaseq functions: record outcomes.
+--
+-- Every transition here is fenced by owner + lease token + an unexpired lease, and a
+-- stale lease is not an error: the function returns no row, false or NULL. The
+-- single-job completions are thin wrappers over app.finish_jobs, so that every terminal
+-- transition, and the audit row it writes, is expressed exactly once. A retry delay is
+-- 0 .. 30 days (never in the past); a result at most 256 KiB; a batch 1 .. 1000 outcomes.
+
+-- Raises the detailed 22023 message for outcome number p_n; called only when the
+-- set-based check in finish_jobs found that outcome invalid.
+create or replace function app.explain_invalid_outcome(
+  p_n bigint,
+  p_tenant_id uuid,
+  p_job_id uuid,
+  p_token uuid,
+  p_outcome text,
+  p_detail jsonb,
+  p_delay interval
+)
+returns void
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+  if p_tenant_id is null or p_job_id is null or p_token is null then
+    perform app.raise_invalid(format('outcome %s: tenant_id, job_id and token are required', p_n));
+  end if;
+  if p_outcome is null or p_outcome not in ('succeeded', 'retry', 'dead', 'exhausted') then
+    perform app.raise_invalid(format('outcome %s: must be succeeded, retry, dead or exhausted (got %s)',
+      p_n, coalesce(p_outcome, 'NULL')));
+  end if;
+  if p_outcome = 'retry' then
+    perform app.check_interval(format('outcome %s: retry delay', p_n),
+      p_delay, interval '0 seconds', interval '30 days');
+  end if;
+  if p_outcome = 'succeeded' and octet_length(p_detail::text) > 262144 then
+    perform app.raise_invalid(format('outcome %s: result must be at most 262144 bytes as JSON text (got %s)',
+      p_n, octet_length(p_detail::text)));
+  end if;
+end;
+$$;
+revoke all on function app.explain_invalid_outcome(bigint, uuid, uuid, uuid, text, jsonb, interval) from public;
+
+-- Record a batch of outcomes in one statement, each fenced by owner + token + a live
+-- lease. p_outcomes: 'succeeded' (p_details is the result), 'retry' (p_details is the
+-- error; retry_wait after p_retry_delays[i], or dead with reason max_attempts once the
+-- job's attempts are used up), 'dead' (the error; dead at once, reason discarded),
+-- 'exhausted' (the error; dead at once, reason max_attempts: the kind's own retry
+-- policy allowed no more attempts). The batch is validated by one set-based query.
+-- The fences are in the UPDATE's WHERE, which PostgreSQL re-checks on a row updated
+-- concurrently (by the reaper, say), so the rows need no lock beforehand.
+-- Returns one row per outcome that was applied; a stale token simply returns no row.
+create or replace function app.finish_jobs(
+  p_owner text,
+  p_tenant_ids uuid[],
+  p_job_ids uuid[],
+  p_tokens uuid[],
+  p_outcomes text[],
+  p_details jsonb[],
+  p_retry_delays interval[]
+)
+returns table (job_id uuid, state app.job_state)
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+#variable_conflict use_column
+declare
+  v_now timestamptz := clock_timestamp();
+  v_count integer := coalesce(cardinality(p_job_ids), 0);
+  v_bad record;
+begin
+  if p_owner is null or p_owner ~ '^\s*$' or length(p_owner) > 200 then
+    perform app.check_owner(p_owner);
+  end if;
+  if v_count < 1 or v_count > 1000 then
+    perform app.check_range('number of outcomes', v_count, 1, 1000);
+  end if;
+  if coalesce(cardinality(p_tenant_ids), -1) <> v_count
+     or coalesce(cardinality(p_tokens), -1) <> v_count
+     or coalesce(cardinality(p_outcomes), -1) <> v_count
+     or coalesce(cardinality(p_details), -1) <> v_count
+     or coalesce(cardinality(p_retry_delays), -1) <> v_count then
+    perform app.raise_invalid('finish arrays must all have the same length');
+  end if;
+
+  select u.* into v_bad
+  from unnest(p_tenant_ids, p_job_ids, p_tokens, p_outcomes, p_details, p_retry_delays)
+    with ordinality as u(tenant_id, job_id, token, outcome, detail, delay, n)
+  where u.tenant_id is null or u.job_id is null or u.token is null
+     or u.outcome is null or u.outcome not in ('succeeded', 'retry', 'dead', 'exhausted')
+     or (u.outcome = 'retry' and (u.delay is null or u.delay < interval '0 seconds'
+                                  or u.delay > interval '30 days'))
+     or (u.outcome = 'succeeded' and octet_length(u.detail::text) > 262144)
+  order by u.n
+  limit 1;
+  if found then
+    perform app.explain_invalid_outcome(v_bad.n, v_bad.tenant_id, v_bad.job_id, v_bad.token,
+                                        v_bad.outcome, v_bad.detail, v_bad.delay);
+  end if;
+
+  return query
+  with input as (
+    select u.tenant_id, u.job_id, u.token, u.outcome,
+           case when u.outcome = 'succeeded' then coalesce(u.detail, 'null'::jsonb)
+                else app.error_document(u.detail) end as detail,
+           u.delay
+    from unnest(p_tenant_ids, p_job_ids, p_tokens, p_outcomes, p_details, p_retry_delays)
+      as u(tenant_id, job_id, token, outcome, detail, delay)
+  ), finished as (
+    update app.jobs j
+    set state = case
+                  when i.outcome = 'succeeded' then 'succeeded'
+                  when i.outcome = 'retry' and j.attempts < j.max_attempts then 'retry_wait'
+                  else 'dead'
+                end::app.job_state,
+        result = case when i.outcome = 'succeeded' then i.detail else j.result end,
+        last_error = case when i.outcome = 'succeeded' then j.last_error else i.detail end,
+        available_at = case when i.outcome = 'retry' and j.attempts < j.max_attempts
+                            then v_now + i.delay else j.available_at end,
+        lease_owner = null,
+        lease_token = null,
+        lease_expires_at = null,
+        completed_at = case when i.outcome = 'retry' and j.attempts < j.max_attempts
+                            then null else v_now end,
+        updated_at = v_now
+    from input i
+    where j.id = i.job_id
+      and j.tenant_id = i.tenant_id
+      and j.state = 'running'
+      and j.lease_owner = p_owner
+      and j.lease_token = i.token
+      and j.lease_expires_at > v_now
+    returning j.id, j.tenant_id, j.state, j.attempts, j.available_at, i.token, i.outcome, i.detail
+  ), audit as (
+    insert into app.job_events (tenant_id, job_id, event_type, actor, lease_token, details, created_at)
+    select f.tenant_id, f.id,
+           case f.state when 'succeeded' then 'succeeded' when 'dead' then 'dead' else 'retry_scheduled' end,
+           p_owner, f.token,
+           case f.state
+             when 'succeeded' then jsonb_build_object('attempt', f.attempts)
+             when 'dead' then jsonb_build_object(
+               'attempt', f.attempts,
+               'reason', case when f.outcome = 'dead' then 'discarded' else 'max_attempts' end,
+               'error', f.detail)
+             else jsonb_build_object('attempt', f.attempts, 'retryAt', f.available_at, 'error', f.detail)
+           end,
+           v_now
+    from finished f
+  )
+  select f.id, f.state from finished f;
+end;
+$$;
+revoke all on function app.finish_jobs(text, uuid[], uuid[], uuid[], text[], jsonb[], interval[]) from public;
+grant execute on function app.finish_jobs(text, uuid[], uuid[], uuid[], text[], jsonb[], interval[]) to service_role;
+
+create or replace function app.complete_job(
+  p_tenant_id uuid,
+  p_job_id uuid,
+  p_owner text,
+  p_token uuid,
+  p_result jsonb
+)
+returns boolean
+language sql
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+  select exists (
+    select 1 from app.finish_jobs(p_owner, array[p_tenant_id], array[p_job_id], array[p_token],
+                                  array['succeeded'], array[p_result], array[null::interval])
+  )
+$$;
+revoke all on function app.complete_job(uuid, uuid, text, uuid, jsonb) from public;
+grant execute on function app.complete_job(uuid, uuid, text, uuid, jsonb) to service_role;
+
+create or replace function app.fail_job(
+  p_tenant_id uuid,
+  p_job_id uuid,
+  p_owner text,
+  p_token uuid,
+  p_error jsonb,
+  p_retry_delay interval default interval '5 seconds'
+)
+returns app.job_state
+language sql
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+  select (select f.state
+          from app.finish_jobs(p_owner, array[p_tenant_id], array[p_job_id], array[p_token],
+                               array['retry'], array[p_error], array[p_retry_delay]) f)
+$$;
+revoke all on function app.fail_job(uuid, uuid, text, uuid, jsonb, interval) from public;
+grant execute on function app.fail_job(uuid, uuid, text, uuid, jsonb, interval) to service_role;
+
+-- A failure that retrying cannot fix (unknown kind, invalid payload, a handler's
+-- explicit discard): dead at once, whatever attempts remain.
+create or replace function app.discard_job(
+  p_tenant_id uuid,
+  p_job_id uuid,
+  p_owner text,
+  p_token uuid,
+  p_error jsonb
+)
+returns app.job_state
+language sql
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+  select (select f.state
+          from app.finish_jobs(p_owner, array[p_tenant_id], array[p_job_id], array[p_token],
+                               array['dead'], array[p_error], array[null::interval]) f)
+$$;
+revoke all on function app.discard_job(uuid, uuid, text, uuid, jsonb) from public;
+grant execute on function app.discard_job(uuid, uuid, text, uuid, jsonb) to service_role;
+
+-- Give back claimed jobs that were never started. A worker checks before each job that
+-- the time left in its invocation covers that job's budget; a job it cannot start in
+-- time is handed back at once with its claim undone: the attempt is not counted, it
+-- keeps its place in the queue (available_at is unchanged), and other workers may claim
+-- it at once instead of waiting for the lease to expire.
+create or replace function app.release_jobs(
+  p_owner text,
+  p_tenant_ids uuid[],
+  p_job_ids uuid[],
+  p_tokens uuid[]
+)
+returns table (job_id uuid)
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+#variable_conflict use_column
+declare
+  v_now timestamptz := clock_timestamp();
+  v_count integer := coalesce(cardinality(p_job_ids), 0);
+begin
+  perform app.check_owner(p_owner);
+  perform app.check_range('number of jobs', v_count, 1, 1000);
+  if coalesce(cardinality(p_tenant_ids), -1) <> v_count
+     or coalesce(cardinality(p_tokens), -1) <> v_count then
+    perform app.raise_invalid('release arrays must all have the same length');
+  end if;
+  if array_position(p_job_ids, null) is not null
+     or array_position(p_tenant_ids, null) is not null
+     or array_position(p_tokens, null) is not null then
+    perform app.raise_invalid('tenant_id, job_id and token are required for every job');
+  end if;
+
+  return query
+  with input as (
+    select u.tenant_id, u.job_id, u.token
+    from unnest(p_tenant_ids, p_job_ids, p_tokens) as u(tenant_id, job_id, token)
+  ), given_back as (
+    update app.jobs j
+    set state = case when j.attempts <= 1 then 'pending'::app.job_state
+                     else 'retry_wait'::app.job_state end,
+        attempts = j.attempts - 1,
+        lease_owner = null,
+        lease_token = null,
+        lease_expires_at = null,
+        updated_at = v_now
+    from input i
+    where j.id = i.job_id
+      and j.tenant_id = i.tenant_id
+      and j.state = 'running'
+      and j.lease_owner = p_owner
+      and j.lease_token = i.token
+      and j.lease_expires_at > v_now
+    returning j.id, j.tenant_id, j.attempts, i.token
+  ), audit as (
+    insert into app.job_events (tenant_id, job_id, event_type, actor, lease_token, details, created_at)
+    select g.tenant_id, g.id, 'released', p_owner, g.token,
+           jsonb_build_object('attempts', g.attempts, 'reason', 'not_started'),
+           v_now
+    from given_back g
+  )
+  select g.id from given_back g;
+end;
+$$;
+revoke all on function app.release_jobs(text, uuid[], uuid[], uuid[]) from public;
+grant execute on function app.release_jobs(text, uuid[], uuid[], uuid[]) to service_role;
+
+-- Record a batch's outcomes and claim the next batch in one call: one round trip and one
+-- commit per batch, which bench/ measured as the largest remaining cost of a no-op drain
+-- when claim and finish were separate (docs/benchmarks.md). Both halves are the functions
+-- above, so fences, bounds, fairness and audit rows are exactly theirs; they share one
+-- transaction, so a refused outcome also refuses the claim (the worker then records and
+-- claims apart). Rows: first one per outcome applied (claimed = false: id and the job's
+-- new state; a stale token gives no row), then the jobs claimed (claimed = true, with
+-- what a worker needs to run them). p_limit 0 claims nothing; an empty outcome list
+-- records nothing. The payload is cast to jsonb because RETURN QUERY wants the declared
+-- column types exactly and the column's type is the domain app.job_payload.
+create or replace function app.finish_and_claim_jobs(
+  p_owner text,
+  p_tenant_ids uuid[],
+  p_job_ids uuid[],
+  p_tokens uuid[],
+  p_outcomes text[],
+  p_details jsonb[],
+  p_retry_delays interval[],
+  p_limit integer default 10,
+  p_lease interval default interval '30 seconds'
+)
+returns table (
+  claimed boolean,
+  id uuid,
+  tenant_id uuid,
+  state app.job_state,
+  operation_key text,
+  kind text,
+  payload jsonb,
+  attempts integer,
+  max_attempts integer,
+  available_at timestamptz,
+  created_at timestamptz,
+  lease_owner text,
+  lease_token uuid,
+  lease_expires_at timestamptz,
+  correlation_id text
+)
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+#variable_conflict use_column
+begin
+  if p_limit is null or p_limit < 0 or p_limit > 100 then
+    perform app.check_range('p_limit', p_limit, 0, 100);
+  end if;
+  if coalesce(cardinality(p_job_ids), 0) > 0 then
+    return query
+    select false, f.job_id, null::uuid, f.state, null::text, null::text, null::jsonb,
+           null::integer, null::integer, null::timestamptz, null::timestamptz,
+           null::text, null::uuid, null::timestamptz, null::text
+    from app.finish_jobs(p_owner, p_tenant_ids, p_job_ids, p_tokens, p_outcomes, p_details,
+                         p_retry_delays) f;
+  end if;
+  if p_limit > 0 then
+    return query
+    select true, c.id, c.tenant_id, c.state, c.operation_key, c.kind, c.payload::jsonb,
+           c.attempts, c.max_attempts, c.available_at, c.created_at,
+           c.lease_owner, c.lease_token, c.lease_expires_at, c.correlation_id
+    from app.claim_ready_jobs(p_owner, p_limit, p_lease) c;
+  end if;
+end;
+$$;
+revoke all on function app.finish_and_claim_jobs(text, uuid[], uuid[], uuid[], text[], jsonb[], interval[], integer, interval) from public;
+grant execute on function app.finish_and_claim_jobs(text, uuid[], uuid[], uuid[], text[], jsonb[], interval[], integer, interval) to service_role;

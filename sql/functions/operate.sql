@@ -1,0 +1,189 @@
+-- leaseq functions: operator actions (redrive, cancel, prune).
+--
+-- Decisions:
+--   * redrive turns a dead job back into a pending one with attempts reset to 0: it gets
+--     a whole new set of max_attempts. The previous attempts and the error that killed
+--     it stay in the 'redriven' event (and in last_error until the next failure).
+--   * cancel applies to pending and retry_wait jobs only; a running job belongs to its
+--     worker until it finishes or its lease expires.
+--
+-- Argument bounds (anything outside, or NULL where required, raises 22023):
+--   actor                 1 .. 200 characters
+--   reason                at most 500 characters (NULL allowed)
+--   job ids               1 .. 1000 per call (NULL = no filter)
+--   kind filter           1 .. 128 characters (NULL = no filter)
+--   redrive/cancel limit  1 .. 1000 per call
+--   prune age             0 seconds .. 3650 days; prune limit 1 .. 10000 per call
+
+-- Dead jobs matching every given filter (NULL = any) go back to pending, available now,
+-- with attempts reset to 0, oldest death first, at most p_limit per call. Each gets a
+-- 'redriven' event naming p_actor. Returns the jobs redriven.
+create or replace function app.redrive_jobs(
+  p_actor text,
+  p_tenant_id uuid default null,
+  p_job_ids uuid[] default null,
+  p_kind text default null,
+  p_limit integer default 100,
+  p_reason text default null
+)
+returns table (job_id uuid, tenant_id uuid, kind text)
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+#variable_conflict use_column
+declare
+  v_now timestamptz := clock_timestamp();
+begin
+  perform app.check_owner(p_actor);
+  perform app.check_filters(p_job_ids, p_kind, p_limit);
+  perform app.check_reason(p_reason);
+
+  return query
+  with victims as materialized (
+    select j.id, j.attempts as previous_attempts
+    from app.jobs j
+    where j.state = 'dead'
+      and (p_tenant_id is null or j.tenant_id = p_tenant_id)
+      and (p_job_ids is null or j.id = any (p_job_ids))
+      and (p_kind is null or j.kind = p_kind)
+    order by j.completed_at, j.id
+    for update skip locked
+    limit p_limit
+  ), redriven as (
+    update app.jobs j
+    set state = 'pending',
+        attempts = 0,
+        available_at = v_now,
+        completed_at = null,
+        updated_at = v_now
+    from victims v
+    where j.id = v.id
+    returning j.id, j.tenant_id, j.kind, v.previous_attempts
+  ), audit as (
+    insert into app.job_events (tenant_id, job_id, event_type, actor, details, created_at)
+    select r.tenant_id, r.id, 'redriven', p_actor,
+           jsonb_strip_nulls(jsonb_build_object(
+             'previousAttempts', r.previous_attempts,
+             'reason', p_reason)),
+           v_now
+    from redriven r
+  )
+  select r.id, r.tenant_id, r.kind from redriven r order by r.id;
+end;
+$$;
+revoke all on function app.redrive_jobs(text, uuid, uuid[], text, integer, text) from public;
+grant execute on function app.redrive_jobs(text, uuid, uuid[], text, integer, text) to service_role;
+
+-- Pending and retry_wait jobs matching every given filter become 'cancelled' (terminal,
+-- completed now), at most p_limit per call, each with a 'cancelled' event. Jobs a
+-- claimer holds locked right now are skipped: they are about to run.
+create or replace function app.cancel_jobs(
+  p_actor text,
+  p_tenant_id uuid default null,
+  p_job_ids uuid[] default null,
+  p_kind text default null,
+  p_limit integer default 100,
+  p_reason text default null
+)
+returns table (job_id uuid, tenant_id uuid, kind text)
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+#variable_conflict use_column
+declare
+  v_now timestamptz := clock_timestamp();
+begin
+  perform app.check_owner(p_actor);
+  perform app.check_filters(p_job_ids, p_kind, p_limit);
+  perform app.check_reason(p_reason);
+
+  return query
+  with victims as materialized (
+    select j.id, j.state as previous_state
+    from app.jobs j
+    where j.state in ('pending', 'retry_wait')
+      and (p_tenant_id is null or j.tenant_id = p_tenant_id)
+      and (p_job_ids is null or j.id = any (p_job_ids))
+      and (p_kind is null or j.kind = p_kind)
+    order by j.available_at, j.id
+    for update skip locked
+    limit p_limit
+  ), cancelled as (
+    update app.jobs j
+    set state = 'cancelled',
+        completed_at = v_now,
+        updated_at = v_now
+    from victims v
+    where j.id = v.id
+    returning j.id, j.tenant_id, j.kind, j.attempts, v.previous_state
+  ), audit as (
+    insert into app.job_events (tenant_id, job_id, event_type, actor, details, created_at)
+    select c.tenant_id, c.id, 'cancelled', p_actor,
+           jsonb_strip_nulls(jsonb_build_object(
+             'previousState', c.previous_state,
+             'attempts', c.attempts,
+             'reason', p_reason)),
+           v_now
+    from cancelled c
+  )
+  select c.id, c.tenant_id, c.kind from cancelled c order by c.id;
+end;
+$$;
+revoke all on function app.cancel_jobs(text, uuid, uuid[], text, integer, text) from public;
+grant execute on function app.cancel_jobs(text, uuid, uuid[], text, integer, text) to service_role;
+
+-- One bounded batch: finished jobs (succeeded, dead, cancelled) completed more than
+-- p_older_than ago, oldest first, with their events. Rows locked by someone else are
+-- skipped, so a batch never waits; callers loop until jobs_deleted < p_limit. Each call
+-- is its own short transaction holding row locks on at most p_limit jobs.
+create or replace function app.prune_jobs(
+  p_older_than interval,
+  p_limit integer default 1000
+)
+returns table (jobs_deleted integer, events_deleted integer)
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+  v_cutoff timestamptz;
+  v_jobs integer;
+  v_events integer;
+begin
+  perform app.check_interval('p_older_than', p_older_than, interval '0 seconds',
+                             interval '3650 days');
+  perform app.check_range('p_limit', p_limit, 1, 10000);
+  v_cutoff := clock_timestamp() - p_older_than;
+
+  with victims as materialized (
+    select j.id, j.tenant_id
+    from app.jobs j
+    where j.completed_at is not null
+      and j.completed_at < v_cutoff
+      and j.state in ('succeeded', 'dead', 'cancelled')
+    order by j.completed_at
+    for update skip locked
+    limit p_limit
+  ), gone_events as (
+    delete from app.job_events e
+    using victims v
+    where e.tenant_id = v.tenant_id and e.job_id = v.id
+    returning 1
+  ), gone_jobs as (
+    delete from app.jobs j
+    using victims v
+    where j.id = v.id
+    returning 1
+  )
+  select (select count(*) from gone_jobs), (select count(*) from gone_events)
+  into v_jobs, v_events;
+
+  jobs_deleted := v_jobs;
+  events_deleted := v_events;
+  return next;
+end;
+$$;
+revoke all on function app.prune_jobs(interval, integer) from public;
+grant execute on function app.prune_jobs(interval, integer) to service_role;

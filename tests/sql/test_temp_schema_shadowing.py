@@ -1,0 +1,238 @@
+"""A caller's temporary schema can never run code with the schema owner's rights.
+
+PostgreSQL looks up type and table names in the session's temporary schema (pg_temp)
+first unless the search path names it explicitly later, and an empty search path does
+not name it. An attacker holding any login that may execute a SECURITY DEFINER function
+creates ``pg_temp.evil()`` and a domain ``pg_temp.timestamptz`` whose CHECK calls it;
+a definer function that declares a ``timestamptz`` variable then runs ``evil()`` as the
+owner (which could ``grant <owner> to <attacker>``). The functions pin
+``search_path = pg_catalog, pg_temp``, so built-in names resolve in pg_catalog first.
+
+Each test shadows every built-in type name that the functions' sources or signatures
+use, then calls every function the role may execute with arguments that do real work,
+and checks who ran the shadow's code. The first test shows the probe works on this
+server, so the others could fail.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from tests.conftest import Database
+from tests.support import postgres
+from tests.support.postgres import Conn
+
+#: Types that must be among the shadowed ones (the review's examples and their kin).
+CORE_TYPES = {"timestamptz", "uuid", "text", "interval", "jsonb", "int4", "int8", "bool"}
+
+
+def _shadowable_types(owner: Conn) -> list[str]:
+    """pg_catalog base types named in any app function's source or signature."""
+    rows = owner.execute(
+        """
+        select distinct t.typname::text as name
+        from pg_type t
+        join pg_proc p on p.pronamespace = 'app'::regnamespace
+        where t.typnamespace = 'pg_catalog'::regnamespace
+          and t.typtype = 'b' and t.typcategory <> 'A'
+          and (p.prosrc ~* ('\\m' || t.typname || '\\M')
+               or t.oid = any (p.proargtypes::oid[]) or t.oid = p.prorettype)
+        order by 1
+        """
+    ).fetchall()
+    return [r["name"] for r in rows]
+
+
+def _arm_shadows(conn: Conn, types: list[str]) -> list[str]:
+    """Create pg_temp.evil() and a pg_temp domain per type name whose check calls it."""
+    conn.execute(
+        """
+        create function pg_temp.evil() returns boolean language sql as $$
+          select set_config('leaseq_test.shadow_ran_as',
+                            coalesce(current_setting('leaseq_test.shadow_ran_as', true), '')
+                              || current_user || ',', false) is not null
+        $$
+        """
+    )
+    armed = []
+    for name in types:
+        try:
+            with conn.transaction():
+                conn.execute(
+                    sql.SQL("create domain pg_temp.{} as pg_catalog.{} check (pg_temp.evil())")
+                    .format(sql.Identifier(name), sql.Identifier(name))
+                )
+            armed.append(name)
+        except Exception:  # noqa: S112 - a type that cannot be a domain's base is skipped
+            continue
+    return armed
+
+
+def _ran_as(conn: Conn) -> set[str]:
+    row = conn.execute(
+        "select coalesce(current_setting('leaseq_test.shadow_ran_as', true), '') as who"
+    ).fetchone()
+    assert row is not None
+    return {who for who in str(row["who"]).split(",") if who}
+
+
+@pytest.fixture
+def shadowed(db: Database, owner: Conn) -> Iterator[Callable[[str], Conn]]:
+    """Connections of a given role whose temporary schema shadows the built-in types."""
+    types = _shadowable_types(owner)
+    opened: list[Conn] = []
+
+    def connect(role: str) -> Conn:
+        conn = db.connect(role)
+        opened.append(conn)
+        armed = _arm_shadows(conn, types)
+        assert set(armed) >= CORE_TYPES, f"could not shadow {CORE_TYPES - set(armed)}"
+        return conn
+
+    yield connect
+    for conn in opened:
+        conn.close()
+
+
+def test_the_probe_runs_as_the_owner_in_a_definer_function_with_an_empty_search_path(
+    db: Database, owner: Conn, shadowed: Callable[[str], Conn]
+) -> None:
+    """The attack as the review found it, against a deliberately unpinned function."""
+    owner.execute(
+        """
+        create function app.unpinned_probe() returns text language plpgsql
+        security definer set search_path = '' as $$
+        declare v_now timestamptz := pg_catalog.clock_timestamp();
+        begin return v_now::text; end $$
+        """
+    )
+    try:
+        owner.execute(
+            sql.SQL("grant execute on function app.unpinned_probe() to {}").format(
+                sql.Identifier(postgres.WORKER)
+            )
+        )
+        worker = shadowed(postgres.WORKER)
+        worker.execute("select app.unpinned_probe()")
+        assert postgres.OWNER in _ran_as(worker)
+    finally:
+        owner.execute("drop function app.unpinned_probe()")
+
+
+def _executable(owner: Conn, role: str) -> set[str]:
+    rows = owner.execute(
+        """
+        select p.proname::text as name from pg_proc p
+        where p.pronamespace = 'app'::regnamespace
+          and has_function_privilege(%s, p.oid, 'EXECUTE')
+        """,
+        (role,),
+    ).fetchall()
+    return {r["name"] for r in rows}
+
+
+def _one(conn: Conn, query: str, params: tuple[Any, ...] = ()) -> dict[str, Any]:
+    row = conn.execute(query, params).fetchone()
+    assert row is not None
+    return row
+
+
+def _exercise(conn: Conn, tenant: uuid.UUID) -> set[str]:
+    """Call each queue function with arguments that make it do its work; return their names."""
+    called: set[str] = set()
+
+    def call(name: str, query: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+        called.add(name)
+        return conn.execute(query, params).fetchall()
+
+    def enqueue(key: str) -> uuid.UUID:
+        row = call("enqueue_job", "select id from app.enqueue_job(%s, %s, 'email.send', %s)",
+                   (tenant, key, Jsonb({"key": key})))
+        return uuid.UUID(str(row[0]["id"]))
+
+    for key in ("a", "b", "c", "d", "e", "f"):
+        enqueue(key)
+    call("enqueue_jobs",
+         "select * from app.enqueue_jobs(array[%s]::uuid[], array['g'], array['email.send'],"
+         " array[%s]::jsonb[], array[pg_catalog.now() + '1 hour']::timestamptz[],"
+         " array[3], array['corr-1'])", (tenant, Jsonb({"key": "g"})))
+    call("ready_tenants", "select * from app.ready_tenants(10)")
+
+    def claim() -> dict[str, Any]:
+        rows = call("claim_jobs", "select id, lease_token from app.claim_jobs(%s, 'w1', 1)",
+                    (tenant,))
+        assert rows, "nothing left to claim"
+        return rows[0]
+
+    job = claim()
+    call("renew_job_lease", "select app.renew_job_lease(%s, %s, 'w1', %s, '30 seconds')",
+         (tenant, job["id"], job["lease_token"]))
+    call("complete_job", "select app.complete_job(%s, %s, 'w1', %s, %s)",
+         (tenant, job["id"], job["lease_token"], Jsonb({"ok": True})))
+    job = claim()
+    call("fail_job", "select app.fail_job(%s, %s, 'w1', %s, %s, '0 seconds')",
+         (tenant, job["id"], job["lease_token"], Jsonb({"message": "boom"})))
+    job = claim()
+    call("discard_job", "select app.discard_job(%s, %s, 'w1', %s, %s)",
+         (tenant, job["id"], job["lease_token"], Jsonb({"message": "bad"})))
+    job = claim()
+    call("finish_jobs",
+         "select * from app.finish_jobs('w1', array[%s]::uuid[], array[%s]::uuid[],"
+         " array[%s]::uuid[], array['retry'], array[%s]::jsonb[], array['1 second']::interval[])",
+         (tenant, job["id"], job["lease_token"], Jsonb({"message": "again"})))
+    job = claim()
+    call("release_jobs",
+         "select * from app.release_jobs('w1', array[%s]::uuid[], array[%s]::uuid[],"
+         " array[%s]::uuid[])", (tenant, job["id"], job["lease_token"]))
+    rows = call("claim_ready_jobs", "select id, lease_token from app.claim_ready_jobs('w1', 2)")
+    assert rows
+    call("finish_and_claim_jobs",
+         "select * from app.finish_and_claim_jobs('w1', array[%s]::uuid[], array[%s]::uuid[],"
+         " array[%s]::uuid[], array['succeeded'], array['{}']::jsonb[],"
+         " array[null]::interval[], 1)", (tenant, rows[0]["id"], rows[0]["lease_token"]))
+    call("release_expired_jobs", "select app.release_expired_jobs(%s, 10)", (tenant,))
+    call("release_all_expired_jobs", "select app.release_all_expired_jobs(10)")
+    call("redrive_jobs", "select * from app.redrive_jobs('op', %s, null, null, 10, 'fixed')",
+         (tenant,))
+    call("cancel_jobs", "select * from app.cancel_jobs('op', %s, null, null, 1, 'unwanted')",
+         (tenant,))
+    call("queue_status", "select * from app.queue_status(%s)", (tenant,))
+    call("dead_jobs", "select * from app.dead_jobs(%s, null, 10)", (tenant,))
+    call("get_job", "select * from app.get_job(%s)", (job["id"],))
+    call("job_timeline", "select * from app.job_timeline(%s, 100)", (job["id"],))
+    call("prune_jobs", "select * from app.prune_jobs('0 seconds', 10)")
+    return called
+
+
+def test_no_function_a_worker_may_execute_runs_its_shadow_types_as_the_owner(
+    owner: Conn, shadowed: Callable[[str], Conn]
+) -> None:
+    worker = shadowed(postgres.WORKER)
+
+    called = _exercise(worker, uuid.uuid4())
+
+    missing = _executable(owner, postgres.WORKER) - called
+    assert missing == set(), f"add a real call of {sorted(missing)} to _exercise"
+    assert postgres.OWNER not in _ran_as(worker)
+
+
+def test_a_reader_session_with_shadow_types_sees_only_its_tenant(
+    db: Database, owner: Conn, shadowed: Callable[[str], Conn]
+) -> None:
+    tenant = uuid.uuid4()
+    owner.execute("insert into app.tenant_readers (role_name, tenant_id) values (%s, %s)",
+                  (postgres.READER, tenant))
+    reader = shadowed(postgres.READER)
+    reader.execute("select set_config('app.tenant_id', %s, false)", (str(tenant),))
+
+    row = _one(reader, "select app.current_tenant_id() as tenant")
+    reader.execute("select id, state from app.jobs")
+
+    assert row["tenant"] == tenant
+    assert postgres.OWNER not in _ran_as(reader)
