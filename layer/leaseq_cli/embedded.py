@@ -55,10 +55,8 @@ others (``o+x``, never read).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
-import pwd
 import secrets
 import shlex
 import shutil
@@ -161,6 +159,9 @@ def password_authentication(superuser_password: str) -> Authentication:
 def peer_authentication(os_user: str | None = None) -> Authentication:
     """Only ``os_user`` (default: the user running this process) may log in, as any role,
     without a password. For servers whose roles are password-less on purpose (tests)."""
+    _require_unix()
+    import pwd
+
     name = os_user if os_user is not None else pwd.getpwuid(os.geteuid()).pw_name
     if not name or any(ch.isspace() or ch in '"#' for ch in name):
         raise DatabaseSetupError(f"cannot map the OS user {name!r} in pg_ident.conf: "
@@ -299,8 +300,18 @@ class ServerAccount:
                               text=True, timeout=timeout, check=False, **options)
 
 
+def _require_unix() -> None:
+    # Unix sockets, flock, file modes and OS users are what keep the server private.
+    if sys.platform == "win32":
+        raise DatabaseSetupError("the embedded PostgreSQL runs on Linux and macOS only; set "
+                                 "DATABASE_URL to use an existing server")
+
+
 def server_account() -> ServerAccount:
     """Ourselves, or, as root, the ``pgserver`` system user (created if missing)."""
+    _require_unix()
+    import pwd
+
     if os.geteuid() != 0:
         me = pwd.getpwuid(os.geteuid())
         return ServerAccount(me.pw_name, me.pw_uid, me.pw_gid)
@@ -405,6 +416,8 @@ def _let_pass(directory: Path, account: ServerAccount) -> None:
 @contextlib.contextmanager
 def _home_lock(home: Path) -> Iterator[None]:
     """Serialise the starts and stops of one home; the lock file is private to its user."""
+    import fcntl
+
     path = home / ".lock"
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)

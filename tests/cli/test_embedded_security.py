@@ -75,6 +75,17 @@ def _mode(path: Path) -> int:
     return stat.S_IMODE(path.lstat().st_mode)
 
 
+@pytest.fixture
+def shared(tmp_path: Path) -> Iterator[Path]:
+    """This test's stand-in for the shared temp dir; every server started under
+    ``tmp_path`` is stopped afterwards, whatever the test's outcome."""
+    directory = tmp_path / "shared-tmp"
+    directory.mkdir()
+    yield directory
+    for pid_file in tmp_path.rglob("postmaster.pid"):
+        embedded.stop(pid_file.parent.parent)
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """One embedded server of ordinary path length, started by ``leaseq db start``."""
@@ -168,10 +179,9 @@ def test_only_the_owner_may_create_temporary_objects_in_the_leaseq_database(
 
 
 def test_start_status_and_stop_create_no_lock_or_socket_in_the_shared_temp_dir(
-    tmp_path: Path
+    tmp_path: Path, shared: Path
 ) -> None:
-    home, shared = tmp_path / "home", tmp_path / "shared-tmp"
-    shared.mkdir()
+    home = tmp_path / "home"
     _started(home, shared)
     assert _leaseq(home, shared, "status", "--json").code == 0
     assert _leaseq(home, shared, "db", "stop").code == 0
@@ -182,10 +192,8 @@ def test_start_status_and_stop_create_no_lock_or_socket_in_the_shared_temp_dir(
 
 
 def test_a_long_leaseq_home_gets_a_short_private_socket_directory_that_stop_and_start_find(
-    tmp_path: Path
+    tmp_path: Path, shared: Path
 ) -> None:
-    shared = tmp_path / "shared-tmp"
-    shared.mkdir()
     home = tmp_path / ("a-rather-long-directory-name-" * 4) / "home"
     assert len(str(home)) > 100
     first = _started(home, shared)
@@ -211,21 +219,16 @@ def test_a_long_leaseq_home_gets_a_short_private_socket_directory_that_stop_and_
 
 
 def test_a_recorded_socket_directory_that_is_no_longer_private_is_never_used(
-    tmp_path: Path
+    tmp_path: Path, shared: Path
 ) -> None:
-    shared = tmp_path / "shared-tmp"
-    shared.mkdir()
     home = tmp_path / ("another-rather-long-directory-" * 4) / "home"
     first = Path(_started(home, shared)["socket_dir"])
     assert _leaseq(home, shared, "db", "stop").code == 0
     first.chmod(0o777)  # as if someone had opened it up while the server was down
     second = Path(_started(home, shared)["socket_dir"])
-    try:
-        assert second != first
-        assert _mode(second) == 0o700
-        assert (home / "socket_dir").read_text("utf-8").strip() == str(second)
-    finally:
-        assert _leaseq(home, shared, "db", "stop").code == 0
+    assert second != first
+    assert _mode(second) == 0o700
+    assert (home / "socket_dir").read_text("utf-8").strip() == str(second)
 
 
 # Bad homes -------------------------------------------------------------------------------
@@ -362,11 +365,10 @@ print(json.dumps({"socket_dir": str(info.socket_dir), "job": str(made.job_id)}))
                          ids=["left-running-with-its-socket-under-the-temp-dir",
                               "left-stopped"])
 def test_an_earlier_trust_data_directory_is_secured_on_next_start_without_losing_data(
-    tmp_path: Path, left: str, long_path: bool
+    tmp_path: Path, shared: Path, left: str, long_path: bool
 ) -> None:
-    shared = tmp_path / "shared-tmp"
-    shared.mkdir()
-    home = tmp_path / ("earlier-version-home-" * (5 if long_path else 1)) / "home"
+    home = tmp_path / ("earlier-version-home-" * 5) / "home" if long_path else tmp_path / "home"
+    assert embedded._fits_socket(home / "pgdata") is not long_path
     earlier = subprocess.run([sys.executable, "-c", _EARLIER_VERSION, str(home), left],
                              capture_output=True, text=True, timeout=300, check=False,
                              env=_env(home, shared))
@@ -377,29 +379,27 @@ def test_an_earlier_trust_data_directory_is_secured_on_next_start_without_losing
         assert old_socket.parent == shared  # where the earlier version put it
 
     after = _started(home, shared)
-    try:
-        socket_dir = Path(after["socket_dir"])
-        account = embedded.server_account()
-        assert (socket_dir.lstat().st_uid, _mode(socket_dir)) == (account.uid, 0o700)
-        if long_path:
-            assert socket_dir != old_socket
-            assert not (old_socket / f".s.PGSQL.{embedded.PORT}").exists()
-        hba = (home / "pgdata" / "pg_hba.conf").read_text("utf-8")
-        assert hba == embedded.HBA_RULES
-        assert not [line for line in hba.splitlines()
-                    if "trust" in line and not line.startswith("#")]
-        creds = _credentials(home)
-        assert creds[embedded.OWNER_ROLE] == "earlier-owner-password"
-        assert creds[embedded.WORKER_ROLE] == "earlier-worker-password"
-        assert creds[embedded.SUPERUSER]
-        with pytest.raises(psycopg.OperationalError, match="no password supplied"):
-            psycopg.connect(_without_password(str(socket_dir), embedded.SUPERUSER, tmp_path))
-        # The data survived: the job enqueued before the upgrade is still there.
-        shown = _leaseq(home, shared, "jobs", "show", before["job"], "--json")
-        assert shown.code == 0, shown.err
-        assert shown.json()["job"]["operation_key"] == "kept"
-    finally:
-        assert _leaseq(home, shared, "db", "stop").code == 0
+    socket_dir = Path(after["socket_dir"])
+    account = embedded.server_account()
+    assert (socket_dir.lstat().st_uid, _mode(socket_dir)) == (account.uid, 0o700)
+    if long_path:
+        assert socket_dir != old_socket
+        assert not (old_socket / f".s.PGSQL.{embedded.PORT}").exists()
+    hba = (home / "pgdata" / "pg_hba.conf").read_text("utf-8")
+    assert hba == embedded.HBA_RULES
+    assert not [line for line in hba.splitlines()
+                if "trust" in line and not line.startswith("#")]
+    creds = _credentials(home)
+    assert creds[embedded.OWNER_ROLE] == "earlier-owner-password"
+    assert creds[embedded.WORKER_ROLE] == "earlier-worker-password"
+    assert creds[embedded.SUPERUSER]
+    with pytest.raises(psycopg.OperationalError, match="no password supplied"):
+        psycopg.connect(_without_password(str(socket_dir), embedded.SUPERUSER, tmp_path))
+    # The data survived: the job enqueued before the upgrade is still there.
+    shown = _leaseq(home, shared, "jobs", "show", before["job"], "--json")
+    assert shown.code == 0, shown.err
+    assert shown.json()["job"]["operation_key"] == "kept"
+    assert _leaseq(home, shared, "db", "stop").code == 0
 
 
 # The test suite's own server ---------------------------------------------------------------
