@@ -1,11 +1,18 @@
-"""CloudFormation custom resource: apply sql/ as the schema owner, ensure the runtime role.
+"""CloudFormation custom resource: apply sql/ as the schema owner, ensure the logins by duty.
 
 Create and Update run the migrations that the layer carries (applied ones are skipped, so a
-re-run is cheap) and then make the runtime login role a member of service_role only. Delete
-touches nothing: removing the stack must never drop the schema or its jobs. Every request
-is answered: on success, on any exception (the library is imported inside the guarded block,
-so even a broken layer is reported), and by a watchdog shortly before the function's own
-timeout, which would otherwise leave CloudFormation waiting for its ServiceTimeout.
+re-run is cheap) and then make each function's login a member of its one duty group: the
+worker's of leaseq_worker, the reaper's of leaseq_reaper, the enqueue function's of
+leaseq_producer and the operators' of leaseq_operator. Delete touches nothing: removing the
+stack must never drop the schema or its jobs. Every request is answered: on success, on any
+exception (the library is imported inside the guarded block, so even a broken layer is
+reported), and by a watchdog shortly before the function's own timeout, which would
+otherwise leave CloudFormation waiting for its ServiceTimeout.
+
+An Update that carries the previous version's properties (one ``RuntimeDbUser`` for every
+function) can only come from CloudFormation rolling an update back, while this code is
+still deployed. It applies no migration and restores only that login, as a member of
+service_role as before, so the previous functions can log in again.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from cfn_response import FAILED, SUCCESS, Opener, Responder
 
@@ -69,7 +76,7 @@ def handle(
         if event["RequestType"] == "Delete":
             responder.send(
                 SUCCESS,
-                reason="Delete keeps the schema, its jobs and the runtime role",
+                reason="Delete keeps the schema, its jobs and the logins",
                 physical_resource_id=physical_id,
             )
         else:
@@ -124,46 +131,97 @@ def _flag(value: Any) -> bool:
     return str(value).strip().lower() == "true"
 
 
-def _migrate_and_ensure_role(
-    event: Mapping[str, Any],
-    owner_dsn: Callable[[], str] | None,
-    read_secret: Callable[[str], Mapping[str, Any]] | None,
-    retry_delays: Sequence[float],
-) -> dict[str, str]:
-    # Imported here so that a layer that fails to import is answered FAILED, not left hanging.
-    from leaseq.db import connect
-    from leaseq.errors import ConfigurationError, DatabaseUnavailableError
-    from leaseq.migrate import migrate
-    from owner_connection import owner_dsn_from_environment, secrets_manager_reader
-    from runtime_role import RuntimeRoleSpec, ensure_runtime_role
+class Duty(NamedTuple):
+    """A function's login as the template describes it: which properties, which group."""
 
-    reader = read_secret or secrets_manager_reader()
-    properties: Mapping[str, Any] = event.get("ResourceProperties") or {}
-    iam_auth = _flag(properties.get("RuntimeIamAuth", "true"))
-    name = str(properties.get("RuntimeDbUser", "leaseq_worker"))
-    password = None
-    runtime_secret_arn = str(properties.get("RuntimeSecretArn") or "")
-    if not iam_auth and runtime_secret_arn:
-        runtime_secret = reader(runtime_secret_arn)
-        if runtime_secret.get("username") != name or not runtime_secret.get("password"):
-            raise ConfigurationError(
-                f"runtime secret {runtime_secret_arn} must hold username {name!r} "
-                "(RuntimeDbUser) and a password"
-            )
-        password = str(runtime_secret["password"])
-    spec = RuntimeRoleSpec(
-        name=name,
-        iam_auth=iam_auth,
-        statement_timeout=str(properties.get("RuntimeStatementTimeout") or "15s"),
-        password=password,
+    key: str
+    user_property: str
+    secret_property: str
+    group: str
+
+
+def _duties() -> tuple[Duty, ...]:
+    from runtime_role import OPERATOR, PRODUCER, REAPER, WORKER
+
+    return (
+        Duty("worker", "WorkerDbUser", "WorkerDbSecretArn", WORKER),
+        Duty("reaper", "ReaperDbUser", "ReaperDbSecretArn", REAPER),
+        Duty("enqueue", "EnqueueDbUser", "EnqueueDbSecretArn", PRODUCER),
+        Duty("operator", "OperatorDbUser", "OperatorDbSecretArn", OPERATOR),
     )
-    dsn = owner_dsn() if owner_dsn is not None else owner_dsn_from_environment(os.environ, reader)
+
+
+def _password(
+    reader: Callable[[str], Mapping[str, Any]], secret_arn: str, name: str, parameter: str,
+    secret_parameter: str,
+) -> str:
+    from leaseq.errors import ConfigurationError
+
+    secret = reader(secret_arn)
+    if secret.get("username") != name or not secret.get("password"):
+        raise ConfigurationError(
+            f"secret {secret_arn} ({secret_parameter}) must hold username {name!r} "
+            f"({parameter}) and a password"
+        )
+    return str(secret["password"])
+
+
+def _is_previous_version(properties: Mapping[str, Any]) -> bool:
+    return "RuntimeDbUser" in properties and not any(
+        duty.user_property in properties for duty in _duties())
+
+
+def login_specs(
+    properties: Mapping[str, Any], reader: Callable[[str], Mapping[str, Any]],
+) -> list[Any]:
+    """The login of each function, read from the resource's properties.
+
+    Every name is checked before anything connects, and with password authentication every
+    secret is read and checked, so a bad property fails the request having changed nothing.
+    """
+    from leaseq.errors import ConfigurationError
+    from runtime_role import SERVICE_ROLE, LoginRoleSpec
+
+    iam_auth = _flag(properties.get("RuntimeIamAuth", "true"))
+    timeout = str(properties.get("RuntimeStatementTimeout") or "15s")
+    if _is_previous_version(properties):
+        name = str(properties["RuntimeDbUser"])
+        secret_arn = str(properties.get("RuntimeSecretArn") or "")
+        password = None
+        if not iam_auth and secret_arn:
+            password = _password(reader, secret_arn, name, "RuntimeDbUser", "RuntimeSecretArn")
+        return [LoginRoleSpec(name=name, group=SERVICE_ROLE, iam_auth=iam_auth,
+                              statement_timeout=timeout, password=password,
+                              parameter="RuntimeDbUser")]
+    specs = []
+    for duty in _duties():
+        name = str(properties.get(duty.user_property) or "")
+        if not name:
+            raise ConfigurationError(f"the resource property {duty.user_property} is missing")
+        secret_arn = str(properties.get(duty.secret_property) or "")
+        password = None
+        if not iam_auth:
+            if not secret_arn:
+                raise ConfigurationError(
+                    f"without IAM authentication {duty.secret_property} is required: the "
+                    f"secret whose password {duty.user_property} logs in with"
+                )
+            password = _password(reader, secret_arn, name, duty.user_property,
+                                 duty.secret_property)
+        specs.append(LoginRoleSpec(name=name, group=duty.group, iam_auth=iam_auth,
+                                   statement_timeout=timeout, password=password,
+                                   parameter=duty.user_property))
+    return specs
+
+
+def _connect_with_retries(dsn: str, retry_delays: Sequence[float]) -> Any:
+    from leaseq.db import connect
+    from leaseq.errors import DatabaseUnavailableError
 
     delays = list(retry_delays)
     while True:
         try:
-            conn = connect(dsn, application_name="leaseq-migrations")
-            break
+            return connect(dsn, application_name="leaseq-migrations")
         except DatabaseUnavailableError:
             if not delays:
                 raise
@@ -171,20 +229,50 @@ def _migrate_and_ensure_role(
             logger.warning("database unavailable; retrying in %.1fs", delay)
             time.sleep(delay)
 
+
+def _migrate_and_ensure_role(
+    event: Mapping[str, Any],
+    owner_dsn: Callable[[], str] | None,
+    read_secret: Callable[[str], Mapping[str, Any]] | None,
+    retry_delays: Sequence[float],
+) -> dict[str, str]:
+    # Imported here so that a layer that fails to import is answered FAILED, not left hanging.
+    from leaseq.migrate import migrate
+    from owner_connection import owner_dsn_from_environment, secrets_manager_reader
+    from runtime_role import check_duty_group_names, ensure_login_roles
+
+    reader = read_secret or secrets_manager_reader()
+    properties: Mapping[str, Any] = event.get("ResourceProperties") or {}
+    rolling_back = _is_previous_version(properties)
+    specs = login_specs(properties, reader)
+    dsn = owner_dsn() if owner_dsn is not None else owner_dsn_from_environment(os.environ, reader)
+
+    conn = _connect_with_retries(dsn, retry_delays)
     with conn:
-        report = migrate(conn)
-        role = ensure_runtime_role(conn, spec)
-    logger.info(
-        "schema at version %d (applied now: %s); runtime role %s (%s, rds_iam %s)",
-        report.current_version,
-        list(report.applied) or "none",
-        role.name,
-        "created" if role.created else "checked",
-        role.rds_iam,
-    )
-    return {
-        "SchemaVersion": str(report.current_version),
-        "AppliedVersions": ",".join(str(version) for version in report.applied),
-        "RuntimeDbUser": role.name,
-        "RdsIam": role.rds_iam,
+        applied: tuple[int, ...] = ()
+        if rolling_back:
+            row = conn.execute("select coalesce(max(version), 0) as version"
+                               " from app.schema_migrations").fetchone()
+            version = int(row["version"]) if row else 0
+        else:
+            check_duty_group_names(conn)
+            report = migrate(conn)
+            applied, version = report.applied, report.current_version
+        logins = ensure_login_roles(conn, specs)
+    for login in logins:
+        logger.info("login %s (%s): %s, rds_iam %s%s", login.name, login.group,
+                    "created" if login.created else "checked", login.rds_iam,
+                    ", password set from its secret" if login.password_set else "")
+    logger.info("schema at version %d (applied now: %s)%s", version, list(applied) or "none",
+                "; rolled back to the previous version's login" if rolling_back else "")
+    data = {
+        "SchemaVersion": str(version),
+        "AppliedVersions": ",".join(str(v) for v in applied),
+        "RdsIam": logins[0].rds_iam,
     }
+    if rolling_back:
+        data["RuntimeDbUser"] = logins[0].name
+    else:
+        for duty, login in zip(_duties(), logins, strict=True):
+            data[duty.user_property] = login.name
+    return data

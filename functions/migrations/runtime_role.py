@@ -1,12 +1,18 @@
-"""Create or check the login role the worker, reaper and enqueue functions use.
+"""Create or check the database login of each function, one duty group per login.
 
-The runtime role may do exactly what ``service_role`` may (EXECUTE on the queue functions)
-and nothing else. So it is refused, not silently "fixed", when it is the schema owner, has
-a privileged attribute, or belongs to any other group: revoking memberships someone granted
-on purpose is an operator's decision. ``rds_iam`` is the one extra membership: on RDS it
-switches the role to IAM authentication, so it is granted with IAM auth on, revoked with it
-off (a member of rds_iam cannot log in with a password), and skipped where it does not
-exist (any PostgreSQL that is not RDS).
+Least privilege by duty: the worker, reaper, enqueue function and operators each log in as
+a role of their own, a member of exactly one NOLOGIN duty group (``leaseq_worker``,
+``leaseq_reaper``, ``leaseq_producer``, ``leaseq_operator``), so credentials taken from one
+function cannot do another's work. A login is refused, not silently "fixed", when it is
+the schema owner, has a privileged attribute, or belongs to any other group: revoking
+memberships someone granted on purpose is an operator's decision. ``rds_iam`` is the one
+extra membership: on RDS it switches the login to IAM authentication, so it is granted with
+IAM auth on, revoked with it off (a member of rds_iam cannot log in with a password), and
+skipped where it does not exist (any PostgreSQL that is not RDS).
+
+A password is never sent in a statement, where it could reach the server log,
+``pg_stat_activity`` or ``pg_stat_statements``: libpq computes the SCRAM-SHA-256 verifier on
+this side and only the verifier is sent.
 
 Timeouts are set on the role, per database, because RDS Proxy pins a session that runs SET.
 """
@@ -14,6 +20,7 @@ Timeouts are set on the role, per database, because RDS Proxy pins a session tha
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -23,24 +30,58 @@ from psycopg import sql
 
 ROLE_NAME: Final = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 DURATION: Final = re.compile(r"^[0-9]+(ms|s|min)$")
-SERVICE_ROLE: Final = "service_role"
 RDS_IAM: Final = "rds_iam"
+#: The group every queue privilege used to be granted to. It stays, as a member of the four
+#: duty groups below, so logins made before the duty groups keep working until moved.
+SERVICE_ROLE: Final = "service_role"
+#: Tenant readers (row-level security); never a function's login.
+READER_GROUP: Final = "authenticated"
+
+#: The NOLOGIN duty groups the schema migrations create, by the duty they grant.
+PRODUCER: Final = "leaseq_producer"
+TENANT_PRODUCER: Final = "leaseq_tenant_producer"
+WORKER: Final = "leaseq_worker"
+REAPER: Final = "leaseq_reaper"
+OPERATOR: Final = "leaseq_operator"
+DUTY_GROUPS: Final = (PRODUCER, TENANT_PRODUCER, WORKER, REAPER, OPERATOR)
+
+#: Names a login may never take: a login named like a group would be that group.
+RESERVED_NAMES: Final = frozenset({*DUTY_GROUPS, SERVICE_ROLE, READER_GROUP, RDS_IAM, "public"})
 
 Connection = psycopg.Connection[dict[str, Any]]
 
 
 @dataclass(frozen=True)
-class RuntimeRoleSpec:
+class LoginRoleSpec:
+    """One function's login: its name, the one group it belongs to, how it authenticates.
+
+    ``group`` is a duty group, or ``service_role`` for the login of a previous version
+    (only ever asked for while CloudFormation rolls an update back).
+    """
+
     name: str
+    group: str
     iam_auth: bool
     statement_timeout: str = "15s"
     password: str | None = None
+    #: The template parameter the name came from, so an error names what to change.
+    parameter: str = "the login name"
 
     def __post_init__(self) -> None:
         if not ROLE_NAME.match(self.name):
             raise ConfigurationError(
-                f"RuntimeDbUser {self.name!r} is not accepted: use 1-63 characters of a-z, "
+                f"{self.parameter} {self.name!r} is not accepted: use 1-63 characters of a-z, "
                 "0-9 and _, starting with a letter"
+            )
+        if self.group not in (*DUTY_GROUPS, SERVICE_ROLE):
+            raise ConfigurationError(
+                f"{self.parameter}: {self.group!r} is not a leaseq duty group "
+                f"({', '.join(DUTY_GROUPS)})"
+            )
+        if self.group != SERVICE_ROLE and self.name in RESERVED_NAMES:
+            raise ConfigurationError(
+                f"{self.parameter} {self.name!r} is the name of a group role; a login needs a "
+                f"name of its own (for example {self.group}_login)"
             )
         if not DURATION.match(self.statement_timeout):
             raise ConfigurationError(
@@ -49,16 +90,19 @@ class RuntimeRoleSpec:
             )
         if self.iam_auth and self.password is not None:
             raise ConfigurationError(
-                "the runtime role gets either IAM authentication or a password, not both"
+                f"{self.parameter} {self.name}: a login gets either IAM authentication or a "
+                "password, not both"
             )
 
 
 @dataclass(frozen=True)
-class RuntimeRoleReport:
+class LoginRoleReport:
     name: str
+    group: str
     created: bool
     #: "granted", "revoked", "absent" (no rds_iam role on this server) or "unused".
     rds_iam: str
+    password_set: bool
 
 
 def _one(conn: Connection, query: str, params: tuple[Any, ...] = ()) -> dict[str, Any] | None:
@@ -76,7 +120,49 @@ def _memberships(conn: Connection, role: str) -> set[str]:
     return {str(row["rolname"]) for row in rows}
 
 
-def _refuse_privileged(conn: Connection, spec: RuntimeRoleSpec, existing: dict[str, Any]) -> None:
+def check_duty_group_names(conn: Connection) -> None:
+    """Refuse, before any migration runs, a login that holds a duty group's name.
+
+    Before the duty groups existed the runtime login was called ``leaseq_worker`` by default.
+    The migration that creates the groups would find that login and either fail on a
+    circular membership or, worse, hand the worker's privileges to whoever logs in as it.
+    Nothing is changed here: docs/deploy.md describes how to move that login out of the way.
+    """
+    rows = conn.execute(
+        "select rolname from pg_roles where rolname = any(%s) and rolcanlogin order by 1",
+        (list(DUTY_GROUPS),),
+    ).fetchall()
+    taken = [str(row["rolname"]) for row in rows]
+    if taken:
+        raise ConfigurationError(
+            f"role {', '.join(taken)} can log in, but that name belongs to a NOLOGIN duty group "
+            "the migrations create. It is probably the runtime login of a previous version "
+            "(RuntimeDbUser, leaseq_worker by default): move the previous functions to another "
+            "login first, then drop or rename it (docs/deploy.md, Upgrading to logins by "
+            "duty). Nothing was changed."
+        )
+
+
+def _check_groups_exist(conn: Connection, groups: Iterable[str]) -> None:
+    wanted = sorted(set(groups))
+    rows = conn.execute(
+        "select rolname, rolcanlogin from pg_roles where rolname = any(%s)", (wanted,)
+    ).fetchall()
+    found = {str(row["rolname"]): bool(row["rolcanlogin"]) for row in rows}
+    missing = [group for group in wanted if group not in found]
+    if missing:
+        raise ConfigurationError(
+            f"group role {', '.join(missing)} does not exist: the migrations this layer carries "
+            "do not create the duty groups yet, so no login can be made a member of one"
+        )
+    can_login = [group for group in wanted if found[group]]
+    if can_login:
+        raise ConfigurationError(
+            f"group role {', '.join(can_login)} can log in; a group must be NOLOGIN"
+        )
+
+
+def _refuse_unfit(conn: Connection, spec: LoginRoleSpec, existing: dict[str, Any]) -> None:
     privileged = [
         attribute
         for attribute in ("rolsuper", "rolcreaterole", "rolcreatedb", "rolbypassrls",
@@ -85,8 +171,8 @@ def _refuse_privileged(conn: Connection, spec: RuntimeRoleSpec, existing: dict[s
     ]
     if privileged:
         raise ConfigurationError(
-            f"role {spec.name} exists with {', '.join(privileged)}; the runtime role must be "
-            "an ordinary role: pick another RuntimeDbUser or ALTER ROLE it to remove them"
+            f"role {spec.name} exists with {', '.join(privileged)}; a function's login must be "
+            f"an ordinary role: pick another {spec.parameter} or ALTER ROLE it to remove them"
         )
     owns_schema = _one(
         conn,
@@ -96,67 +182,104 @@ def _refuse_privileged(conn: Connection, spec: RuntimeRoleSpec, existing: dict[s
     )
     if owns_schema is not None:
         raise ConfigurationError(
-            f"role {spec.name} owns schema app; the runtime role must not be the schema owner"
+            f"role {spec.name} owns schema app; a function's login must not be the schema owner"
         )
-    extra = _memberships(conn, spec.name) - {SERVICE_ROLE, RDS_IAM}
+    extra = _memberships(conn, spec.name) - {spec.group, RDS_IAM}
     if extra:
         raise ConfigurationError(
-            f"role {spec.name} is also a member of {', '.join(sorted(extra))}; the runtime "
-            f"role must be a member of {SERVICE_ROLE} only: REVOKE those memberships or pick "
-            "another RuntimeDbUser"
+            f"role {spec.name} is also a member of {', '.join(sorted(extra))}; {spec.parameter} "
+            f"must be a member of {spec.group} only: REVOKE those memberships or pick another "
+            f"{spec.parameter}"
         )
 
 
-def ensure_runtime_role(conn: Connection, spec: RuntimeRoleSpec) -> RuntimeRoleReport:
-    """Make ``spec.name`` a login member of service_role only, in one transaction."""
+def scram_verifier(conn: Connection, name: str, password: str) -> str:
+    """The SCRAM-SHA-256 verifier of ``password``, computed by libpq on this side.
+
+    Asking for the algorithm explicitly keeps libpq from querying the server's
+    password_encryption, and the plaintext never leaves this process.
+    """
+    verifier = conn.pgconn.encrypt_password(
+        password.encode("utf-8"), name.encode("utf-8"), b"scram-sha-256"
+    )
+    return verifier.decode("ascii")
+
+
+def _ensure_one(conn: Connection, spec: LoginRoleSpec, me: dict[str, Any],
+                has_rds_iam: bool) -> LoginRoleReport:
     role = sql.Identifier(spec.name)
+    if me["name"] == spec.name:
+        raise ConfigurationError(
+            f"{spec.parameter} {spec.name} is the schema owner (the user running the "
+            "migrations); give each function a login of its own"
+        )
+    existing = _one(
+        conn,
+        "select rolsuper, rolcreaterole, rolcreatedb, rolbypassrls, rolreplication,"
+        " rolcanlogin from pg_roles where rolname = %s",
+        (spec.name,),
+    )
+    if existing is None:
+        conn.execute(sql.SQL("create role {} login inherit").format(role))
+    else:
+        if spec.group == SERVICE_ROLE and spec.name in RESERVED_NAMES and not (
+                existing["rolcanlogin"]):
+            raise ConfigurationError(
+                f"the previous version's login {spec.name} cannot be restored: that name is "
+                "now a NOLOGIN group role. The previous functions cannot log in until this "
+                "version is deployed again (docs/deploy.md, Upgrading to logins by duty)"
+            )
+        _refuse_unfit(conn, spec, existing)
+        if not existing["rolcanlogin"]:
+            conn.execute(sql.SQL("alter role {} login").format(role))
+
+    groups = _memberships(conn, spec.name)
+    if spec.group not in groups:
+        conn.execute(sql.SQL("grant {} to {}").format(sql.Identifier(spec.group), role))
+
+    rds_iam = "unused"
+    if not has_rds_iam:
+        rds_iam = "absent"
+    elif spec.iam_auth:
+        if RDS_IAM not in groups:
+            conn.execute(sql.SQL("grant {} to {}").format(sql.Identifier(RDS_IAM), role))
+        rds_iam = "granted"
+    elif RDS_IAM in groups:
+        conn.execute(sql.SQL("revoke {} from {}").format(sql.Identifier(RDS_IAM), role))
+        rds_iam = "revoked"
+
+    if spec.password is not None:
+        verifier = scram_verifier(conn, spec.name, spec.password)
+        conn.execute(sql.SQL("alter role {} password {}").format(role, sql.Literal(verifier)))
+    database = sql.Identifier(str(me["db"]))
+    for setting in ("statement_timeout", "idle_in_transaction_session_timeout"):
+        conn.execute(
+            sql.SQL("alter role {} in database {} set {} = {}").format(
+                role, database, sql.Identifier(setting), sql.Literal(spec.statement_timeout)
+            )
+        )
+    return LoginRoleReport(spec.name, spec.group, created=existing is None, rds_iam=rds_iam,
+                           password_set=spec.password is not None)
+
+
+def ensure_login_roles(conn: Connection, specs: Sequence[LoginRoleSpec]) -> list[LoginRoleReport]:
+    """Make each login a member of its one group, all in one transaction.
+
+    Either every login ends up as asked or nothing changes: a refusal of the third login
+    rolls back the first two.
+    """
+    names = [spec.name for spec in specs]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ConfigurationError(
+            f"login {', '.join(duplicates)} is given for more than one function; each function "
+            "needs a login of its own, so that one function's credentials cannot do another's "
+            "work"
+        )
     with conn.transaction():
         me = _one(conn, "select current_user as name, current_database() as db")
         assert me is not None
-        if me["name"] == spec.name:
-            raise ConfigurationError(
-                f"RuntimeDbUser {spec.name} is the schema owner (the user running the "
-                "migrations); give the runtime functions a role of their own"
-            )
-        existing = _one(
-            conn,
-            "select rolsuper, rolcreaterole, rolcreatedb, rolbypassrls, rolreplication,"
-            " rolcanlogin from pg_roles where rolname = %s",
-            (spec.name,),
-        )
-        if existing is None:
-            conn.execute(sql.SQL("create role {} login inherit").format(role))
-        else:
-            _refuse_privileged(conn, spec, existing)
-            if not existing["rolcanlogin"]:
-                conn.execute(sql.SQL("alter role {} login").format(role))
-
-        groups = _memberships(conn, spec.name)
-        if SERVICE_ROLE not in groups:
-            conn.execute(sql.SQL("grant {} to {}").format(sql.Identifier(SERVICE_ROLE), role))
-
+        _check_groups_exist(conn, (spec.group for spec in specs))
         has_rds_iam = _one(conn, "select 1 as found from pg_roles where rolname = %s",
                            (RDS_IAM,)) is not None
-        rds_iam = "unused"
-        if not has_rds_iam:
-            rds_iam = "absent"
-        elif spec.iam_auth:
-            if RDS_IAM not in groups:
-                conn.execute(sql.SQL("grant {} to {}").format(sql.Identifier(RDS_IAM), role))
-            rds_iam = "granted"
-        elif RDS_IAM in groups:
-            conn.execute(sql.SQL("revoke {} from {}").format(sql.Identifier(RDS_IAM), role))
-            rds_iam = "revoked"
-
-        if spec.password is not None:
-            conn.execute(
-                sql.SQL("alter role {} password {}").format(role, sql.Literal(spec.password))
-            )
-        database = sql.Identifier(str(me["db"]))
-        for setting in ("statement_timeout", "idle_in_transaction_session_timeout"):
-            conn.execute(
-                sql.SQL("alter role {} in database {} set {} = {}").format(
-                    role, database, sql.Identifier(setting), sql.Literal(spec.statement_timeout)
-                )
-            )
-    return RuntimeRoleReport(spec.name, created=existing is None, rds_iam=rds_iam)
+        return [_ensure_one(conn, spec, me, has_rds_iam) for spec in specs]

