@@ -7,6 +7,8 @@ documented in ``sql/README.md`` instead of on message text.
 
 from __future__ import annotations
 
+from typing import Literal
+
 
 class LeaseqError(Exception):
     """Base of every error leaseq raises."""
@@ -22,7 +24,8 @@ class ConfigurationError(LeaseqError):
 
 
 class InvalidRequestError(LeaseqError):
-    """The input broke the contract (SQLSTATE 22023, 23514, 22P02, 22P05 or 22001)."""
+    """The input broke the contract (a data exception, SQLSTATE class 22, or 23514), or
+    a value could not be sent at all (no SQLSTATE); retrying the same input will not help."""
 
 
 class IdempotencyConflictError(InvalidRequestError):
@@ -55,12 +58,11 @@ class PermissionDeniedError(DatabaseError):
 
 #: SQLSTATE (or class prefix) -> error type. The longest matching prefix wins.
 SQLSTATE_ERRORS: dict[str, type[LeaseqError]] = {
-    "22023": InvalidRequestError,
+    # Class 22, data exceptions: a value PostgreSQL refuses (22023 from the contract's
+    # checks, 22P02 malformed input, 22P05 a NUL escape, 22001 too long, 22009 a time
+    # zone offset out of range, 22021 invalid encoding, 22003 out of range, ...).
+    "22": InvalidRequestError,
     "23514": InvalidRequestError,
-    "22P02": InvalidRequestError,
-    "22P05": InvalidRequestError,
-    "22001": InvalidRequestError,
-    "22021": InvalidRequestError,
     "23505": IdempotencyConflictError,
     "42501": PermissionDeniedError,
     "08": DatabaseUnavailableError,
@@ -70,13 +72,44 @@ SQLSTATE_ERRORS: dict[str, type[LeaseqError]] = {
     "53300": DatabaseUnavailableError,
 }
 
+#: What failed in the client, for an error that carries no SQLSTATE.
+ClientFailure = Literal[
+    "connection_failed", "closed_connection", "unsendable_value", "undecodable_value",
+    "client_misuse",
+]
+
+#: Client-side failure -> error type. Only a failed connection (refused, lost, timed
+#: out, a login refused) is retryable; the rest would fail the same way again.
+CLIENT_ERRORS: dict[ClientFailure, type[LeaseqError]] = {
+    # psycopg.OperationalError without a SQLSTATE.
+    "connection_failed": DatabaseUnavailableError,
+    # The same error on a connection the application closed itself.
+    "closed_connection": DatabaseError,
+    # psycopg.DataError, ValueError, TypeError while adapting a parameter: NUL in text,
+    # a lone surrogate, json.dumps of a set or of an integer over Python's digit limit.
+    "unsendable_value": InvalidRequestError,
+    # The same errors while loading a result: a value Python cannot represent.
+    "undecodable_value": DatabaseError,
+    # psycopg.ProgrammingError, InterfaceError, NotSupportedError...: a call made wrong.
+    "client_misuse": DatabaseError,
+}
+
 
 def error_type_for(sqlstate: str | None) -> type[LeaseqError]:
-    """Map a SQLSTATE to the library's exception type (DatabaseError by default)."""
+    """Map a SQLSTATE to the library's exception type (DatabaseError by default).
+
+    Without a SQLSTATE the answer is DatabaseError, never the retryable
+    DatabaseUnavailableError: use :func:`client_error_type` when what failed is known.
+    """
     if sqlstate is None:
-        return DatabaseUnavailableError
+        return DatabaseError
     for length in (5, 2):
         found = SQLSTATE_ERRORS.get(sqlstate[:length])
         if found is not None:
             return found
     return DatabaseError
+
+
+def client_error_type(failure: ClientFailure) -> type[LeaseqError]:
+    """The library's exception type for a client-side failure (see CLIENT_ERRORS)."""
+    return CLIENT_ERRORS[failure]
