@@ -127,8 +127,8 @@ def _path_text(path: _Path) -> str:
             text += f"[{key}]"
         elif key.isidentifier():
             text += f".{key}"
-        else:
-            text += f"[{json.dumps(key, ensure_ascii=False)}]"
+        else:  # quoted, and ASCII: a key may hold lone surrogates, which no message may
+            text += f"[{json.dumps(key)}]"
     return text
 
 

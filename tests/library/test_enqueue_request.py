@@ -92,6 +92,12 @@ def test_keys_that_are_not_identifiers_are_quoted_in_the_path() -> None:
         "send null or a string instead")
 
 
+def test_a_refusal_names_a_key_holding_lone_surrogates_in_ascii() -> None:
+    """A message must itself be valid Unicode: pydantic cannot carry one that is not."""
+    message = refusal(payload={"a": {"\udcff": "nul \x00"}})
+    assert '$.a["\\udcff"]: must not contain NUL' in message
+
+
 # available_at -----------------------------------------------------------------------------
 
 
