@@ -4,7 +4,9 @@ nothing are refused before anything is asked of the database."""
 
 from __future__ import annotations
 
+import json
 import uuid
+from pathlib import Path
 
 import pytest
 from leaseq import QueueClient, Registry, Worker, WorkerConfig, connect
@@ -107,4 +109,25 @@ def test_enqueue_with_a_kind_that_shows_nothing_exits_2_and_stores_nothing(
     result = cli("enqueue", "--tenant", str(new_tenant()), "--kind", "\u200b")
     assert result.code == 2
     assert "must not be blank" in result.err
+    assert owner.execute("select count(*) as n from app.jobs").fetchone() == {"n": 0}
+
+
+@pytest.mark.parametrize(("payload", "cause"), [
+    ('{"n": 1' + "0" * 5000 + "}", "4300 digits"),
+    ('{"n": ' * 5000 + "1" + "}" * 5000, "recursion"),
+])
+def test_an_enqueue_file_line_python_cannot_read_exits_2_naming_the_line(
+        cli: Cli, owner: Conn, tmp_path: Path, payload: str, cause: str) -> None:
+    good = json.dumps({"tenant_id": str(new_tenant()), "operation_key": "ok", "kind": "k"})
+    bad = f'{{"tenant_id": "{new_tenant()}", "operation_key": "bad", "kind": "k", ' \
+          f'"payload": {payload}}}'
+    path = tmp_path / "jobs.jsonl"
+    path.write_text(f"{good}\n{bad}\n", encoding="utf-8")
+
+    result = cli("enqueue", "--file", str(path))
+
+    assert result.code == 2
+    (line,) = result.error_lines
+    assert line.startswith(f"leaseq: error: {path} line 2 cannot be read (")
+    assert cause in line
     assert owner.execute("select count(*) as n from app.jobs").fetchone() == {"n": 0}
