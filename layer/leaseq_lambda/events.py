@@ -12,7 +12,9 @@ Enqueue (direct invoke from another Lambda, or an EventBridge event):
   * an EventBridge event with ``"detail-type": "leaseq.enqueue"`` whose detail is either.
 
 Bad enqueue input never raises: every item gets a result, and an item that does not
-validate is rejected with pydantic's explanation, while its valid neighbours go ahead.
+validate is rejected with pydantic's explanation (one line, and field by field), while
+its valid neighbours go ahead. The model refuses every value the SQL contract refuses,
+so a bad value costs its own item, not the statement that stores the batch.
 """
 
 from __future__ import annotations
