@@ -45,11 +45,14 @@ class SchemaVersionError(LeaseqError):
 
 
 class DatabaseError(LeaseqError):
-    """Any other PostgreSQL failure, wrapped with its SQLSTATE."""
+    """Any other PostgreSQL failure, wrapped with its SQLSTATE; or a client-side failure
+    that retrying would not fix: a connection the application closed, a call made wrong,
+    a result Python cannot represent."""
 
 
 class DatabaseUnavailableError(DatabaseError):
-    """The server could not be reached or went away: safe to retry later."""
+    """The server could not be reached, refused the login, or went away: the one failure
+    worth retrying, later or on a new connection."""
 
 
 class PermissionDeniedError(DatabaseError):
