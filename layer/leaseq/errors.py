@@ -24,8 +24,9 @@ class ConfigurationError(LeaseqError):
 
 
 class InvalidRequestError(LeaseqError):
-    """The input broke the contract (a data exception, SQLSTATE class 22, or 23514), or
-    a value could not be sent at all (no SQLSTATE); retrying the same input will not help."""
+    """The input broke the contract (SQLSTATE 22023, 23514, or another data exception
+    about a value sent), or a value could not be sent at all (no SQLSTATE); retrying the
+    same input will not help."""
 
 
 class IdempotencyConflictError(InvalidRequestError):
@@ -61,10 +62,20 @@ class PermissionDeniedError(DatabaseError):
 
 #: SQLSTATE (or class prefix) -> error type. The longest matching prefix wins.
 SQLSTATE_ERRORS: dict[str, type[LeaseqError]] = {
-    # Class 22, data exceptions: a value PostgreSQL refuses (22023 from the contract's
-    # checks, 22P02 malformed input, 22P05 a NUL escape, 22001 too long, 22009 a time
-    # zone offset out of range, 22021 invalid encoding, 22003 out of range, ...).
-    "22": InvalidRequestError,
+    # Data exceptions about a value sent: the contract's checks (22023), malformed
+    # input (22P02), a NUL escape (22P05), too long (22001), invalid encoding (22021),
+    # out of its type's range (22003), a time PostgreSQL cannot read (22007, 22008) or
+    # a UTC offset beyond +-15:59 (22009). The rest of class 22 (division by zero...)
+    # is a fault of the SQL, not of the input: DatabaseError.
+    "22023": InvalidRequestError,
+    "22P02": InvalidRequestError,
+    "22P05": InvalidRequestError,
+    "22001": InvalidRequestError,
+    "22021": InvalidRequestError,
+    "22003": InvalidRequestError,
+    "22007": InvalidRequestError,
+    "22008": InvalidRequestError,
+    "22009": InvalidRequestError,
     "23514": InvalidRequestError,
     "23505": IdempotencyConflictError,
     "42501": PermissionDeniedError,
