@@ -94,7 +94,7 @@ class _ClampedTimestamptzLoader(TimestamptzLoader):
 
 
 def fetch_rows(conn: psycopg.Connection[Any], query: LiteralString,
-         params: Mapping[str, Any]) -> list[dict[str, Any]]:
+               params: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Run one statement and return its rows as dicts, every failure translated.
 
     Reading never raises for the values leaseq stores: json and jsonb are decoded
