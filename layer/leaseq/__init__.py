@@ -3,6 +3,7 @@
 from leaseq.client import QueueClient, enqueue_job, enqueue_jobs
 from leaseq.db import connect
 from leaseq.deadline import Deadline, MonotonicDeadline, lease_for
+from leaseq.decoding import UndecodableJson
 from leaseq.errors import (
     ConfigurationError,
     DatabaseError,
@@ -61,6 +62,7 @@ __all__ = [
     "RetryJob",
     "RetryPolicy",
     "SchemaVersionError",
+    "UndecodableJson",
     "Worker",
     "WorkerConfig",
     "WorkerSettings",

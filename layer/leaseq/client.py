@@ -16,11 +16,10 @@ from typing import Any, LiteralString, TypeVar
 from uuid import UUID
 
 import psycopg
-from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from leaseq import queries
-from leaseq.db import Connection, translate_errors
+from leaseq.db import Connection, fetch_rows, prepare_connection
 from leaseq.errors import DatabaseUnavailableError, IdempotencyConflictError
 from leaseq.jobs import ClaimedJob, EnqueueRequest, EnqueueResult, JobOutcome, JobState
 
@@ -29,13 +28,6 @@ T = TypeVar("T")
 #: Reconnect proactively after this long without use: idle connections of frozen
 #: Lambda environments are purged by the network long before a server would notice.
 DEFAULT_MAX_IDLE_SECONDS = 240.0
-
-
-def _rows(conn: psycopg.Connection[Any], query: LiteralString,
-          params: Mapping[str, Any]) -> list[dict[str, Any]]:
-    with translate_errors(), conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(query, params)
-        return cur.fetchall()
 
 
 def enqueue_jobs(conn: psycopg.Connection[Any],
@@ -56,7 +48,7 @@ def enqueue_jobs(conn: psycopg.Connection[Any],
         "max_attempts": [r.max_attempts for r in requests],
         "correlation_ids": [r.correlation_id for r in requests],
     }
-    rows = _rows(conn, queries.ENQUEUE_JOBS, params)
+    rows = fetch_rows(conn, queries.ENQUEUE_JOBS, params)
     return [
         EnqueueResult(
             index=int(row["ord"]) - 1,
@@ -121,9 +113,12 @@ class QueueClient:
 
     def _fresh_connection(self) -> Connection:
         self.close()
-        self._conn = self._connect()
+        conn = self._connect()
+        # Whatever made it, the worker's connection decodes stored JSON totally.
+        prepare_connection(conn)
+        self._conn = conn
         self.reconnects += 1
-        return self._conn
+        return conn
 
     def check(self) -> None:
         """Make sure the connection is usable; reconnect once if it went stale.
@@ -136,7 +131,7 @@ class QueueClient:
             self._fresh_connection()
         elif self._clock() - self._last_used > self._max_idle:
             try:
-                _rows(conn, queries.PING, {})
+                fetch_rows(conn, queries.PING, {})
             except DatabaseUnavailableError:
                 self._fresh_connection()
         self._last_used = self._clock()
@@ -156,7 +151,7 @@ class QueueClient:
         return result
 
     def _query(self, query: LiteralString, params: Mapping[str, Any]) -> list[dict[str, Any]]:
-        return self._call(lambda conn: _rows(conn, query, params))
+        return self._call(lambda conn: fetch_rows(conn, query, params))
 
     # Enqueue ------------------------------------------------------------------------
 

@@ -7,6 +7,8 @@ documented in ``sql/README.md`` instead of on message text.
 
 from __future__ import annotations
 
+from typing import Literal
+
 
 class LeaseqError(Exception):
     """Base of every error leaseq raises."""
@@ -22,7 +24,9 @@ class ConfigurationError(LeaseqError):
 
 
 class InvalidRequestError(LeaseqError):
-    """The input broke the contract (SQLSTATE 22023, 23514, 22P02, 22P05 or 22001)."""
+    """The input broke the contract (SQLSTATE 22023, 23514, or another data exception
+    about a value sent), or a value could not be sent at all (no SQLSTATE); retrying the
+    same input will not help."""
 
 
 class IdempotencyConflictError(InvalidRequestError):
@@ -42,11 +46,14 @@ class SchemaVersionError(LeaseqError):
 
 
 class DatabaseError(LeaseqError):
-    """Any other PostgreSQL failure, wrapped with its SQLSTATE."""
+    """Any other PostgreSQL failure, wrapped with its SQLSTATE; or a client-side failure
+    that retrying would not fix: a connection the application closed, a call made wrong,
+    a result Python cannot represent."""
 
 
 class DatabaseUnavailableError(DatabaseError):
-    """The server could not be reached or went away: safe to retry later."""
+    """The server could not be reached, refused the login, or went away: the one failure
+    worth retrying, later or on a new connection."""
 
 
 class PermissionDeniedError(DatabaseError):
@@ -63,12 +70,21 @@ class MigrationBlockedError(DatabaseError):
 
 #: SQLSTATE (or class prefix) -> error type. The longest matching prefix wins.
 SQLSTATE_ERRORS: dict[str, type[LeaseqError]] = {
+    # Data exceptions about a value sent: the contract's checks (22023), malformed
+    # input (22P02), a NUL escape (22P05), too long (22001), invalid encoding (22021),
+    # out of its type's range (22003), a time PostgreSQL cannot read (22007, 22008) or
+    # a UTC offset beyond +-15:59 (22009). The rest of class 22 (division by zero...)
+    # is a fault of the SQL, not of the input: DatabaseError.
     "22023": InvalidRequestError,
-    "23514": InvalidRequestError,
     "22P02": InvalidRequestError,
     "22P05": InvalidRequestError,
     "22001": InvalidRequestError,
     "22021": InvalidRequestError,
+    "22003": InvalidRequestError,
+    "22007": InvalidRequestError,
+    "22008": InvalidRequestError,
+    "22009": InvalidRequestError,
+    "23514": InvalidRequestError,
     "23505": IdempotencyConflictError,
     "42501": PermissionDeniedError,
     "08": DatabaseUnavailableError,
@@ -78,13 +94,44 @@ SQLSTATE_ERRORS: dict[str, type[LeaseqError]] = {
     "53300": DatabaseUnavailableError,
 }
 
+#: What failed in the client, for an error that carries no SQLSTATE.
+ClientFailure = Literal[
+    "connection_failed", "closed_connection", "unsendable_value", "undecodable_value",
+    "client_misuse",
+]
+
+#: Client-side failure -> error type. Only a failed connection (refused, lost, timed
+#: out, a login refused) is retryable; the rest would fail the same way again.
+CLIENT_ERRORS: dict[ClientFailure, type[LeaseqError]] = {
+    # psycopg.OperationalError without a SQLSTATE.
+    "connection_failed": DatabaseUnavailableError,
+    # The same error on a connection the application closed itself.
+    "closed_connection": DatabaseError,
+    # psycopg.DataError, ValueError, TypeError while adapting a parameter: NUL in text,
+    # a lone surrogate, json.dumps of a set or of an integer over Python's digit limit.
+    "unsendable_value": InvalidRequestError,
+    # The same errors while loading a result: a value Python cannot represent.
+    "undecodable_value": DatabaseError,
+    # psycopg.ProgrammingError, InterfaceError, NotSupportedError...: a call made wrong.
+    "client_misuse": DatabaseError,
+}
+
 
 def error_type_for(sqlstate: str | None) -> type[LeaseqError]:
-    """Map a SQLSTATE to the library's exception type (DatabaseError by default)."""
+    """Map a SQLSTATE to the library's exception type (DatabaseError by default).
+
+    Without a SQLSTATE the answer is DatabaseError, never the retryable
+    DatabaseUnavailableError: use :func:`client_error_type` when what failed is known.
+    """
     if sqlstate is None:
-        return DatabaseUnavailableError
+        return DatabaseError
     for length in (5, 2):
         found = SQLSTATE_ERRORS.get(sqlstate[:length])
         if found is not None:
             return found
     return DatabaseError
+
+
+def client_error_type(failure: ClientFailure) -> type[LeaseqError]:
+    """The library's exception type for a client-side failure (see CLIENT_ERRORS)."""
+    return CLIENT_ERRORS[failure]

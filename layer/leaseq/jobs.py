@@ -2,61 +2,30 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, Literal
 from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-#: The SQL contract's payload and result size bound, in bytes of JSON text (sql/0003).
-MAX_DOCUMENT_BYTES = 262_144
-
-
-#: The SQL contract's nesting bound (sql/0003): no value more than this many levels below
-#: the payload object. Far deeper documents cannot be decoded by Python's json module,
-#: so a worker could never read them back.
-MAX_PAYLOAD_DEPTH = 100
-
-_NUL = "must not contain NUL characters (U+0000); PostgreSQL cannot store them"
-
-
-def nesting_depth(value: Any) -> int:
-    """Levels below ``value`` (0 for a scalar), without recursion, so any depth is safe."""
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    while stack:
-        item, level = stack.pop()
-        deepest = max(deepest, level)
-        if isinstance(item, dict):
-            stack.extend((child, level + 1) for child in item.values())
-        elif isinstance(item, list | tuple):
-            stack.extend((child, level + 1) for child in item)
-    return deepest
-
-
-def contains_nul(value: Any) -> bool:
-    """Whether a JSON-like value holds U+0000 anywhere, which text and jsonb cannot store."""
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(contains_nul(k) or contains_nul(v) for k, v in value.items())
-    if isinstance(value, list | tuple):
-        return any(contains_nul(item) for item in value)
-    return False
-
-
-def json_size(value: Any) -> int:
-    """Bytes of ``value`` as strict JSON text, the way PostgreSQL prints jsonb.
-
-    Raises ValueError or TypeError when the value is not strict JSON (NaN, sets, ...).
-    """
-    return len(json.dumps(value, allow_nan=False, ensure_ascii=False).encode("utf-8"))
+from leaseq.decoding import UndecodableJson
+from leaseq.storable import (
+    MAX_DOCUMENT_BYTES,
+    MAX_PAYLOAD_DEPTH,
+    MAX_SCHEDULE_AHEAD,
+    NUL_PROBLEM,
+    blank_problem,
+    json_size,
+    nesting_depth,
+    storage_problem,
+)
 
 
 class JobState(StrEnum):
+    """The states of ``app.job_state``."""
+
     PENDING = "pending"
     RUNNING = "running"
     RETRY_WAIT = "retry_wait"
@@ -67,7 +36,9 @@ class JobState(StrEnum):
 
 class EnqueueRequest(BaseModel):
     """One job to enqueue. The bounds mirror the SQL contract, so bad input is refused
-    before it reaches the database, with pydantic's field-by-field explanation."""
+    before it reaches the database, with pydantic's field-by-field explanation: in a
+    batch, a value PostgreSQL would refuse costs the whole statement, a value refused
+    here costs only its own item."""
 
     # Built on first use: a worker never enqueues, so it does not pay for the schema
     # at import (about a fifth of the worker handler module's import time).
@@ -78,21 +49,23 @@ class EnqueueRequest(BaseModel):
     kind: str = Field(min_length=1, max_length=128)
     payload: dict[str, Any] = Field(default_factory=dict)
     available_at: datetime | None = None
-    max_attempts: int | None = Field(default=None, ge=1, le=20)
+    # Strict: pydantic would otherwise read true as 1 and "5" as 5.
+    max_attempts: int | None = Field(default=None, ge=1, le=20, strict=True)
     correlation_id: str | None = Field(default=None, min_length=1, max_length=200)
 
     @field_validator("operation_key", "kind")
     @classmethod
-    def _not_blank(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("must not be blank")
+    def _visible(cls, value: str) -> str:
+        problem = blank_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
         return value
 
     @field_validator("operation_key", "kind", "correlation_id")
     @classmethod
     def _no_nul_text(cls, value: str | None) -> str | None:
-        if value is not None and contains_nul(value):
-            raise ValueError(_NUL)
+        if value is not None and "\x00" in value:
+            raise ValueError(NUL_PROBLEM)
         return value
 
     @field_validator("payload")
@@ -101,22 +74,36 @@ class EnqueueRequest(BaseModel):
         depth = nesting_depth(value)
         if depth > MAX_PAYLOAD_DEPTH:
             raise ValueError(f"must nest at most {MAX_PAYLOAD_DEPTH} levels (got {depth})")
+        problem = storage_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
         try:
             size = json_size(value)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"must be strict JSON (no NaN, Infinity, sets...): {exc}") from exc
-        if contains_nul(value):
-            raise ValueError(_NUL)
         if size > MAX_DOCUMENT_BYTES:
             raise ValueError(f"must be at most {MAX_DOCUMENT_BYTES} bytes as JSON (got {size})")
         return value
 
     @field_validator("available_at")
     @classmethod
-    def _aware(cls, value: datetime | None) -> datetime | None:
-        if value is not None and value.tzinfo is None:
+    def _utc_and_bounded(cls, value: datetime | None) -> datetime | None:
+        """Kept as the same instant in UTC: PostgreSQL refuses UTC offsets beyond
+        ±15:59, which Python allows up to ±23:59."""
+        if value is None:
+            return None
+        if value.utcoffset() is None:
             raise ValueError("must include a time zone (for example 2026-01-01T00:00:00Z)")
-        return value
+        try:
+            utc = value.astimezone(UTC)
+        except OverflowError:
+            raise ValueError(f"is out of range ({value.isoformat()} is not a time in "
+                             "years 1 to 9999 once moved to UTC)") from None
+        latest = datetime.now(UTC) + MAX_SCHEDULE_AHEAD
+        if utc > latest:
+            raise ValueError(f"must be at most {MAX_SCHEDULE_AHEAD.days} days ahead "
+                             f"(got {utc.isoformat()}, later than {latest.isoformat()})")
+        return utc
 
 
 EnqueueStatus = Literal["created", "existing", "conflict"]
@@ -139,7 +126,11 @@ class EnqueueResult:
 
 @dataclass(frozen=True)
 class ClaimedJob:
-    """A job this worker holds a lease on; ``lease_token`` fences every later write."""
+    """A job this worker holds a lease on; ``lease_token`` fences every later write.
+
+    ``payload_error`` is set (and ``payload`` empty) when the stored payload cannot be
+    decoded by Python: the worker then records the job dead without running it.
+    """
 
     id: UUID
     tenant_id: UUID
@@ -154,15 +145,21 @@ class ClaimedJob:
     lease_token: UUID
     lease_expires_at: datetime
     correlation_id: str | None = None
+    payload_error: UndecodableJson | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> ClaimedJob:
+        """The job of a claimed row (``app.jobs`` columns)."""
+        payload = row["payload"]
+        payload_error = None
+        if isinstance(payload, UndecodableJson):
+            payload_error, payload = payload, {}
         return cls(
             id=row["id"],
             tenant_id=row["tenant_id"],
             operation_key=row["operation_key"],
             kind=row["kind"],
-            payload=row["payload"],
+            payload=payload,
             attempts=row["attempts"],
             max_attempts=row["max_attempts"],
             available_at=row["available_at"],
@@ -171,6 +168,7 @@ class ClaimedJob:
             lease_token=row["lease_token"],
             lease_expires_at=row["lease_expires_at"],
             correlation_id=row.get("correlation_id"),
+            payload_error=payload_error,
         )
 
     @property

@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from leaseq.errors import ConfigurationError
 from leaseq.retry import RetryPolicy
+from leaseq.storable import is_blank
 
 if TYPE_CHECKING:
     from leaseq.job_context import JobContext
@@ -45,9 +46,11 @@ class Registry:
         timeout: float | None = None,
         retry: RetryPolicy | None = None,
     ) -> Registration:
-        if not kind or not kind.strip() or len(kind) > 128:
+        # The enqueue rule for kinds: a kind that shows nothing could never be enqueued.
+        if not kind or is_blank(kind) or len(kind) > 128:
             raise ConfigurationError(
-                f"job kind {kind!r} is invalid: use 1 to 128 non-blank characters")
+                f"job kind {kind!r} is invalid: use 1 to 128 characters, at least one of "
+                "them visible (not white space or an invisible format character)")
         if kind in self._by_kind:
             raise ConfigurationError(
                 f"job kind {kind!r} is registered twice; register each kind once")

@@ -26,17 +26,11 @@ from leaseq.deadline import Deadline, lease_for
 from leaseq.errors import InvalidRequestError
 from leaseq.interrupt import TimeLimit, timeouts
 from leaseq.job_context import JobContext, job_log_fields, running
-from leaseq.jobs import (
-    MAX_DOCUMENT_BYTES,
-    ClaimedJob,
-    JobOutcome,
-    JobState,
-    contains_nul,
-    json_size,
-)
+from leaseq.jobs import ClaimedJob, JobOutcome, JobState
 from leaseq.registry import Registration, Registry
 from leaseq.retry import MAX_RETRY_DELAY, RetryPolicy
 from leaseq.signals import DiscardJob, JobTimeout, RetryJob
+from leaseq.storable import MAX_DOCUMENT_BYTES, json_size, storage_problem
 
 logger = logging.getLogger("leaseq.worker")
 
@@ -266,6 +260,16 @@ class Worker:
     def _run_one(self, job: ClaimedJob, registration: Registration | None, budget: float,
                  deadline: Deadline, limit: TimeLimit) -> JobOutcome:
         """Run one job's handler (in the job's logging context) and judge its outcome."""
+        if job.payload_error is not None:
+            # Retrying cannot help: every claim would read the same stored text.
+            logger.error("payload cannot be decoded", extra=job_log_fields(job))
+            undecodable = job.payload_error
+            return JobOutcome(job, "dead", _error(
+                "UNDECODABLE_PAYLOAD",
+                f"the stored payload cannot be decoded as JSON by Python: "
+                f"{undecodable.reason}. Enqueue a corrected job under a new operation "
+                "key; retrying this one would fail the same way",
+                prefix=undecodable.prefix, length=len(undecodable.text)))
         if registration is None:
             logger.error("no handler registered for this kind", extra=job_log_fields(job))
             return JobOutcome(job, "dead", _error(
@@ -318,14 +322,15 @@ class Worker:
             return JobOutcome(job, "succeeded")
         try:
             value = _json_result(result)
-            size = json_size(value)
-        except (TypeError, ValueError) as exc:
+            problem = storage_problem(value)
+            size = json_size(value) if problem is None else 0
+        except (TypeError, ValueError, RecursionError) as exc:
             return JobOutcome(job, "dead", _error(
-                "RESULT_NOT_JSON", f"the handler returned a value that is not strict JSON: {exc}"))
-        if contains_nul(value):
+                "RESULT_NOT_JSON", "the handler returned a value that is not strict JSON: "
+                f"{str(exc) or type(exc).__name__}"))
+        if problem is not None:
             return JobOutcome(job, "dead", _error(
-                "RESULT_NOT_JSON",
-                "the handler's result contains NUL characters (U+0000), which cannot be stored"))
+                "RESULT_NOT_JSON", f"the handler's result cannot be stored: {problem}"))
         if size > MAX_RESULT_BYTES:
             return JobOutcome(job, "dead", _error(
                 "RESULT_TOO_LARGE",

@@ -15,11 +15,17 @@ from enum import Enum
 from typing import Any
 from uuid import UUID
 
+from leaseq.decoding import UndecodableJson
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 
 def json_default(value: Any) -> Any:
+    """JSON for the values rows hold: a stored JSON value Python cannot decode becomes
+    ``{"undecodable": true, "reason": ..., "prefix": ..., "length": ...}``."""
+    if isinstance(value, UndecodableJson):
+        return value.as_document()
     if isinstance(value, UUID):
         return str(value)
     if isinstance(value, datetime):
@@ -58,11 +64,22 @@ def when(value: datetime | None) -> str:
     return value.astimezone().strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
+def plain(text: str) -> str:
+    """``text`` shown as it is in a table: stored text (a kind, a key, a payload) may
+    hold what rich would read as markup, and ``[/x]`` would make the print fail."""
+    return escape(text)
+
+
 def compact(value: Any, limit: int = 120) -> str:
+    """A stored JSON value on one line, cut at ``limit`` characters, safe to print in a
+    table; an undecodable one says so, with its reason and first characters."""
     if value is None:
         return ""
-    text = json.dumps(value, default=json_default, separators=(", ", ": "))
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    if isinstance(value, UndecodableJson):
+        text = value.describe()
+    else:
+        text = json.dumps(value, default=json_default, separators=(", ", ": "))
+    return plain(text if len(text) <= limit else text[: limit - 1] + "…")
 
 
 STATE_STYLE = {

@@ -14,25 +14,33 @@ from uuid import UUID
 
 from leaseq import EnqueueRequest, EnqueueResult, InvalidRequestError, QueueClient
 
-from leaseq_lambda.events import EnqueueBatch, Rejection
+from leaseq_lambda.events import EnqueueBatch, FieldProblem, Rejection
 
 Status = Literal["created", "existing", "rejected"]
 
 
 @dataclass(frozen=True)
 class ItemResult:
+    """The answer for one item of the event, in the event's order."""
+
     index: int
     status: Status
     job_id: UUID | None = None
     reason: str | None = None
     request: EnqueueRequest | None = None
+    errors: tuple[FieldProblem, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
+        """The item as the function answers it: ``errors`` only for an item that did
+        not validate (field, pydantic error type, message)."""
         item: dict[str, Any] = {"index": self.index, "status": self.status}
         if self.job_id is not None:
             item["job_id"] = str(self.job_id)
         if self.reason is not None:
             item["reason"] = self.reason
+        if self.errors:
+            item["errors"] = [{"field": e.field, "type": e.type, "message": e.message}
+                              for e in self.errors]
         return item
 
 
@@ -68,7 +76,7 @@ def submit(connect: Callable[[], QueueClient], batch: EnqueueBatch) -> list[Item
     ``connect`` is only called when there is something to send, so an event that is
     rejected as a whole is answered without touching the database.
     """
-    results = {i: ItemResult(i, "rejected", reason=item.reason)
+    results = {i: ItemResult(i, "rejected", reason=item.reason, errors=item.errors)
                for i, item in enumerate(batch.items) if isinstance(item, Rejection)}
     pending = batch.requests
     if pending:

@@ -12,7 +12,9 @@ Enqueue (direct invoke from another Lambda, or an EventBridge event):
   * an EventBridge event with ``"detail-type": "leaseq.enqueue"`` whose detail is either.
 
 Bad enqueue input never raises: every item gets a result, and an item that does not
-validate is rejected with pydantic's explanation, while its valid neighbours go ahead.
+validate is rejected with pydantic's explanation (one line, and field by field), while
+its valid neighbours go ahead. The model refuses every value the SQL contract refuses,
+so a bad value costs its own item, not the statement that stores the batch.
 """
 
 from __future__ import annotations
@@ -38,11 +40,21 @@ class InvalidEventError(InvalidRequestError):
     """The event is none of the shapes this function accepts."""
 
 
+def _field(err: Any) -> str:
+    return ".".join(str(p) for p in err["loc"]) or "event"
+
+
 def describe(exc: ValidationError) -> str:
     """Pydantic's errors as one line: ``field: problem; other.field: problem``."""
-    return "; ".join(
-        f"{'.'.join(str(p) for p in err['loc']) or 'event'}: {err['msg']}" for err in exc.errors()
-    )
+    return "; ".join(f"{_field(err)}: {err['msg']}" for err in exc.errors())
+
+
+def problems(exc: ValidationError) -> tuple[FieldProblem, ...]:
+    """Pydantic's errors one by one, for a caller that acts on them: the field, the
+    kind of problem (pydantic's error type) and the message. Inputs are left out, so
+    that a rejection never echoes a payload back."""
+    return tuple(FieldProblem(_field(err), err["type"], err["msg"])
+                 for err in exc.errors(include_url=False, include_input=False))
 
 
 # Scheduled ticks ----------------------------------------------------------------------------
@@ -97,8 +109,21 @@ def parse_tick(event: Any, task: Task) -> Tick:
 
 
 @dataclass(frozen=True)
+class FieldProblem:
+    """One field of a rejected item, and what is wrong with it."""
+
+    field: str
+    type: str
+    message: str
+
+
+@dataclass(frozen=True)
 class Rejection:
+    """An item refused before the database: the reason in one line, and field by field
+    when the item is a job that did not validate."""
+
     reason: str
+    errors: tuple[FieldProblem, ...] = ()
 
 
 @dataclass
@@ -131,7 +156,7 @@ def _item(raw: Any, correlation_id: str) -> EnqueueRequest | Rejection:
     try:
         return EnqueueRequest.model_validate(raw)
     except ValidationError as exc:
-        return Rejection(describe(exc))
+        return Rejection(describe(exc), problems(exc))
 
 
 def _body(body: Any, correlation_id: str) -> list[EnqueueRequest | Rejection]:

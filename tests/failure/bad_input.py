@@ -4,7 +4,7 @@ broken clients send. Shared by the library, SQL and Lambda fuzz tests."""
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 from hypothesis import strategies as st
@@ -42,10 +42,20 @@ def _invalid_utf8(raw: bytes) -> str:
     return (b"\xff" + raw + b"\xc3\x28").decode("utf-8", "surrogateescape")
 
 
+#: Text that shows nothing: White_Space and invisible format characters (category Cf).
+INVISIBLE_TEXT = ["", " ", "\t\n", "\u200b", "\ufeff", "\u200c\u200d", "\u2060", "\u00ad",
+                  "\u202e", "\u3000", "\U000e0001", " \u200b\t "]
+
+#: Integers around the contract's 1,000-character bound on JSON numbers, built when
+#: drawn (Hypothesis shows its examples with repr(), which refuses integers of more than
+#: 4,300 digits: those are tested one by one instead).
+long_integers = st.tuples(st.sampled_from([1, -1]), st.integers(990, 1010),
+                          st.sampled_from([0, -1])).map(lambda t: t[0] * (10 ** t[1] + t[2]))
+
 nasty_text = st.one_of(
     st.text(max_size=12),
     st.sampled_from(SQL_FRAGMENTS),
-    st.sampled_from(["", " ", "\t\n", "\u200b", "\ufeff", "é" * 130, "x" * 256]),
+    st.sampled_from([*INVISIBLE_TEXT, "é" * 130, "x" * 256]),
     st.text(min_size=250, max_size=260),
     st.text(max_size=5).map(_with_nul),
     st.binary(max_size=6).map(_invalid_utf8),
@@ -55,6 +65,7 @@ json_scalars = st.one_of(
     st.none(),
     st.booleans(),
     st.integers(min_value=-(10**30), max_value=10**30),
+    long_integers,
     st.floats(allow_nan=True, allow_infinity=True),
     nasty_text,
 )
@@ -112,13 +123,20 @@ operation_keys = mostly(st.sampled_from(KEY_POOL) | st.uuids().map(str) | plain_
                         st.one_of(nasty_text, st.integers(), st.none()))
 kinds = mostly(st.sampled_from(["echo", "email.send"]), st.one_of(nasty_text, st.none()))
 
+#: UTC offsets Python allows; PostgreSQL refuses those beyond +-15:59 (22009).
+offsets = st.integers(-(24 * 60 - 1), 24 * 60 - 1).map(
+    lambda minutes: timezone(timedelta(minutes=minutes)))
+
 available_ats = mostly(
-    st.integers(-30, 800).map(lambda days: (datetime.now(UTC) + timedelta(days=days)).isoformat()),
+    st.tuples(st.integers(-30, 800), offsets).map(
+        lambda t: (datetime.now(UTC) + timedelta(days=t[0])).astimezone(t[1]).isoformat()),
     st.one_of(st.datetimes(timezones=st.just(UTC)).map(datetime.isoformat),
+              st.datetimes(timezones=offsets).map(datetime.isoformat),
               st.datetimes().map(datetime.isoformat), nasty_text, st.none()),
 )
-max_attempts = mostly(st.integers(1, 20), st.one_of(st.none(), st.integers(-3, 25), st.floats(),
-                                                    nasty_text))
+max_attempts = mostly(st.integers(1, 20), st.one_of(
+    st.none(), st.integers(-3, 25), st.floats(), st.booleans(),
+    st.integers(1, 20).map(str), st.integers(1, 20).map(float), nasty_text))
 correlation_ids = mostly(plain_text, st.one_of(st.none(), nasty_text))
 
 

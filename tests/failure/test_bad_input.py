@@ -31,7 +31,7 @@ from leaseq import (
     connect,
     enqueue_jobs,
 )
-from leaseq.jobs import nesting_depth
+from leaseq.storable import nesting_depth
 from leaseq_lambda import runtime
 from psycopg.types.json import Jsonb
 from pydantic import ValidationError
@@ -39,6 +39,7 @@ from pydantic import ValidationError
 from tests.conftest import Database
 from tests.failure.audit import audit_queue
 from tests.failure.bad_input import (
+    INVISIBLE_TEXT,
     SQL_FRAGMENTS,
     enqueue_events,
     enqueue_items,
@@ -156,7 +157,11 @@ def test_fuzzed_requests_are_stored_whole_or_refused_with_documented_errors(
             assert same is (result.status != "conflict"), (result, row)
 
     fuzz()
-    assert all(outcomes.values()), outcomes
+    assert outcomes["invalid"], outcomes
+    assert outcomes["stored"], outcomes
+    # The model refuses everything the SQL contract would: a batch it accepted is never
+    # refused whole (before the number, offset and NaN rules, some were).
+    assert outcomes["refused"] == 0, outcomes
     assert_worker_drains_everything(db, admin)
 
 
@@ -186,10 +191,19 @@ CLIENT_SIDE_REFUSALS = (psycopg.DataError, UnicodeEncodeError)
 valid_json_objects = st.dictionaries(plain_text, valid_json, max_size=3).map(json.dumps)
 
 
+def _json_text(value: Any) -> str:
+    """JSON text as a SQL caller may send it: also for an integer json.dumps refuses
+    (over Python's digit limit), which PostgreSQL accepts written with an exponent."""
+    try:
+        return json.dumps(value, allow_nan=True)
+    except ValueError:
+        return '{"n": 1e5000, "note": "an integer of 5,001 digits once stored"}'
+
+
 def _payload_texts() -> st.SearchStrategy[str]:
     return st.one_of(
-        json_values.map(lambda v: json.dumps(v, allow_nan=True)),
-        st.dictionaries(st.text(max_size=5), json_values, max_size=4).map(json.dumps),
+        json_values.map(_json_text),
+        st.dictionaries(st.text(max_size=5), json_values, max_size=4).map(_json_text),
         st.sampled_from(['{"a": "\\u0000"}', '{"\\u0000": 1}', "{", "", "[]", "null",
                          '{"a": 1} trailing', '{"a": "\\ud800"}', "NaN"]),
         nasty_text,
@@ -386,4 +400,54 @@ def test_the_enqueue_function_rejects_an_item_nested_too_deep(
              "payload": nested(950)}
     answer = enqueue_function.lambda_handler(event, FakeLambdaContext())
     assert answer["rejected"] == 1
+    assert counts(admin) == Counts(0, 0, 0)
+
+
+# The number and blank rules: one answer at both doors ----------------------------------
+
+#: (field, value, the rule's answer). Numbers are measured as PostgreSQL writes them:
+#: digits, and a minus sign for a negative number.
+RULE_CASES: list[tuple[str, Any, bool]] = [
+    ("payload", {"n": 10**1000 - 1}, True),
+    ("payload", {"n": 10**1000}, False),
+    ("payload", {"n": -(10**999 - 1)}, True),
+    ("payload", {"n": -(10**999)}, False),
+    ("payload", {"a": [1, {"m": 10**1500}]}, False),
+    ("payload", {"tiny": 5e-324, "huge": 1.7976931348623157e308}, True),
+    *[(field, text, False) for field in ("kind", "operation_key")
+      for text in INVISIBLE_TEXT if text],
+    *[(field, text, True) for field in ("kind", "operation_key")
+      for text in ("a\u200b", "\u2060x", "\x1c", "\u0301")],
+]
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the SQL side of the number and blank rules (22023) lands in a separate change; "
+    "remove this mark together with it"))
+def test_the_number_and_blank_rules_are_the_same_for_the_model_and_the_sql_contract(
+    worker: Conn, admin: Conn
+) -> None:
+    disagreements = []
+    for field, value, expected in RULE_CASES:
+        item: dict[str, Any] = {"tenant_id": uuid.uuid4(), "operation_key": "k", "kind": "echo",
+                                "payload": {}, field: value}
+        try:
+            EnqueueRequest.model_validate(item)
+        except ValidationError:
+            model_accepts = False
+        else:
+            model_accepts = True
+        try:
+            with worker.transaction(force_rollback=True):
+                worker.execute("select app.enqueue_job(%s, %s, %s, %s)",
+                               (item["tenant_id"], item["operation_key"], item["kind"],
+                                Jsonb(item["payload"])))
+        except psycopg.errors.InvalidParameterValue:
+            sql_accepts = False
+        else:
+            sql_accepts = True
+        assert model_accepts is expected, (field, repr(value)[:40])
+        if sql_accepts is not expected:
+            disagreements.append((field, repr(value)[:40]))
+    assert disagreements == []
     assert counts(admin) == Counts(0, 0, 0)

@@ -72,6 +72,31 @@ def test_the_scheduled_tick_drains_every_ready_job_and_emits_the_metrics(
     assert {doc["service"] for doc in out.emf} == {"leaseq"}
 
 
+def test_a_stored_payload_python_cannot_decode_is_dead_and_its_batch_drains(
+        worker_app: ModuleType, enqueue_app: ModuleType, owner: Conn,
+        read_output: Callable[[], Output]) -> None:
+    """Written as the schema owner, past the enqueue checks: a 5,001-digit integer."""
+    enqueue(enqueue_app, "enqueue_batch")
+    (poison,) = owner.execute(
+        "insert into app.jobs (tenant_id, operation_key, kind, payload, available_at)"
+        " values (%s, 'poison', 'send_welcome_email', '{\"to\": 1e5000}',"
+        " now() - interval '1 minute') returning id", (uuid.uuid4(),)).fetchall()
+    read_output()
+
+    summary = worker_app.lambda_handler(load_event("worker_schedule"),
+                                        FakeLambdaContext(remaining_ms=60_000))
+
+    assert (summary["claimed"], summary["succeeded"], summary["dead"]) == (4, 3, 1)
+    assert summary["stopped"] == "queue_empty"
+    assert states(owner) == {"succeeded": 3, "dead": 1}
+    row = owner.execute("select last_error->>'code' as code from app.jobs where id = %s",
+                        (poison["id"],)).fetchone()
+    assert row == {"code": "UNDECODABLE_PAYLOAD"}
+    (line,) = read_messages(read_output().logs, "job finished: dead")
+    assert (line["job_id"], line["error"]["code"]) == (str(poison["id"]), "UNDECODABLE_PAYLOAD")
+    assert len(line["error"]["prefix"]) == 40
+
+
 def test_every_job_log_line_carries_the_job_and_the_correlation_id_from_enqueue(
         worker_app: ModuleType, enqueue_app: ModuleType,
         read_output: Callable[[], Output]) -> None:

@@ -35,9 +35,9 @@ def test_a_kind_registered_twice_is_refused() -> None:
         registry.register("email.send", handler)
 
 
-@pytest.mark.parametrize("kind", ["", "   ", "k" * 129])
+@pytest.mark.parametrize("kind", ["", "   ", "\t", "\u200b", "\ufeff\u2060", "k" * 129])
 def test_a_kind_the_queue_would_refuse_is_refused_at_registration(kind: str) -> None:
-    with pytest.raises(ConfigurationError, match="1 to 128 non-blank characters"):
+    with pytest.raises(ConfigurationError, match="1 to 128 characters, at least one of"):
         Registry().register(kind, handler)
 
 

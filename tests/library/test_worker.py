@@ -486,6 +486,32 @@ def test_one_bad_job_spares_the_rest_of_its_batch(client: QueueClient, owner: Co
     assert job(owner, ids[7])["result"] == {"i": 7}
 
 
+def test_a_result_no_reader_could_decode_is_dead_and_spares_its_batch(
+        client: QueueClient, owner: Conn) -> None:
+    """Too deep for json.dumps (RecursionError, which used to escape the worker), a
+    number longer than the contract's 1,000 characters, a key holding NUL."""
+    deep: Any = 1
+    for _ in range(5_000):
+        deep = [deep]
+
+    def handler(payload: dict[str, Any], ctx: JobContext) -> Any:
+        return [deep, {"n": 10**1500}, {"k\x00": 1}, {"n": 10**999}][payload["i"]]
+
+    registry = Registry()
+    registry.register("echo", handler)
+    ids = enqueue(client, uuid.uuid4(), 4)
+
+    report = make_worker(client, registry).drain(FakeDeadline(60))
+
+    assert (report.claimed, report.succeeded, report.dead) == (4, 1, 3)
+    errors = [job(owner, i)["last_error"] for i in ids[:3]]
+    assert [e["code"] for e in errors] == ["RESULT_NOT_JSON"] * 3
+    assert "recursion" in errors[0]["message"]
+    assert "$.n: an integer of about 1501 digits" in errors[1]["message"]
+    assert "$: a key must not contain NUL" in errors[2]["message"]
+    assert job(owner, ids[3])["result"] == {"n": 10**999}
+
+
 @pytest.mark.parametrize("where", ["main thread", "other thread"])
 def test_log_lines_written_while_a_handler_runs_carry_the_jobs_fields(
         client: QueueClient, where: str) -> None:

@@ -37,6 +37,11 @@ def _requests_from_file(stream: TextIO, name: str,
         except json.JSONDecodeError as exc:
             raise UsageError(f"{where} is not valid JSON ({exc.msg} at column {exc.colno}); "
                              "each line must be one JSON object") from None
+        except (ValueError, RecursionError) as exc:
+            # Valid JSON that Python cannot read: an integer of more than 4,300 digits,
+            # or nesting deeper than the stack. Neither could be enqueued anyway.
+            raise UsageError(f"{where} cannot be read ({exc}); numbers may have at most "
+                             "1000 characters and payloads nest at most 100 levels") from None
         if not isinstance(item, dict):
             raise UsageError(f"{where} must be a JSON object with tenant_id, operation_key, "
                              "kind and payload")

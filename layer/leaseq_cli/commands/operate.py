@@ -4,18 +4,31 @@ from __future__ import annotations
 
 import argparse
 
+from leaseq.storable import blank_problem
 from rich.console import Console
 
 from leaseq_cli.commands._shared import actor, operator_for
 from leaseq_cli.failures import ConflictError, NotFoundError, UsageError
 from leaseq_cli.operator import Selection
-from leaseq_cli.render import Ui
+from leaseq_cli.render import Ui, plain
 
 # dead retry / cancel --------------------------------------------------------
 
 
+def checked_kind(kind: str | None) -> str | None:
+    """A ``--kind`` filter, refused when it shows nothing (white space, zero-width
+    characters): no job can have such a kind, so the filter would only match nothing."""
+    if kind is None:
+        return None
+    problem = blank_problem(kind)
+    if problem is not None:
+        raise UsageError(f"--kind {problem}; give a kind as the handlers register it, or "
+                         "leave --kind out to select every kind")
+    return kind
+
+
 def _selection(args: argparse.Namespace, verb: str, what: str) -> Selection:
-    selection = Selection(tuple(args.job_ids or ()), args.tenant, args.kind)
+    selection = Selection(tuple(args.job_ids or ()), args.tenant, checked_kind(args.kind))
     if selection.job_ids and (args.tenant or args.kind or args.all):
         raise UsageError("give job ids or filters (--tenant/--kind/--all), not both")
     if selection.everything and not args.all:
@@ -44,7 +57,7 @@ def _act(args: argparse.Namespace, ui: Ui, *, verb: str, past: str, what: str,
         out.print(f"{past} {len(done)} job{'s' if len(done) != 1 else ''}"
                   + (f" (audit actor {actor(args)})" if done else ""))
         for row in done[:20]:
-            out.print(f"  {row['job_id']}  {row['kind']}  tenant {row['tenant_id']}")
+            out.print(f"  {row['job_id']}  {plain(row['kind'])}  tenant {row['tenant_id']}")
         if len(done) > 20:
             out.print(f"  ... and {len(done) - 20} more")
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from leaseq.decoding import UndecodableJson
 from rich.console import Console
 
 from leaseq_cli.commands._shared import STATES, operator_for
+from leaseq_cli.commands.operate import checked_kind
 from leaseq_cli.failures import NotFoundError
-from leaseq_cli.render import Ui, age, compact, styled_state, table, when
+from leaseq_cli.render import Ui, age, compact, plain, styled_state, table, when
 
 # status ---------------------------------------------------------------------------------
 
@@ -84,16 +86,16 @@ def cmd_jobs_show(args: argparse.Namespace, ui: Ui) -> int:
         facts.show_header = False
         for label, value in (
             ("tenant", str(job["tenant_id"])),
-            ("kind", job["kind"]),
-            ("operation key", job["operation_key"]),
+            ("kind", plain(job["kind"])),
+            ("operation key", plain(job["operation_key"])),
             ("state", styled_state(str(job["state"]))),
             ("attempts", f"{job['attempts']} of {job['max_attempts']}"),
             ("created", when(job["created_at"])),
             ("available at", when(job["available_at"])),
             ("completed", when(job["completed_at"])),
-            ("lease", f"{job['lease_owner']} until {when(job['lease_expires_at'])}"
+            ("lease", f"{plain(job['lease_owner'])} until {when(job['lease_expires_at'])}"
              if job["lease_owner"] else "-"),
-            ("correlation id", job["correlation_id"] or "-"),
+            ("correlation id", plain(job["correlation_id"] or "-")),
             ("payload", compact(job["payload"], 400)),
             ("result", compact(job["result"], 400) or "-"),
             ("last error", compact(job["last_error"], 400) or "-"),
@@ -104,7 +106,7 @@ def cmd_jobs_show(args: argparse.Namespace, ui: Ui) -> int:
         timeline = table("#", "time", "event", "actor", "details", title="timeline")
         for event in events:
             timeline.add_row(str(event["sequence"]), when(event["created_at"]),
-                             _event_style(event["event_type"]), event["actor"],
+                             _event_style(event["event_type"]), plain(event["actor"]),
                              compact(event["details"], 300))
         out.print(timeline)
 
@@ -122,9 +124,19 @@ def _event_style(event: str) -> str:
 # dead list --------------------------------------------------------------------------------
 
 
+def _error_summary(error: Any) -> str:
+    """``CODE message`` of a job's last_error, whatever shape it has."""
+    if isinstance(error, UndecodableJson):
+        return error.describe()
+    if not isinstance(error, dict):
+        return ""
+    return " ".join(str(x) for x in (error.get("code"), error.get("message")) if x)
+
+
 def cmd_dead_list(args: argparse.Namespace, ui: Ui) -> int:
+    kind = checked_kind(args.kind)
     with operator_for(args, ui) as operator:
-        rows = operator.dead_jobs(args.tenant, args.kind, args.limit)
+        rows = operator.dead_jobs(args.tenant, kind, args.limit)
 
     def render(out: Console) -> None:
         if not rows:
@@ -132,12 +144,10 @@ def cmd_dead_list(args: argparse.Namespace, ui: Ui) -> int:
             return
         shown = table("job id", "tenant", "kind", "attempts", "reason", "error", "died")
         for row in rows:
-            error = row["last_error"] or {}
-            message = error.get("message") if isinstance(error, dict) else None
-            code = error.get("code") if isinstance(error, dict) else None
-            shown.add_row(str(row["id"]), str(row["tenant_id"]), row["kind"],
-                          f"{row['attempts']}/{row['max_attempts']}", row["reason"] or "-",
-                          " ".join(str(x) for x in (code, message) if x)[:120],
+            shown.add_row(str(row["id"]), str(row["tenant_id"]), plain(row["kind"]),
+                          f"{row['attempts']}/{row['max_attempts']}",
+                          plain(row["reason"] or "-"),
+                          plain(_error_summary(row["last_error"])[:120]),
                           when(row["completed_at"]))
         out.print(shown)
         out.print("retry one with: leaseq dead retry JOB_ID   (or --tenant/--kind/--all)")
