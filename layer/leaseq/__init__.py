@@ -15,6 +15,7 @@ from leaseq.errors import (
     MigrationBlockedError,
     PermissionDeniedError,
     SchemaVersionError,
+    TlsVerificationError,
 )
 from leaseq.job_context import JobContext, JobLogFields, current_job, job_log_fields
 from leaseq.jobs import ClaimedJob, EnqueueRequest, EnqueueResult, JobOutcome, JobState
@@ -61,6 +62,7 @@ __all__ = [
     "RetryJob",
     "RetryPolicy",
     "SchemaVersionError",
+    "TlsVerificationError",
     "Worker",
     "WorkerConfig",
     "WorkerSettings",

@@ -20,6 +20,7 @@ from leaseq.errors import (
     PermissionDeniedError,
     error_type_for,
 )
+from leaseq.tls import refusal
 
 Connection = psycopg.Connection[dict[str, Any]]
 
@@ -39,7 +40,15 @@ def connect(dsn: str, *, application_name: str = "leaseq", **overrides: Any) -> 
     """Open a pooler-safe connection that returns rows as dicts."""
     options = {**CONNECT_OPTIONS, "application_name": application_name, **overrides}
     with translate_errors():
-        return psycopg.connect(dsn, row_factory=dict_row, **options)
+        try:
+            return psycopg.connect(dsn, row_factory=dict_row, **options)
+        except psycopg.OperationalError as exc:
+            # A failed certificate check has no SQLSTATE either: keep it from being
+            # taken (and retried) as an unreachable server.
+            refused = refusal(str(exc), options.get("sslrootcert"))
+            if refused is not None:
+                raise refused from exc
+            raise
 
 
 def _describe(exc: psycopg.Error) -> str:

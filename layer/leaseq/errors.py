@@ -21,6 +21,14 @@ class ConfigurationError(LeaseqError):
     """Settings, secrets or handler registrations are missing or invalid."""
 
 
+class TlsVerificationError(ConfigurationError):
+    """The server's TLS certificate failed a check (its CA or its host name).
+
+    A configuration error, not an unavailable server: retrying cannot help until the
+    trusted roots, the host name or the server's certificate change.
+    """
+
+
 class InvalidRequestError(LeaseqError):
     """The input broke the contract (SQLSTATE 22023, 23514, 22P02, 22P05 or 22001)."""
 
