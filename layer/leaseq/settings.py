@@ -91,6 +91,8 @@ class DatabaseSettings(BaseModel):
 
 
 class WorkerSettings(BaseModel):
+    """How the worker drains: batch size, time budgets, retries, handlers, metrics."""
+
     model_config = ConfigDict(frozen=True, populate_by_name=True)
 
     batch_size: int = Field(default=10, ge=1, le=100, alias="LEASEQ_BATCH_SIZE")
@@ -107,9 +109,14 @@ class WorkerSettings(BaseModel):
                                       alias="LEASEQ_RETRY_BASE_SECONDS")
     retry_max_seconds: float = Field(default=3600.0, ge=0, le=2_592_000,
                                      alias="LEASEQ_RETRY_MAX_SECONDS")
+    #: How many registered kinds (the first, by name) get a metric dimension value of
+    #: their own; the others share ``other``. Each one is a few billed metrics.
+    metric_kinds: int = Field(default=10, ge=0, le=100, alias="LEASEQ_METRIC_KINDS")
 
 
 class ReaperSettings(BaseModel):
+    """How much the reaper releases and prunes per pass."""
+
     model_config = ConfigDict(frozen=True, populate_by_name=True)
 
     limit: int = Field(default=1000, ge=1, le=10_000, alias="LEASEQ_REAPER_LIMIT")

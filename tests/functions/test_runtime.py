@@ -26,9 +26,6 @@ from tests.support.postgres import WORKER, Conn
 
 SECRET_NAME = "leaseq/runtime"
 
-# An invocation that fails before doing any work has no metrics to publish.
-pytestmark = pytest.mark.filterwarnings("ignore:No application metrics to publish")
-
 
 @pytest.fixture
 def aws(lambda_env: pytest.MonkeyPatch) -> Iterator[None]:

@@ -33,9 +33,6 @@ from tests.support.tls_server import TlsServer, tls_server
 
 PROXY_HOST = "leaseq.proxy-c1a2b3c4d5e6.eu-west-1.rds.amazonaws.com"
 
-# A refused invocation has no application metrics of its own before the failure metric.
-pytestmark = pytest.mark.filterwarnings("ignore:No application metrics to publish")
-
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[TlsServer]:
