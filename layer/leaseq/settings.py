@@ -2,6 +2,16 @@
 
 ``LeaseqSettings.from_env()`` is the only place the library reads the environment;
 every variable is declared once, as an alias on the field it fills.
+
+Why plain pydantic models, not pydantic-settings' ``BaseSettings``: every caller hands
+the environment over explicitly (the Lambda runtime's injectable mapping, the command
+line, the tests' dicts), and ``BaseSettings`` reads ``os.environ`` itself. Feeding it a
+mapping takes its underscore-prefixed ``_build_sources`` argument or a custom source
+that would redo the three-line filter below (declared names only, empty means unset);
+its default is case-insensitive names (``leaseq_batch_size`` would count too), and a
+section built by ``default_factory`` would read the process environment behind the
+caller's back. It would add pydantic-settings and python-dotenv to the layer to replace
+``_known``; validation, bounds and error messages are pydantic's either way.
 """
 
 from __future__ import annotations

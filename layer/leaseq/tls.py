@@ -16,8 +16,8 @@ Three rules shape this module.
   nothing.
 * **The defaults verify when they can.** A host that is an RDS Proxy endpoint presents
   a certificate from AWS Certificate Manager, which chains to the publicly trusted
-  Amazon roots, so with nothing configured such a host gets ``verify-full`` with
-  ``system``. A CA file given without a mode gets ``verify-full``. Anything else keeps
+  Amazon roots, so with no roots configured (and no mode, or verify-full) such a host
+  gets ``verify-full`` with ``system``. A CA file given without a mode gets ``verify-full``. Anything else keeps
   ``require`` (encrypted, identity unchecked): an RDS instance's certificate is signed
   by the RDS CA, which no system bundle holds, so verifying it needs the file.
 * **A refused certificate is a configuration error, never "unavailable".** libpq
@@ -133,7 +133,8 @@ def choose_tls(*, host: str | None, sslmode: SslMode | None, sslrootcert: str | 
     to verify with, or a CA file that is missing or holds no certificate.
     """
     source = f"LEASEQ_DB_SSLROOTCERT={sslrootcert}"
-    if sslrootcert is None and sslmode is None and is_rds_proxy_host(host):
+    if (sslrootcert is None and sslmode in (None, "verify-full")
+            and is_rds_proxy_host(host)):
         sslrootcert = SYSTEM  # ACM certificates: the public Amazon roots verify them
         source = f"{SYSTEM} (the default for an RDS Proxy host)"
     if sslmode is None:

@@ -141,6 +141,9 @@ def test_other_hosts_keep_require_until_roots_are_given_and_then_verify_full(
     assert chain_only.database.sslmode == "verify-ca"
     explicit = _host_settings(LEASEQ_DB_HOST=PROXY_HOST, LEASEQ_DB_SSLMODE="require")
     assert explicit.database.tls.params() == {"sslmode": "require"}  # as told
+    full = _host_settings(LEASEQ_DB_HOST=PROXY_HOST, LEASEQ_DB_SSLMODE="verify-full",
+                          SSL_CERT_FILE=str(server.ca_file))
+    assert full.database.tls.sslrootcert == str(server.ca_file)  # the "system" roots
 
 
 @pytest.mark.parametrize(("env", "problem"), [
