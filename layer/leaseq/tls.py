@@ -17,9 +17,10 @@ Three rules shape this module.
 * **The defaults verify when they can.** A host that is an RDS Proxy endpoint presents
   a certificate from AWS Certificate Manager, which chains to the publicly trusted
   Amazon roots, so with no roots configured (and no mode, or verify-full) such a host
-  gets ``verify-full`` with ``system``. A CA file given without a mode gets ``verify-full``. Anything else keeps
-  ``require`` (encrypted, identity unchecked): an RDS instance's certificate is signed
-  by the RDS CA, which no system bundle holds, so verifying it needs the file.
+  gets ``verify-full`` with ``system``. A CA file given without a mode gets
+  ``verify-full``. Anything else keeps ``require`` (encrypted, identity unchecked): an
+  RDS instance's certificate is signed by the RDS CA, which no system bundle holds, so
+  verifying it needs the file.
 * **A refused certificate is a configuration error, never "unavailable".** libpq
   reports a failed check as a connection failure without a SQLSTATE, which would
   otherwise be retried as an unreachable server. :func:`refusal` recognises libpq's
