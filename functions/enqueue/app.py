@@ -17,6 +17,7 @@ from leaseq_lambda.events import parse_enqueue
 
 logger = telemetry.make_logger()
 metrics = telemetry.make_metrics()
+tracer = telemetry.make_tracer()
 
 
 def _client() -> QueueClient:
@@ -25,10 +26,16 @@ def _client() -> QueueClient:
     return rt.client
 
 
-@metrics.log_metrics
+@metrics.log_metrics(capture_cold_start_metric=True)
+@tracer.capture_lambda_handler(capture_response=False)  # up to 1000 items: too big to trace
 @logger.inject_lambda_context(clear_state=True)
+@telemetry.count_failures(metrics, logger)
 def lambda_handler(event: Any, context: LambdaContext) -> dict[str, Any]:
     batch = parse_enqueue(event, context.aws_request_id)
+    # The id items without their own correlation id get: on every line of the call.
+    logger.set_correlation_id(
+        str(event.get("id")) if batch.origin == "eventbridge" and isinstance(event, dict)
+        and event.get("id") else context.aws_request_id)
     try:
         results = submit(_client, batch)
     except LeaseqError as exc:

@@ -12,10 +12,13 @@ from leaseq_lambda.events import InvalidEventError, parse_tick
 
 logger = telemetry.make_logger()
 metrics = telemetry.make_metrics()
+tracer = telemetry.make_tracer()
 
 
-@metrics.log_metrics
+@metrics.log_metrics(capture_cold_start_metric=True)
+@tracer.capture_lambda_handler
 @logger.inject_lambda_context(clear_state=True)
+@telemetry.count_failures(metrics, logger)
 def lambda_handler(event: Any, context: LambdaContext) -> dict[str, Any]:
     try:
         tick = parse_tick(event, "reaper")
@@ -34,6 +37,7 @@ def lambda_handler(event: Any, context: LambdaContext) -> dict[str, Any]:
                          extra={"error": exc.message, "sqlstate": exc.sqlstate})
         raise
     telemetry.record_reap(metrics, report)
+    telemetry.annotate(tracer, report.as_dict())
     summary = {"task": "reaper", "status": "ok", **report.as_dict(), "trigger": tick.origin}
     if report.released:  # leases ran out: some worker died or overran its invocation
         logger.warning("reaper pass finished", extra=summary)

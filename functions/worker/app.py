@@ -15,10 +15,13 @@ from leaseq_lambda.events import InvalidEventError, parse_tick
 
 logger = telemetry.make_logger()
 metrics = telemetry.make_metrics()
+tracer = telemetry.make_tracer()
 
 
-@metrics.log_metrics
+@metrics.log_metrics(capture_cold_start_metric=True)
+@tracer.capture_lambda_handler
 @logger.inject_lambda_context(clear_state=True)
+@telemetry.count_failures(metrics, logger)
 def lambda_handler(event: Any, context: LambdaContext) -> dict[str, Any]:
     try:
         tick = parse_tick(event, "worker")
@@ -30,7 +33,8 @@ def lambda_handler(event: Any, context: LambdaContext) -> dict[str, Any]:
         rt = runtime.get()
         rt.check()
         owner = owner_id(context, rt.settings.worker.worker_id)
-        worker = rt.worker(owner, on_job=telemetry.JobTelemetry(logger, metrics))
+        kinds = telemetry.KindDimension(rt.registry().kinds, rt.settings.worker.metric_kinds)
+        worker = rt.worker(owner, on_job=telemetry.JobTelemetry(logger, metrics, kinds))
         report = worker.drain(LambdaDeadline(context))
     except LeaseqError as exc:
         logger.exception("drain failed", extra={"error": exc.message, "sqlstate": exc.sqlstate})
@@ -41,6 +45,7 @@ def lambda_handler(event: Any, context: LambdaContext) -> dict[str, Any]:
         oldest = None
         logger.warning("oldest ready job age unavailable", extra={"error": exc.message})
     telemetry.record_drain(metrics, report, oldest)
+    telemetry.annotate(tracer, report.as_dict())
     summary = {"task": "worker", "status": "ok", "owner": owner, **report.as_dict(),
                "oldest_ready_age_seconds": oldest, "trigger": tick.origin}
     logger.info("drain finished", extra=summary)

@@ -16,6 +16,7 @@ from leaseq.errors import (
     MigrationBlockedError,
     PermissionDeniedError,
     SchemaVersionError,
+    TlsVerificationError,
 )
 from leaseq.job_context import JobContext, JobLogFields, current_job, job_log_fields
 from leaseq.jobs import ClaimedJob, EnqueueRequest, EnqueueResult, JobOutcome, JobState
@@ -62,6 +63,7 @@ __all__ = [
     "RetryJob",
     "RetryPolicy",
     "SchemaVersionError",
+    "TlsVerificationError",
     "UndecodableJson",
     "Worker",
     "WorkerConfig",

@@ -35,6 +35,7 @@ from leaseq.errors import (
     client_error_type,
     error_type_for,
 )
+from leaseq.tls import refusal
 
 Connection = psycopg.Connection[dict[str, Any]]
 
@@ -74,6 +75,13 @@ def connect(dsn: str, *, application_name: str = "leaseq", **overrides: Any) -> 
         raise ConfigurationError(
             f"invalid connection settings: {exc}. Fix the connection string "
             "(postgresql://USER:PASSWORD@HOST:5432/DBNAME) or the option it names") from exc
+    except psycopg.OperationalError as exc:
+        # A failed certificate check has no SQLSTATE either: keep it from being
+        # taken (and retried) as an unreachable server.
+        refused = refusal(str(exc), options.get("sslrootcert"))
+        if refused is not None:
+            raise refused from exc
+        raise _translated(exc, None, reading=False) from exc
     except psycopg.Error as exc:
         raise _translated(exc, None, reading=False) from exc
     prepare_connection(conn)

@@ -23,6 +23,14 @@ class ConfigurationError(LeaseqError):
     """Settings, secrets or handler registrations are missing or invalid."""
 
 
+class TlsVerificationError(ConfigurationError):
+    """The server's TLS certificate failed a check (its CA or its host name).
+
+    A configuration error, not an unavailable server: retrying cannot help until the
+    trusted roots, the host name or the server's certificate change.
+    """
+
+
 class InvalidRequestError(LeaseqError):
     """The input broke the contract (SQLSTATE 22023, 23514, or another data exception
     about a value sent), or a value could not be sent at all (no SQLSTATE); retrying the

@@ -2,6 +2,16 @@
 
 ``LeaseqSettings.from_env()`` is the only place the library reads the environment;
 every variable is declared once, as an alias on the field it fills.
+
+Why plain pydantic models, not pydantic-settings' ``BaseSettings``: every caller hands
+the environment over explicitly (the Lambda runtime's injectable mapping, the command
+line, the tests' dicts), and ``BaseSettings`` reads ``os.environ`` itself. Feeding it a
+mapping takes its underscore-prefixed ``_build_sources`` argument or a custom source
+that would redo the three-line filter below (declared names only, empty means unset);
+its default is case-insensitive names (``leaseq_batch_size`` would count too), and a
+section built by ``default_factory`` would read the process environment behind the
+caller's back. It would add pydantic-settings and python-dotenv to the layer to replace
+``_known``; validation, bounds and error messages are pydantic's either way.
 """
 
 from __future__ import annotations
@@ -9,11 +19,20 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    model_validator,
+)
 
 from leaseq.errors import ConfigurationError
+from leaseq.tls import SslMode, TlsOptions, choose_tls
 
 
 class DatabaseSettings(BaseModel):
@@ -28,12 +47,26 @@ class DatabaseSettings(BaseModel):
     name: str | None = Field(default=None, alias="LEASEQ_DB_NAME")
     user: str | None = Field(default=None, alias="LEASEQ_DB_USER")
     iam_auth: bool = Field(default=False, alias="LEASEQ_DB_IAM_AUTH")
-    sslmode: Literal["disable", "allow", "prefer", "require", "verify-ca", "verify-full"] = Field(
-        default="require", alias="LEASEQ_DB_SSLMODE")
+    #: Unset: verify-full when there are roots to verify with (LEASEQ_DB_SSLROOTCERT, or
+    #: an RDS Proxy host), else require. See leaseq.tls.
+    sslmode: SslMode = Field(default="require", alias="LEASEQ_DB_SSLMODE")
+    #: A PEM bundle of the CAs that sign the server's certificate, or ``system``.
+    sslrootcert: str | None = Field(default=None, min_length=1, alias="LEASEQ_DB_SSLROOTCERT")
+    #: OpenSSL's own override of the system bundle, which ``system`` honours too.
+    ssl_cert_file: str | None = Field(default=None, alias="SSL_CERT_FILE")
+    ssl_cert_dir: str | None = Field(default=None, alias="SSL_CERT_DIR")
     secret_arn: str | None = Field(default=None, alias="LEASEQ_DATABASE_SECRET_ARN")
     secret_max_age_seconds: int = Field(default=300, ge=0, le=86_400,
                                         alias="LEASEQ_SECRET_MAX_AGE_SECONDS")
     max_idle_seconds: float = Field(default=240.0, gt=0, alias="LEASEQ_DB_MAX_IDLE_SECONDS")
+
+    _tls: TlsOptions | None = PrivateAttr(default=None)
+
+    @property
+    def tls(self) -> TlsOptions:
+        """The TLS of a host-based connection (secret or IAM); a DSN carries its own."""
+        assert self._tls is not None  # set by validation
+        return self._tls
 
     @model_validator(mode="after")
     def _one_way_in(self) -> DatabaseSettings:
@@ -44,14 +77,32 @@ class DatabaseSettings(BaseModel):
         if self.iam_auth and not (self.host and self.user and self.name):
             raise ValueError(
                 "LEASEQ_DB_IAM_AUTH=true needs LEASEQ_DB_HOST, LEASEQ_DB_USER and LEASEQ_DB_NAME")
-        if self.iam_auth and self.sslmode in ("disable", "allow", "prefer"):
+        if self.url is not None:
+            if self.sslrootcert is not None:
+                raise ValueError(
+                    "LEASEQ_DB_SSLROOTCERT is not used with DATABASE_URL, which is used as "
+                    "given: put sslmode=verify-full&sslrootcert=PATH in the URL instead")
+            self._tls = TlsOptions(self.sslmode)
+            return self
+        explicit = self.model_fields_set
+        chosen = choose_tls(
+            host=self.host, sslmode=self.sslmode if "sslmode" in explicit else None,
+            sslrootcert=self.sslrootcert,
+            environ={k: v for k, v in (("SSL_CERT_FILE", self.ssl_cert_file),
+                                       ("SSL_CERT_DIR", self.ssl_cert_dir)) if v})
+        if self.iam_auth and chosen.sslmode in ("disable", "allow", "prefer"):
             raise ValueError(
                 "LEASEQ_DB_IAM_AUTH=true needs TLS: set LEASEQ_DB_SSLMODE to require, verify-ca "
-                f"or verify-full (got {self.sslmode})")
+                f"or verify-full (got {chosen.sslmode})")
+        # The effective mode is what the field reports, explicit or chosen.
+        object.__setattr__(self, "sslmode", chosen.sslmode)
+        self._tls = chosen
         return self
 
 
 class WorkerSettings(BaseModel):
+    """How the worker drains: batch size, time budgets, retries, handlers, metrics."""
+
     model_config = ConfigDict(frozen=True, populate_by_name=True)
 
     batch_size: int = Field(default=10, ge=1, le=100, alias="LEASEQ_BATCH_SIZE")
@@ -68,9 +119,14 @@ class WorkerSettings(BaseModel):
                                       alias="LEASEQ_RETRY_BASE_SECONDS")
     retry_max_seconds: float = Field(default=3600.0, ge=0, le=2_592_000,
                                      alias="LEASEQ_RETRY_MAX_SECONDS")
+    #: How many registered kinds (the first, by name) get a metric dimension value of
+    #: their own; the others share ``other``. Each one is a few billed metrics.
+    metric_kinds: int = Field(default=10, ge=0, le=100, alias="LEASEQ_METRIC_KINDS")
 
 
 class ReaperSettings(BaseModel):
+    """How much the reaper releases and prunes per pass."""
+
     model_config = ConfigDict(frozen=True, populate_by_name=True)
 
     limit: int = Field(default=1000, ge=1, le=10_000, alias="LEASEQ_REAPER_LIMIT")

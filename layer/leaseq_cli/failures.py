@@ -18,6 +18,7 @@ from leaseq.errors import (
     LeaseqError,
     PermissionDeniedError,
     SchemaVersionError,
+    TlsVerificationError,
 )
 from pydantic import ValidationError
 
@@ -109,6 +110,8 @@ def describe(exc: BaseException) -> tuple[str, ExitCode]:
 
 
 def _describe_leaseq(exc: LeaseqError) -> tuple[str, ExitCode]:
+    if isinstance(exc, TlsVerificationError):  # the server was reached but not trusted
+        return _one_line(exc.message), ExitCode.DATABASE
     if isinstance(exc, DatabaseUnavailableError) or exc.sqlstate == "28000" or (
             exc.sqlstate is not None and exc.sqlstate.startswith("28")):
         if _password_refused(exc):

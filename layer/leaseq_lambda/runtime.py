@@ -21,6 +21,10 @@ How the connection logs in, in order of precedence:
 3. ``LEASEQ_DB_IAM_AUTH=true``: a fresh RDS IAM token per connect (signed locally by
    boto3, no network), over TLS, as RDS Proxy requires.
 
+The TLS of 2. and 3. is ``LEASEQ_DB_SSLMODE`` / ``LEASEQ_DB_SSLROOTCERT`` as
+:mod:`leaseq.tls` resolves them (verify-full against the system's roots for an RDS
+Proxy host by default); a ``DATABASE_URL`` carries its own.
+
 The handlers module convention: ``LEASEQ_HANDLERS=package.module`` names a module with a
 module-level ``registry = leaseq.Registry()`` on which the handlers are registered
 (``package.module:attribute`` names another attribute).
@@ -99,7 +103,7 @@ def _secret_params(secret: Any, db: DatabaseSettings) -> dict[str, Any]:
             f"secret {db.secret_arn} lacks {', '.join(missing)}; add them to the secret or "
             "set LEASEQ_DB_HOST / LEASEQ_DB_NAME / LEASEQ_DB_USER")
     return {"host": host, "port": port, "dbname": dbname, "user": user,
-            "password": password, "sslmode": db.sslmode}
+            "password": password, **db.tls.params()}
 
 
 def connection_factory(db: DatabaseSettings, deps: Dependencies,
@@ -164,7 +168,7 @@ def _iam_factory(db: DatabaseSettings, deps: Dependencies,
                                            DBUsername=db.user)
         return deps.connect("", application_name=application_name, host=db.host,
                             port=db.port, dbname=db.name, user=db.user, password=token,
-                            sslmode=db.sslmode)
+                            **db.tls.params())
 
     return open_connection
 

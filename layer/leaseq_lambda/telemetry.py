@@ -1,32 +1,60 @@
-"""Logs and metrics of the functions: Powertools JSON logs and EMF metrics on stdout.
+"""Logs, metrics and traces of the functions: Powertools JSON logs, EMF metrics, X-Ray.
 
-* Every line written while a job's handler runs carries ``job_id``, ``tenant_id``,
-  ``kind``, ``attempt`` and ``correlation_id``: the library marks the running job in a
-  context variable and :class:`leaseq.JobLogFields`, attached to the Powertools handler,
-  copies it onto each record, whichever logger wrote it.
-* The library's own ``leaseq.*`` stdlib loggers write through the same JSON handler.
-  When the service is named ``leaseq`` they are its children already; otherwise the
-  handler is attached to the ``leaseq`` logger too.
-* Metric names are a contract with the alarms; the only dimension is ``service``.
-  Tenants never become dimensions (each one would be a billed metric); they are log
-  fields instead.
+Every line a function writes to stdout or stderr is one JSON document: a log line, or
+an EMF metric document. A failed invocation publishes ``InvocationFailed`` before it
+re-raises, so Powertools never prints its plain-text "No application metrics to
+publish" warning.
+
+* **Job fields.** Every line written while a job's handler runs carries ``job_id``,
+  ``tenant_id``, ``kind``, ``attempt`` and ``correlation_id``: the library marks the
+  running job in a context variable and :class:`leaseq.JobLogFields`, attached to the
+  Powertools handler, copies it onto each record, whichever logger wrote it. Why not
+  Powertools' ``append_context_keys``: it changes keys shared by every thread of the
+  logger, while a handler that overran its budget off the main thread is abandoned and
+  may log later, when the next job's keys would be on; the context variable keeps each
+  line with its own job. It also builds the fields only for lines actually written, and
+  the core library, which sets the variable, must not import Powertools.
+* **Correlation ids.** A job's ``correlation_id`` (given at enqueue, else the enqueue
+  request's id) is on every log line of its runs and, as EMF metadata, on its per-job
+  metric document. The enqueue function sets it for the whole invocation with
+  Powertools' ``set_correlation_id``.
+* **The library's loggers.** ``leaseq.*`` stdlib loggers write through the service's
+  JSON handler. When the service is named ``leaseq`` they are its children already;
+  otherwise a forwarding handler is attached to the ``leaseq`` logger. Why not
+  Powertools' ``copy_config_to_registered_loggers``: it replaces the target logger's
+  handlers and keeps no record of them, so in a process that builds loggers under more
+  than one service name (the local CLI, the tests), the library's lines would go on
+  being written under the first other name even after the service is ``leaseq`` again.
+* **Metrics.** Names are a contract with the alarms and the dashboard. The invocation's
+  document has the single dimension ``service``. Each job adds a document with the
+  dimensions ``service`` and ``kind``, where ``kind`` is one of the first
+  ``LEASEQ_METRIC_KINDS`` registered kinds by name, or ``other``: its cardinality is
+  bounded by code, never by what was enqueued. Tenants never become dimensions (each
+  would be a billed metric); they are log fields and metadata instead.
+* **Traces.** Powertools Tracer, active only in Lambda with tracing on. Only botocore
+  is patched: the X-Ray SDK's psycopg patch also wraps ``psycopg_pool``, which the
+  layer does not ship, and fails half-way without it.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 import os
 import sys
-from typing import IO, Any, cast
+from collections.abc import Callable, Iterable
+from typing import IO, Any, TypeVar, cast
 
-from aws_lambda_powertools import Logger, Metrics
-from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools.metrics import EphemeralMetrics, MetricUnit
+from aws_lambda_powertools.metrics.base import single_metric
 from leaseq import (
     DrainReport,
     JobLogFields,
     JobRecord,
     JobState,
+    LeaseqError,
     ReapReport,
     job_log_fields,
 )
@@ -98,20 +126,72 @@ def make_logger() -> Logger:
 
 
 def make_metrics() -> Metrics:
-    return Metrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE") or NAMESPACE,
-                   service=service_name())
+    """The invocation's EMF metrics: namespace ``Leaseq`` and service ``leaseq`` by default."""
+    return Metrics(namespace=namespace(), service=service_name())
+
+
+def namespace() -> str:
+    """The metrics namespace: POWERTOOLS_METRICS_NAMESPACE, else ``Leaseq``."""
+    return os.environ.get("POWERTOOLS_METRICS_NAMESPACE") or NAMESPACE
+
+
+def make_tracer() -> Tracer:
+    """The function's X-Ray tracer (see the module's notes on what it patches)."""
+    return Tracer(service=service_name(), patch_modules=["botocore"])
 
 
 def _ms(seconds: float) -> float:
     return round(seconds * 1000.0, 3)
 
 
-class JobTelemetry:
-    """The worker's per-job observer: one log line and the timing metrics per job."""
+#: The ``kind`` dimension of every job whose kind is not among the named ones.
+OTHER_KIND = "other"
 
-    def __init__(self, logger: Logger, metrics: Metrics) -> None:
+
+class KindDimension:
+    """Maps a job's kind to its metric dimension value: bounded cardinality.
+
+    The first ``limit`` registered kinds in name order keep their name; every other
+    kind (registered later in that order, or unknown, as an enqueued typo is) is
+    ``other``. Name order rather than "most frequent" keeps each kind's metrics the
+    same from one invocation to the next.
+    """
+
+    def __init__(self, kinds: Iterable[str], limit: int) -> None:
+        self.named = frozenset(sorted(kinds)[:limit])
+
+    def __call__(self, kind: str) -> str:
+        return kind if kind in self.named else OTHER_KIND
+
+
+def _outcome_metric(record: JobRecord) -> str:
+    if record.outcome == "released":
+        return "JobsGivenBack" if record.state is not None else "LeasesLost"
+    if record.lease_lost:
+        return "LeasesLost"
+    if record.state is JobState.SUCCEEDED:
+        return "JobsSucceeded"
+    if record.state is JobState.DEAD:
+        return "JobsDead"
+    return "JobsRetried"
+
+
+class JobTelemetry:
+    """The worker's per-job observer: one log line and one metric document per job.
+
+    The document has the dimensions ``service`` and ``kind`` (see :class:`KindDimension`)
+    and, as metadata, the job's id, tenant, attempt and correlation id, so a metric can
+    be followed to the job's log lines. The invocation's own document keeps the totals
+    with the ``service`` dimension only, which is what the alarms watch.
+    """
+
+    def __init__(self, logger: Logger, metrics: Metrics,
+                 kinds: KindDimension | None = None) -> None:
         self.logger = logger
         self.metrics = metrics
+        self.kinds = kinds or KindDimension((), 0)
+        self._job_metrics = EphemeralMetrics(namespace=metrics.namespace,
+                                             service=metrics.service)
 
     def __call__(self, record: JobRecord) -> None:
         fields: dict[str, Any] = {
@@ -121,22 +201,83 @@ class JobTelemetry:
         }
         if record.error is not None:
             fields["error"] = record.error
+        timed = not record.lease_lost and record.outcome != "released"
+        if timed:
+            fields["duration_ms"] = _ms(record.duration)
+            fields["queue_lag_ms"] = _ms(record.queue_lag)
+        try:
+            self._log(record, fields)
+        finally:
+            self._job_metric(record, fields, timed)
+
+    def _log(self, record: JobRecord, fields: dict[str, Any]) -> None:
         if record.lease_lost:
             self.logger.warning("job outcome not recorded: the lease was lost", extra=fields)
-            return
-        if record.outcome == "released":
+        elif record.outcome == "released":
             self.logger.info("job given back before it started", extra=fields)
-            return
-        fields["duration_ms"] = _ms(record.duration)
-        fields["queue_lag_ms"] = _ms(record.queue_lag)
-        if record.state is JobState.DEAD:
+        elif record.state is JobState.DEAD:
             self.logger.warning("job finished: dead", extra=fields)
         else:
             self.logger.info("job finished", extra=fields)
-        self.metrics.add_metric(name="JobDuration", unit=MetricUnit.Milliseconds,
+        if "duration_ms" in fields:
+            self.metrics.add_metric(name="JobDuration", unit=MetricUnit.Milliseconds,
+                                    value=fields["duration_ms"])
+            self.metrics.add_metric(name="QueueLag", unit=MetricUnit.Milliseconds,
+                                    value=fields["queue_lag_ms"])
+
+    def _job_metric(self, record: JobRecord, fields: dict[str, Any], timed: bool) -> None:
+        document = self._job_metrics
+        document.add_dimension(name="kind", value=self.kinds(record.job.kind))
+        document.add_metric(name=_outcome_metric(record), unit=MetricUnit.Count, value=1)
+        if timed:
+            document.add_metric(name="JobDuration", unit=MetricUnit.Milliseconds,
                                 value=fields["duration_ms"])
-        self.metrics.add_metric(name="QueueLag", unit=MetricUnit.Milliseconds,
+            document.add_metric(name="QueueLag", unit=MetricUnit.Milliseconds,
                                 value=fields["queue_lag_ms"])
+        for key in ("job_id", "tenant_id", "attempt", "correlation_id"):
+            if key in fields:
+                document.add_metadata(key=key, value=fields[key])
+        document.flush_metrics()
+
+
+Handler = TypeVar("Handler", bound=Callable[..., Any])
+
+
+def record_failure(metrics: Metrics, exc: BaseException) -> None:
+    """Count a failed invocation: ``InvocationFailed`` in the invocation's document (the
+    ``service`` dimension, with the error class as metadata) and in one of its own with
+    the dimension ``error``, the exception's class name (bounded by code, not by data)."""
+    error = type(exc).__name__
+    metrics.add_metric(name="InvocationFailed", unit=MetricUnit.Count, value=1)
+    metrics.add_metadata(key="error", value=error)
+    with single_metric(name="InvocationFailed", unit=MetricUnit.Count, value=1,
+                       namespace=metrics.namespace,
+                       default_dimensions={"service": str(metrics.service), "error": error}):
+        pass
+
+
+def count_failures(metrics: Metrics, logger: Logger) -> Callable[[Handler], Handler]:
+    """Decorate a handler (inside ``log_metrics`` and ``inject_lambda_context``) so that
+    an exception is counted by :func:`record_failure` and then re-raised: Lambda's
+    Errors metric and alarm still see the failure, and the invocation's metric document
+    is never empty. A leaseq error was logged by the handler with what to do; any other
+    exception (a bug) is logged here, with its traceback, as one JSON line."""
+
+    def decorate(handler: Handler) -> Handler:
+        @functools.wraps(handler)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return handler(*args, **kwargs)
+            except Exception as exc:
+                if not isinstance(exc, LeaseqError):
+                    logger.exception("invocation failed: unexpected error",
+                                     extra={"error_type": type(exc).__name__})
+                record_failure(metrics, exc)
+                raise
+
+        return cast(Handler, wrapper)
+
+    return decorate
 
 
 def record_drain(metrics: Metrics, report: DrainReport, oldest_ready_age: float | None) -> None:
@@ -163,3 +304,10 @@ def record_enqueue(metrics: Metrics, created: int, existing: int, rejected: int)
 def record_rejected_event(metrics: Metrics) -> None:
     """A worker or reaper invoked with an event that is no schedule tick (a wiring fault)."""
     metrics.add_metric(name="EventsRejected", unit=MetricUnit.Count, value=1)
+
+
+def annotate(tracer: Tracer, summary: dict[str, Any]) -> None:
+    """Put an invocation's counts on its trace as annotations, which X-Ray can search."""
+    for key, value in summary.items():
+        if isinstance(value, bool | int | float | str):
+            tracer.put_annotation(key=key, value=cast(Any, value))

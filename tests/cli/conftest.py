@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,9 +78,15 @@ def run_process(*args: str, env: dict[str, str], cwd: Path | None = None,
 
 
 @pytest.fixture(scope="session")
-def embedded_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """One embedded server for the tests that need DATABASE_URL unset, stopped at the end."""
-    home = tmp_path_factory.mktemp("leaseq-home")
+def embedded_home() -> Iterator[Path]:
+    """One embedded server for the tests that need DATABASE_URL unset, stopped at the end.
+
+    Not under pytest's own temporary root: another pytest session of the same user
+    resets that root to mode 0700 when it starts, which would lock the server's OS user
+    (as root, ``pgserver``) out of a data directory it is running on.
+    """
+    home = Path(tempfile.mkdtemp(prefix="leaseq-home-"))
     yield home
     stopped = run_process("db", "stop", env=clean_environment(LEASEQ_HOME=str(home)))
     assert stopped.code == 0, stopped.err
+    shutil.rmtree(home, ignore_errors=True)

@@ -69,6 +69,17 @@ def test_an_unreachable_database_exits_3_and_names_what_to_check(
                            "database unavailable", "Check the host, port, credentials")
 
 
+def test_a_server_certificate_that_fails_verification_exits_3_naming_the_check() -> None:
+    from tests.support.tls_server import tls_server
+
+    with tls_server() as server:
+        url = make_conninfo("", sslmode="verify-full", sslrootcert=str(server.unknown_ca_file),
+                            **server.params("localhost"))  # type: ignore[arg-type]
+        result = run_process("status", env=clean_environment(DATABASE_URL=url))
+    _assert_one_line_error(result, 3, "TLS check failed",
+                           "not signed by a CA in the trusted roots", "sslrootcert")
+
+
 def test_a_malformed_database_url_exits_2(leaseq: Callable[..., Result]) -> None:
     _assert_one_line_error(leaseq("status", database_url="postgres at localhost"), 2,
                            "DATABASE_URL is not a valid connection string")

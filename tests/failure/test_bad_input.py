@@ -286,7 +286,6 @@ def _items_of(event: Any) -> list[Any] | None:
     return [body] if isinstance(body, dict) and "jobs" not in body else None
 
 
-@pytest.mark.filterwarnings("ignore:No application metrics to publish")
 def test_fuzzed_events_get_one_answer_per_item_and_store_exactly_the_created_jobs(
     db: Database, enqueue_function: ModuleType, admin: Conn
 ) -> None:
@@ -390,7 +389,6 @@ def test_a_payload_nested_too_deep_is_a_validation_error(worker: Conn) -> None:
                        payload=nested(950))
 
 
-@pytest.mark.filterwarnings("ignore:No application metrics to publish")
 def test_the_enqueue_function_rejects_an_item_nested_too_deep(
     enqueue_function: ModuleType, admin: Conn
 ) -> None:

@@ -44,14 +44,21 @@ class Output:
     logs: list[dict[str, Any]] = field(default_factory=list)
     emf: list[dict[str, Any]] = field(default_factory=list)
 
-    def metric(self, name: str) -> list[float]:
-        """Every value emitted for metric ``name``, across documents."""
+    def metric(self, name: str, dimensions: tuple[str, ...] = ("service",)) -> list[float]:
+        """Every value emitted for metric ``name`` with exactly these dimensions (by
+        default the invocation's totals), across documents."""
         values: list[float] = []
-        for doc in self.emf:
+        for doc in self.documents(dimensions):
             if name in doc:
                 value = doc[name]
                 values.extend(value if isinstance(value, list) else [value])
         return values
+
+    def documents(self, dimensions: tuple[str, ...]) -> list[dict[str, Any]]:
+        """The EMF documents whose one dimension set is ``dimensions`` (in any order)."""
+        return [doc for doc in self.emf
+                if [sorted(d) for d in doc["_aws"]["CloudWatchMetrics"][0]["Dimensions"]]
+                == [sorted(dimensions)]]
 
     def metric_definitions(self) -> dict[str, dict[str, Any]]:
         found = {}

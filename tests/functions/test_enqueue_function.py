@@ -239,7 +239,6 @@ def test_an_entirely_rejected_event_is_answered_without_touching_the_database(
     assert answer["rejected"] == 1
 
 
-@pytest.mark.filterwarnings("ignore:No application metrics to publish")
 def test_an_unreachable_database_fails_the_invocation_so_the_caller_retries(
         enqueue_app: ModuleType, lambda_env: pytest.MonkeyPatch,
         read_output: Callable[[], Output]) -> None:

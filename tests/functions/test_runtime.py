@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
@@ -24,9 +25,6 @@ from tests.support.fakes import FakeLambdaContext
 from tests.support.postgres import WORKER, Conn
 
 SECRET_NAME = "leaseq/runtime"
-
-# An invocation that fails before doing any work has no metrics to publish.
-pytestmark = pytest.mark.filterwarnings("ignore:No application metrics to publish")
 
 
 @pytest.fixture
@@ -163,7 +161,9 @@ def test_iam_auth_connects_with_a_fresh_token_per_connection_over_tls(
         assert "DBUser=leaseq_runtime" in token
         assert {k: call[k] for k in ("dsn", "host", "port", "dbname", "user", "sslmode")} == {
             "dsn": "", "host": "leaseq-proxy.proxy-abc.us-east-1.rds.amazonaws.com",
-            "port": 5432, "dbname": "leaseq", "user": "leaseq_runtime", "sslmode": "require"}
+            "port": 5432, "dbname": "leaseq", "user": "leaseq_runtime",
+            "sslmode": "verify-full"}  # an RDS Proxy host: its ACM certificate is verified
+        assert Path(call["sslrootcert"]).is_file()  # against the system's bundle of roots
         assert call["application_name"] == "leaseq leaseq-test"
 
 

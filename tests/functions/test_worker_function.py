@@ -216,7 +216,6 @@ def test_warm_invocations_reuse_one_connection_and_reopen_it_after_it_was_cut(
     assert client.connection.info.backend_pid != pid
 
 
-@pytest.mark.filterwarnings("ignore:No application metrics to publish")
 @pytest.mark.parametrize(("handlers_module", "problem"), [
     (None, "LEASEQ_HANDLERS is not set"),
     ("tests.functions.no_such_module", "cannot be imported"),
@@ -238,7 +237,6 @@ def test_a_missing_or_broken_handlers_module_fails_the_invocation_clearly(
     assert problem in line["error"]
 
 
-@pytest.mark.filterwarnings("ignore:No application metrics to publish")
 def test_invalid_settings_fail_the_invocation_with_the_variable_named(
         worker_app: ModuleType, lambda_env: pytest.MonkeyPatch) -> None:
     lambda_env.setenv("LEASEQ_BATCH_SIZE", "1000")
@@ -267,7 +265,6 @@ def test_at_debug_level_the_librarys_own_lines_carry_the_job_fields_too(
     assert started["job_id"] == returned["job_id"]
 
 
-@pytest.mark.filterwarnings("ignore:No application metrics to publish")
 def test_an_unreachable_database_fails_the_invocation_with_a_structured_log_line(
         worker_app: ModuleType, lambda_env: pytest.MonkeyPatch,
         read_output: Callable[[], Output]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from leaseq import ConfigurationError, LeaseqSettings
@@ -21,11 +22,13 @@ def test_a_database_url_alone_is_enough_and_everything_else_has_a_default() -> N
     assert settings.database.sslmode == "require"
 
 
-def test_every_documented_variable_is_read() -> None:
+def test_every_documented_variable_is_read(tmp_path: Path) -> None:
+    bundle = tmp_path / "global-bundle.pem"
+    bundle.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
     settings = LeaseqSettings.from_env({
         "LEASEQ_DB_HOST": "proxy.internal", "LEASEQ_DB_PORT": "6432", "LEASEQ_DB_NAME": "queue",
         "LEASEQ_DB_USER": "leaseq_worker", "LEASEQ_DB_IAM_AUTH": "true",
-        "LEASEQ_DB_SSLMODE": "verify-full",
+        "LEASEQ_DB_SSLMODE": "verify-full", "LEASEQ_DB_SSLROOTCERT": str(bundle),
         "LEASEQ_DATABASE_SECRET_ARN": "arn:aws:secretsmanager:us-east-1:1:secret:x",
         "LEASEQ_SECRET_MAX_AGE_SECONDS": "60", "LEASEQ_HANDLERS": "billing.jobs",
         "LEASEQ_BATCH_SIZE": "25", "LEASEQ_LEASE_MARGIN_SECONDS": "3",
@@ -36,6 +39,7 @@ def test_every_documented_variable_is_read() -> None:
     db, worker = settings.database, settings.worker
     assert (db.host, db.port, db.name, db.user, db.iam_auth, db.sslmode) == (
         "proxy.internal", 6432, "queue", "leaseq_worker", True, "verify-full")
+    assert db.tls.params() == {"sslmode": "verify-full", "sslrootcert": str(bundle)}
     assert (db.secret_arn, db.secret_max_age_seconds) == (
         "arn:aws:secretsmanager:us-east-1:1:secret:x", 60)
     assert (worker.handlers_module, worker.batch_size, worker.lease_margin_seconds,

@@ -469,6 +469,7 @@ def test_a_reader_session_gets_an_idle_in_transaction_timeout_unless_it_chose_a_
     db: Database,
 ) -> None:
     with db.connect(postgres.READER) as reader:
+        reader.execute("set idle_in_transaction_session_timeout = 0")
         reader.execute("select count(*) from app.jobs").fetchone()
         assert reader.execute("show idle_in_transaction_session_timeout").fetchone() == {
             "idle_in_transaction_session_timeout": "1min"
