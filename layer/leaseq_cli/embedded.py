@@ -6,10 +6,15 @@ so nothing needs Docker, root or a preinstalled server. It is started on demand 
 stops with ``leaseq db stop``. It listens on a Unix socket only, never on TCP.
 
 It is set up like production, not like a toy: a non-superuser schema owner runs the
-migrations, and commands connect as a worker role that is a member of service_role,
-so they exercise exactly the privileges the Lambdas have. Both roles log in with
-random passwords kept in ``$LEASEQ_HOME/credentials.json`` (mode 0600); only the
-bootstrap superuser ``postgres`` is trusted over the socket.
+migrations, and commands connect as a login that is a member of the duty groups
+(leaseq_producer, leaseq_worker, leaseq_reaper, leaseq_operator), so they exercise
+exactly the privileges the Lambdas and an operator have, and nothing on the tables.
+Both roles log in with random passwords kept in ``$LEASEQ_HOME/credentials.json``
+(mode 0600); only the bootstrap superuser ``postgres`` is trusted over the socket.
+
+Servers made by earlier releases had a login called ``leaseq_worker`` in service_role;
+that name is now the worker group, so the bootstrap turns the old login into a NOLOGIN
+role outside service_role before the migrations make it the group.
 """
 
 from __future__ import annotations
@@ -34,7 +39,12 @@ from leaseq_cli.failures import DatabaseSetupError
 
 DATABASE = "leaseq"
 OWNER_ROLE = "leaseq_owner"
-WORKER_ROLE = "leaseq_worker"
+#: The login the commands use (``leaseq db url --role worker``).
+WORKER_ROLE = "leaseq_cli"
+#: The command line does every duty: it enqueues, drains, reaps and operates.
+WORKER_GROUPS = ("leaseq_producer", "leaseq_worker", "leaseq_reaper", "leaseq_operator")
+#: The login earlier releases made under what is now the worker group's name.
+LEGACY_WORKER_ROLE = "leaseq_worker"
 
 HBA_RULES = """\
 # Written by leaseq: the local server listens on its Unix socket only.
@@ -123,14 +133,23 @@ def state(home: Path) -> ServerState:
 
 
 def _credentials(home: Path) -> dict[str, str]:
+    """The roles' passwords; a role the file lacks (one added by a later release, such as
+    the command line's login) gets a new one, and the file is rewritten, still 0600."""
     path = home / "credentials.json"
+    known: dict[str, str] = {}
     if path.exists():
         data = json.loads(path.read_text(encoding="utf-8"))
-        return {str(k): str(v) for k, v in data.items()}
-    created = {OWNER_ROLE: secrets.token_urlsafe(24), WORKER_ROLE: secrets.token_urlsafe(24)}
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        known = {str(k): str(v) for k, v in data.items()}
+    missing = [role for role in (OWNER_ROLE, WORKER_ROLE) if role not in known]
+    if not missing:
+        return known
+    created = {**known, **{role: secrets.token_urlsafe(24) for role in missing}}
+    partial = path.with_name(path.name + ".new")
+    partial.unlink(missing_ok=True)
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as out:
         json.dump(created, out, indent=2)
+    os.replace(partial, path)
     return created
 
 
@@ -166,7 +185,7 @@ def start(home: Path | None = None, *, apply_migrations: bool = True) -> Embedde
     if apply_migrations:
         with connect(dsn(OWNER_ROLE), application_name="leaseq-cli-migrate") as conn:
             report = migrate(conn)
-        _grant_worker(make_conninfo(admin, dbname=DATABASE))
+        _grant_duties(make_conninfo(admin, dbname=DATABASE))
     return EmbeddedDatabase(home, socket_dir, port, int(info.pid), dsn(OWNER_ROLE),
                             dsn(WORKER_ROLE), report)
 
@@ -174,6 +193,12 @@ def start(home: Path | None = None, *, apply_migrations: bool = True) -> Embedde
 def _bootstrap(admin_dsn: str, creds: dict[str, str], pgdata: Path) -> None:
     """Roles, database and password rules; idempotent, cheap when already done."""
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        legacy = conn.execute("select 1 from pg_roles where rolname = %s and rolcanlogin",
+                              (LEGACY_WORKER_ROLE,)).fetchone()
+        if legacy is not None:
+            legacy_role = sql.Identifier(LEGACY_WORKER_ROLE)
+            conn.execute(sql.SQL("alter role {} nologin password null").format(legacy_role))
+            conn.execute(sql.SQL("revoke service_role from {}").format(legacy_role))
         for role, may_create_roles in ((OWNER_ROLE, True), (WORKER_ROLE, False)):
             exists = conn.execute("select 1 from pg_roles where rolname = %s", (role,)).fetchone()
             verb = sql.SQL("alter" if exists else "create")
@@ -194,13 +219,15 @@ def _bootstrap(admin_dsn: str, creds: dict[str, str], pgdata: Path) -> None:
             conn.execute("select pg_reload_conf()")
 
 
-def _grant_worker(admin_dsn: str) -> None:
+def _grant_duties(admin_dsn: str) -> None:
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        member = conn.execute(
-            "select pg_has_role(%s, 'service_role', 'member') as ok", (WORKER_ROLE,)
-        ).fetchone()
-        if member is None or not member[0]:
-            conn.execute(sql.SQL("grant service_role to {}").format(sql.Identifier(WORKER_ROLE)))
+        for group in WORKER_GROUPS:
+            member = conn.execute(
+                "select pg_has_role(%s, %s, 'usage') as ok", (WORKER_ROLE, group)
+            ).fetchone()
+            if member is None or not member[0]:
+                conn.execute(sql.SQL("grant {} to {}").format(
+                    sql.Identifier(group), sql.Identifier(WORKER_ROLE)))
 
 
 def stop(home: Path | None = None, *, timeout: float = 60.0) -> ServerState:

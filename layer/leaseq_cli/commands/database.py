@@ -81,8 +81,8 @@ def _db_status(ui: Ui, current: embedded.ServerState) -> int:
             facts.add_row("[bold]pid[/]", str(current.pid))
             facts.add_row("[bold]socket[/]", f"{current.socket_dir} (port {current.port})")
             facts.add_row("[bold]roles[/]", f"{embedded.OWNER_ROLE} (schema owner), "
-                          f"{embedded.WORKER_ROLE} (service_role); passwords in "
-                          f"{current.home / 'credentials.json'}")
+                          f"{embedded.WORKER_ROLE} ({', '.join(embedded.WORKER_GROUPS)}); "
+                          f"passwords in {current.home / 'credentials.json'}")
         out.print(facts)
         if override is not None:
             out.print("[yellow]DATABASE_URL is set, so other commands use that database "
