@@ -196,9 +196,14 @@ def _bootstrap(admin_dsn: str, creds: dict[str, str], pgdata: Path) -> None:
         legacy = conn.execute("select 1 from pg_roles where rolname = %s and rolcanlogin",
                               (LEGACY_WORKER_ROLE,)).fetchone()
         if legacy is not None:
+            # The superuser made it, so only the superuser may grant it (PostgreSQL 16+):
+            # it joins service_role here, as the migration would have done with a group
+            # of its own making.
             legacy_role = sql.Identifier(LEGACY_WORKER_ROLE)
             conn.execute(sql.SQL("alter role {} nologin password null").format(legacy_role))
-            conn.execute(sql.SQL("revoke service_role from {}").format(legacy_role))
+            if conn.execute("select 1 from pg_roles where rolname = 'service_role'").fetchone():
+                conn.execute(sql.SQL("revoke service_role from {}").format(legacy_role))
+                conn.execute(sql.SQL("grant {} to service_role").format(legacy_role))
         for role, may_create_roles in ((OWNER_ROLE, True), (WORKER_ROLE, False)):
             exists = conn.execute("select 1 from pg_roles where rolname = %s", (role,)).fetchone()
             verb = sql.SQL("alter" if exists else "create")
