@@ -75,11 +75,11 @@ begin
     return;
   end if;
   select r.oid into v_login from pg_catalog.pg_roles r where r.rolname = session_user;
-  select t into v_tenant
-  from unnest(p_tenant_ids) as u(t)
-  where t is not null
-    and not exists (select 1 from app.tenant_producers b
-                    where b.role_name = v_login and b.tenant_id = u.t)
+  -- Each distinct tenant once: a batch usually names one or a few.
+  select d.t into v_tenant
+  from (select distinct u.t from unnest(p_tenant_ids) as u(t) where u.t is not null) d
+  where not exists (select 1 from app.tenant_producers b
+                    where b.role_name = v_login and b.tenant_id = d.t)
   limit 1;
   if found then
     raise exception using

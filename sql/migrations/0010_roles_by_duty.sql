@@ -41,7 +41,7 @@ begin
     raise exception using
       errcode = '55000',
       message = format('role(s) %s can log in, but these names are the NOLOGIN duty groups', v_login),
-      hint = 'Rename the login (ALTER ROLE ... RENAME TO ...) or make it NOLOGIN, then re-run the migration.';
+      hint = 'Earlier releases named logins leaseq_worker (the runtime login of the deployment template, the local command line''s login). Move what logs in as it to a login of another name, then make it NOLOGIN (ALTER ROLE ... NOLOGIN) or drop it, and re-run the migration.';
   end if;
   foreach v_group in array array['leaseq_producer', 'leaseq_tenant_producer', 'leaseq_worker',
                                  'leaseq_reaper', 'leaseq_operator'] loop
