@@ -9,9 +9,10 @@ owner (which could ``grant <owner> to <attacker>``). The functions pin
 ``search_path = pg_catalog, pg_temp``, so built-in names resolve in pg_catalog first.
 
 Each test shadows every built-in type name that the functions' sources or signatures
-use, then calls every function the role may execute with arguments that do real work,
-and checks who ran the shadow's code. The first test shows the probe works on this
-server, so the others could fail.
+use, then calls every function the login may execute with arguments that do real work
+(as the legacy service_role login, which may call them all, and as a login of each duty
+group, which may call its own), and checks who ran the shadow's code. The first test
+shows the probe works on this server, so the others could fail.
 """
 
 from __future__ import annotations
