@@ -2,9 +2,10 @@
 
 The suite migrates one database as the non-superuser owner, then every test that uses
 ``db`` starts from empty queue tables. Tests connect as the role whose behaviour they
-check: ``worker`` (member of service_role), ``reader`` (member of authenticated) or
-``owner``; ``admin`` (superuser) is only for arranging what no production role may do,
-such as moving a lease into the past.
+check: ``worker`` (member of the legacy service_role, so of every runtime duty group;
+the duty logins of ``tests.support.postgres`` hold one group each), ``reader`` (member
+of authenticated) or ``owner``; ``admin`` (superuser) is only for arranging what no
+production role may do, such as moving a lease into the past.
 """
 
 from __future__ import annotations
@@ -99,7 +100,8 @@ def migrated_database(cluster: Cluster) -> Iterator[Database]:
 def db(migrated_database: Database) -> Database:
     """The migrated database with empty queue tables."""
     with migrated_database.connect(postgres.OWNER) as conn:
-        conn.execute("truncate app.jobs, app.job_events, app.tenant_readers")
+        conn.execute(
+            "truncate app.jobs, app.job_events, app.tenant_readers, app.tenant_producers")
     return migrated_database
 
 

@@ -163,6 +163,21 @@ class QueueClient:
     def enqueue_job(self, request: EnqueueRequest) -> EnqueueResult:
         return self._call(lambda conn: enqueue_job(conn, request))
 
+    def get_job_result(self, tenant_id: UUID, job_id: UUID) -> dict[str, Any] | None:
+        """A job's state and result as its producer may see them (no lease token, no
+        payload); None when the tenant has no such job. A tenant-bound producer gets
+        PermissionDeniedError for a tenant it is not bound to."""
+        rows = self._query(queries.GET_JOB_RESULT, {"tenant_id": tenant_id, "job_id": job_id})
+        return rows[0] if rows else None
+
+    def get_job_result_by_key(self, tenant_id: UUID,
+                              operation_key: str) -> dict[str, Any] | None:
+        """As :meth:`get_job_result`, for the job the producer enqueued under
+        ``operation_key``."""
+        rows = self._query(queries.GET_JOB_RESULT_BY_KEY,
+                           {"tenant_id": tenant_id, "operation_key": operation_key})
+        return rows[0] if rows else None
+
     # Claim and lease ----------------------------------------------------------------
 
     def claim_ready_jobs(self, owner: str, limit: int, lease: timedelta) -> list[ClaimedJob]:
@@ -238,6 +253,15 @@ class QueueClient:
 
     def prune_jobs(self, older_than: timedelta, limit: int = 1000) -> tuple[int, int]:
         """Delete up to ``limit`` jobs finished before ``older_than`` ago, with their
-        events; returns (jobs deleted, events deleted)."""
+        events; returns (jobs deleted, events deleted). An operator's call: any age."""
         (row,) = self._query(queries.PRUNE_JOBS, {"older_than": older_than, "limit": limit})
+        return int(row["jobs_deleted"]), int(row["events_deleted"])
+
+    def prune_retained_jobs(self, older_than: timedelta, limit: int = 1000) -> tuple[int, int]:
+        """The reaper's :meth:`prune_jobs`: ``older_than`` below the database's retention
+        floor (``app.settings.min_retention``, set by the schema owner) is refused with
+        InvalidRequestError and deletes nothing, so a reaper login cannot empty the
+        recent history whatever it is configured with."""
+        (row,) = self._query(queries.PRUNE_RETAINED_JOBS,
+                             {"older_than": older_than, "limit": limit})
         return int(row["jobs_deleted"]), int(row["events_deleted"])

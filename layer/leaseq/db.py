@@ -187,7 +187,10 @@ def _translated(exc: BaseException, conn: psycopg.Connection[Any] | None,
         message = _CLIENT_MESSAGES["connection_failed"].format(message)
     elif error_type is PermissionDeniedError:
         message = (
-            f"{message}. Connect as a role that is a member of service_role, "
+            f"{message}. Connect as a member of the group of this duty "
+            "(leaseq_producer or leaseq_tenant_producer to enqueue, leaseq_worker to "
+            "claim and finish, leaseq_reaper to release expired leases and prune, "
+            "leaseq_operator to redrive, cancel, prune and read), "
             "and apply the migrations (leaseq migrate) as the schema owner."
         )
     return error_type(message, sqlstate=sqlstate)

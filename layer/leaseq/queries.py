@@ -47,6 +47,14 @@ RELEASE_JOBS: Final[LiteralString] = (
     " %(job_ids)s::uuid[], %(tokens)s::uuid[])"
 )
 
+# A producer's reads of its own jobs (sql/functions/results.sql): never a lease token.
+GET_JOB_RESULT: Final[LiteralString] = (
+    "select * from app.get_job_result(%(tenant_id)s, %(job_id)s)"
+)
+GET_JOB_RESULT_BY_KEY: Final[LiteralString] = (
+    "select * from app.get_job_result_by_key(%(tenant_id)s, %(operation_key)s)"
+)
+
 RELEASE_EXPIRED_JOBS: Final[LiteralString] = (
     "select app.release_expired_jobs(%(tenant_id)s, %(limit)s) as released"
 )
@@ -80,6 +88,11 @@ CANCEL_JOBS: Final[LiteralString] = (
 PRUNE_JOBS: Final[LiteralString] = (
     "select jobs_deleted, events_deleted from app.prune_jobs(%(older_than)s::interval,"
     " %(limit)s)"
+)
+# The reaper's prune: refused (22023) below the owner's floor, app.settings.min_retention.
+PRUNE_RETAINED_JOBS: Final[LiteralString] = (
+    "select jobs_deleted, events_deleted from app.prune_retained_jobs("
+    "%(older_than)s::interval, %(limit)s)"
 )
 
 PING: Final[LiteralString] = "select 1"

@@ -1,11 +1,15 @@
 """reap_once(): give every tenant's expired leases back to the queue, then apply the
 retention period to finished jobs.
 
-Each call of app.release_all_expired_jobs and app.prune_jobs is bounded (``limit``
-rows, oldest first), and the pass repeats one only while whole pages come back and
-time remains, so one reaper invocation can never run past its own deadline. Releasing
-comes first: a job waiting for its lease to be released is late work, a finished job
-past its retention is only space.
+Each call of app.release_all_expired_jobs and app.prune_retained_jobs is bounded
+(``limit`` rows, oldest first), and the pass repeats one only while whole pages come
+back and time remains, so one reaper invocation can never run past its own deadline.
+Releasing comes first: a job waiting for its lease to be released is late work, a
+finished job past its retention is only space.
+
+The prune is the reaper's own function, not the operator's app.prune_jobs: it refuses a
+retention below the floor the schema owner sets (``app.settings.min_retention``), so a
+reaper login (leaseq_reaper) cannot delete recent history even with a wrong setting.
 """
 
 from __future__ import annotations
@@ -67,7 +71,7 @@ def _prune(client: QueueClient, deadline: Deadline, report: ReapReport, retentio
     for _ in range(max_calls):
         if deadline.remaining() <= margin:
             return
-        jobs, events = client.prune_jobs(retention, limit)
+        jobs, events = client.prune_retained_jobs(retention, limit)
         report.pruned_jobs += jobs
         report.pruned_events += events
         if jobs < limit:

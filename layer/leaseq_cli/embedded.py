@@ -6,8 +6,12 @@ needs Docker, root or a preinstalled server. The server lives in ``$LEASEQ_HOME/
 ``leaseq db stop``. The test suite starts its own server with :func:`serve`.
 
 It is set up like production, not like a toy: a non-superuser schema owner runs the
-migrations, and commands connect as a worker role that is a member of service_role, so
-they exercise exactly the privileges the Lambdas have.
+migrations, and commands connect as a login that is a member of the duty groups
+(leaseq_producer, leaseq_worker, leaseq_reaper, leaseq_operator), so they exercise
+exactly the privileges the Lambdas and an operator have, and nothing on the tables.
+Servers made by earlier releases had a login called ``leaseq_worker`` in service_role;
+that name is now the worker group, so the bootstrap turns the old login into a NOLOGIN
+role outside service_role before the migrations make it the group.
 
 Only its own OS user can reach it. A superuser session can run programs as the server's
 OS user (``copy ... to program``), so a server another local user can log in to hands
@@ -81,7 +85,12 @@ from leaseq_cli.failures import DatabaseSetupError
 
 DATABASE = "leaseq"
 OWNER_ROLE = "leaseq_owner"
-WORKER_ROLE = "leaseq_worker"
+#: The login the commands use (``leaseq db url --role worker``).
+WORKER_ROLE = "leaseq_cli"
+#: The command line does every duty: it enqueues, drains, reaps and operates.
+WORKER_GROUPS = ("leaseq_producer", "leaseq_worker", "leaseq_reaper", "leaseq_operator")
+#: The login earlier releases made under what is now the worker group's name.
+LEGACY_WORKER_ROLE = "leaseq_worker"
 #: The bootstrap superuser initdb creates.
 SUPERUSER = "postgres"
 #: The port only names the socket file (``.s.PGSQL.5432``); nothing listens on TCP.
@@ -732,7 +741,7 @@ def start(home: Path | None = None, *, apply_migrations: bool = True) -> Embedde
         if apply_migrations:
             with connect(dsn(OWNER_ROLE), application_name="leaseq-cli-migrate") as conn:
                 report = migrate(conn)
-            _grant_worker(dsn(SUPERUSER))
+            _grant_duties(dsn(SUPERUSER))
     return EmbeddedDatabase(home, str(running.socket_dir), running.port, running.pid,
                             dsn(OWNER_ROLE), dsn(WORKER_ROLE), report, creds[SUPERUSER])
 
@@ -747,6 +756,17 @@ def _bootstrap(admin_dsn: str, creds: dict[str, str]) -> None:
             "credentials.json no longer matches the server: restore it, or remove LEASEQ_HOME "
             "to start afresh (its jobs are lost)") from exc
     with conn:
+        legacy = conn.execute("select 1 from pg_roles where rolname = %s and rolcanlogin",
+                              (LEGACY_WORKER_ROLE,)).fetchone()
+        if legacy is not None:
+            # The superuser made it, so only the superuser may grant it (PostgreSQL 16+):
+            # it joins service_role here, as the migration would have done with a group
+            # of its own making.
+            legacy_role = sql.Identifier(LEGACY_WORKER_ROLE)
+            conn.execute(sql.SQL("alter role {} nologin password null").format(legacy_role))
+            if conn.execute("select 1 from pg_roles where rolname = 'service_role'").fetchone():
+                conn.execute(sql.SQL("revoke service_role from {}").format(legacy_role))
+                conn.execute(sql.SQL("grant {} to service_role").format(legacy_role))
         for role, may_create_roles in ((OWNER_ROLE, True), (WORKER_ROLE, False)):
             exists = conn.execute("select 1 from pg_roles where rolname = %s", (role,)).fetchone()
             verb = sql.SQL("alter" if exists else "create")
@@ -777,13 +797,15 @@ def _revoke_public_temp(conn: psycopg.Connection[Any], database: str, owner: str
             sql.Identifier(database), sql.Identifier(owner)))
 
 
-def _grant_worker(admin_dsn: str) -> None:
+def _grant_duties(admin_dsn: str) -> None:
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        member = conn.execute(
-            "select pg_has_role(%s, 'service_role', 'member') as ok", (WORKER_ROLE,)
-        ).fetchone()
-        if member is None or not member[0]:
-            conn.execute(sql.SQL("grant service_role to {}").format(sql.Identifier(WORKER_ROLE)))
+        for group in WORKER_GROUPS:
+            member = conn.execute(
+                "select pg_has_role(%s, %s, 'usage') as ok", (WORKER_ROLE, group)
+            ).fetchone()
+            if member is None or not member[0]:
+                conn.execute(sql.SQL("grant {} to {}").format(
+                    sql.Identifier(group), sql.Identifier(WORKER_ROLE)))
 
 
 def stop(home: Path | None = None, *, timeout: float = 60.0) -> ServerState:

@@ -23,8 +23,10 @@ A durable, multi-tenant job queue in PostgreSQL, drained by AWS Lambda.
 
 Without DATABASE_URL every command uses an embedded PostgreSQL started on demand in
 $LEASEQ_HOME/pgdata (default ./.leaseq), migrated automatically; `leaseq db stop`
-stops it. With DATABASE_URL, commands use that server (as a member of service_role;
-`leaseq migrate` as the schema owner)."""
+stops it. With DATABASE_URL, commands use that server as its login, which needs the
+duty group of the command: leaseq_producer (enqueue), leaseq_worker and
+leaseq_operator (drain), leaseq_reaper (reap), leaseq_operator (status, jobs, dead,
+cancel, prune); `leaseq migrate` runs as the schema owner."""
 
 
 class Parser(argparse.ArgumentParser):

@@ -1,6 +1,6 @@
 """The operator functions of sql/0006 as Python calls, on one worker-role connection.
 
-Everything here goes through SECURITY DEFINER functions granted to service_role, so the
+Everything here goes through SECURITY DEFINER functions granted to leaseq_operator, so the
 command line needs no table privilege and does exactly what a Lambda could do.
 """
 

@@ -1,9 +1,12 @@
 """Which database a command talks to, and as whom.
 
 With DATABASE_URL (or --database-url) every command uses that connection string; it
-must name a member of service_role, or the schema owner for ``leaseq migrate``. Without
-it, the embedded server is started on demand, migrated as its owner role, and commands
-connect as its worker role.
+must name a member of the command's duty groups (leaseq_producer to enqueue,
+leaseq_worker and leaseq_operator to drain, leaseq_reaper to reap, leaseq_operator for
+the operator commands; a member of the deprecated service_role has all four), or the
+schema owner for ``leaseq migrate``. Without it, the embedded server is started on
+demand, migrated as its owner role, and commands connect as its login in all four
+groups.
 """
 
 from __future__ import annotations

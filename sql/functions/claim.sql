@@ -102,8 +102,8 @@ begin
   return query select * from app.claim_locked_jobs(v_ids, p_owner, p_lease, v_now);
 end;
 $$;
-revoke all on function app.claim_jobs(uuid, text, integer, interval) from public;
-grant execute on function app.claim_jobs(uuid, text, integer, interval) to service_role;
+revoke all on function app.claim_jobs(uuid, text, integer, interval) from public, service_role;
+grant execute on function app.claim_jobs(uuid, text, integer, interval) to leaseq_worker;
 
 -- Tenants with claimable work, in tenant_id order, found by a loose index scan over
 -- jobs_claimable_idx: one index probe per tenant (its first entry carries both the
@@ -150,8 +150,8 @@ begin
   limit p_limit;
 end;
 $$;
-revoke all on function app.ready_tenants(integer) from public;
-grant execute on function app.ready_tenants(integer) to service_role;
+revoke all on function app.ready_tenants(integer) from public, service_role;
+grant execute on function app.ready_tenants(integer) to leaseq_worker;
 
 -- Fair claim across tenants, for scheduled workers that serve everyone.
 -- Up to p_limit ready tenants are served, the one waiting longest first. Each locks a
@@ -245,8 +245,8 @@ begin
   return query select * from app.claim_locked_jobs(v_ids, p_owner, p_lease, v_now);
 end;
 $$;
-revoke all on function app.claim_ready_jobs(text, integer, interval) from public;
-grant execute on function app.claim_ready_jobs(text, integer, interval) to service_role;
+revoke all on function app.claim_ready_jobs(text, integer, interval) from public, service_role;
+grant execute on function app.claim_ready_jobs(text, integer, interval) to leaseq_worker;
 
 create or replace function app.renew_job_lease(
   p_tenant_id uuid,
@@ -284,5 +284,5 @@ begin
   return coalesce(v_renewed, false);
 end;
 $$;
-revoke all on function app.renew_job_lease(uuid, uuid, text, uuid, interval) from public;
-grant execute on function app.renew_job_lease(uuid, uuid, text, uuid, interval) to service_role;
+revoke all on function app.renew_job_lease(uuid, uuid, text, uuid, interval) from public, service_role;
+grant execute on function app.renew_job_lease(uuid, uuid, text, uuid, interval) to leaseq_worker;

@@ -33,6 +33,7 @@ declare
   v_item record;
   v_created uuid[];
 begin
+  perform app.check_producer_tenants(p_tenant_ids);
   perform app.check_range('number of jobs', v_count, 1, 1000);
   if coalesce(cardinality(p_operation_keys), -1) <> v_count
      or coalesce(cardinality(p_kinds), -1) <> v_count
@@ -133,8 +134,12 @@ begin
   order by i.n;
 end;
 $$;
-revoke all on function app.enqueue_jobs(uuid[], text[], text[], jsonb[], timestamptz[], integer[], text[]) from public;
-grant execute on function app.enqueue_jobs(uuid[], text[], text[], jsonb[], timestamptz[], integer[], text[]) to service_role;
+-- Producers: leaseq_producer into any tenant, leaseq_tenant_producer only into the
+-- tenants app.tenant_producers binds its login to (app.check_producer_tenants, first,
+-- refuses the whole call with 42501 before anything is looked up, so another tenant's
+-- keys cannot even be probed).
+revoke all on function app.enqueue_jobs(uuid[], text[], text[], jsonb[], timestamptz[], integer[], text[]) from public, service_role;
+grant execute on function app.enqueue_jobs(uuid[], text[], text[], jsonb[], timestamptz[], integer[], text[]) to leaseq_producer, leaseq_tenant_producer;
 
 create or replace function app.enqueue_job(
   p_tenant_id uuid,
@@ -153,6 +158,7 @@ declare
   v_result record;
   v_job app.jobs;
 begin
+  perform app.check_producer_tenants(array[p_tenant_id]);
   perform app.check_range('p_max_attempts', p_max_attempts, 1, 20);
   select * into v_result
   from app.enqueue_jobs(array[p_tenant_id], array[p_operation_key], array[p_kind],
@@ -170,5 +176,5 @@ begin
   return v_job;
 end;
 $$;
-revoke all on function app.enqueue_job(uuid, text, text, jsonb, timestamptz, integer) from public;
-grant execute on function app.enqueue_job(uuid, text, text, jsonb, timestamptz, integer) to service_role;
+revoke all on function app.enqueue_job(uuid, text, text, jsonb, timestamptz, integer) from public, service_role;
+grant execute on function app.enqueue_job(uuid, text, text, jsonb, timestamptz, integer) to leaseq_producer, leaseq_tenant_producer;

@@ -1,4 +1,7 @@
--- leaseq functions: operator actions (redrive, cancel, prune).
+-- leaseq functions: operator actions (redrive, cancel, prune) and the reaper's prune.
+--
+-- Callers: leaseq_operator (redrive, cancel, prune by any age); leaseq_reaper only
+-- prune_retained_jobs, bounded below by the owner's retention floor.
 --
 -- Decisions:
 --   * redrive turns a dead job back into a pending one with attempts reset to 0: it gets
@@ -14,6 +17,7 @@
 --   kind filter           1 .. 128 characters (NULL = no filter)
 --   redrive/cancel limit  1 .. 1000 per call
 --   prune age             0 seconds .. 3650 days; prune limit 1 .. 10000 per call
+--   reaper's prune age    app.settings.min_retention .. 3650 days
 
 -- Dead jobs matching every given filter (NULL = any) go back to pending, available now,
 -- with attempts reset to 0, oldest death first, at most p_limit per call. Each gets a
@@ -72,8 +76,8 @@ begin
   select r.id, r.tenant_id, r.kind from redriven r order by r.id;
 end;
 $$;
-revoke all on function app.redrive_jobs(text, uuid, uuid[], text, integer, text) from public;
-grant execute on function app.redrive_jobs(text, uuid, uuid[], text, integer, text) to service_role;
+revoke all on function app.redrive_jobs(text, uuid, uuid[], text, integer, text) from public, service_role;
+grant execute on function app.redrive_jobs(text, uuid, uuid[], text, integer, text) to leaseq_operator;
 
 -- Pending and retry_wait jobs matching every given filter become 'cancelled' (terminal,
 -- completed now), at most p_limit per call, each with a 'cancelled' event. Jobs a
@@ -131,8 +135,8 @@ begin
   select c.id, c.tenant_id, c.kind from cancelled c order by c.id;
 end;
 $$;
-revoke all on function app.cancel_jobs(text, uuid, uuid[], text, integer, text) from public;
-grant execute on function app.cancel_jobs(text, uuid, uuid[], text, integer, text) to service_role;
+revoke all on function app.cancel_jobs(text, uuid, uuid[], text, integer, text) from public, service_role;
+grant execute on function app.cancel_jobs(text, uuid, uuid[], text, integer, text) to leaseq_operator;
 
 -- One bounded batch: finished jobs (succeeded, dead, cancelled) completed more than
 -- p_older_than ago, oldest first, with their events. Rows locked by someone else are
@@ -185,5 +189,40 @@ begin
   return next;
 end;
 $$;
-revoke all on function app.prune_jobs(interval, integer) from public;
-grant execute on function app.prune_jobs(interval, integer) to service_role;
+revoke all on function app.prune_jobs(interval, integer) from public, service_role;
+grant execute on function app.prune_jobs(interval, integer) to leaseq_operator;
+
+-- The reaper's prune: app.prune_jobs, except that p_older_than may not be less than
+-- app.settings.min_retention, which only the owner can change. A reaper login may
+-- therefore apply its configured retention (LEASEQ_RETENTION_DAYS) but never delete
+-- the recent history of jobs (prune_jobs('0 seconds') is an operator's decision).
+-- Below the floor it raises 22023 and deletes nothing.
+create or replace function app.prune_retained_jobs(
+  p_older_than interval,
+  p_limit integer default 1000
+)
+returns table (jobs_deleted integer, events_deleted integer)
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+  v_floor interval;
+begin
+  select s.min_retention into v_floor from app.settings s;
+  if v_floor is null then
+    raise exception using
+      errcode = '55000',
+      message = 'app.settings has no row, so the retention floor is unknown',
+      hint = 'Restore it as the schema owner: insert into app.settings default values.';
+  end if;
+  if p_older_than is null or p_older_than < v_floor or p_older_than > interval '3650 days' then
+    perform app.raise_invalid(format(
+      'p_older_than must be between %s (app.settings.min_retention) and 3650 days (got %s)',
+      v_floor, coalesce(p_older_than::text, 'NULL')));
+  end if;
+  return query select * from app.prune_jobs(p_older_than, p_limit);
+end;
+$$;
+revoke all on function app.prune_retained_jobs(interval, integer) from public;
+grant execute on function app.prune_retained_jobs(interval, integer) to leaseq_reaper;

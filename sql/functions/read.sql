@@ -41,8 +41,8 @@ begin
   order by j.tenant_id, j.state;
 end;
 $$;
-revoke all on function app.queue_status(uuid) from public;
-grant execute on function app.queue_status(uuid) to service_role;
+revoke all on function app.queue_status(uuid) from public, service_role;
+grant execute on function app.queue_status(uuid) to leaseq_operator;
 
 -- One job, without its lease token. No row when the id is unknown.
 create or replace function app.get_job(p_job_id uuid)
@@ -81,8 +81,8 @@ begin
   where j.id = p_job_id;
 end;
 $$;
-revoke all on function app.get_job(uuid) from public;
-grant execute on function app.get_job(uuid) to service_role;
+revoke all on function app.get_job(uuid) from public, service_role;
+grant execute on function app.get_job(uuid) to leaseq_operator;
 
 -- A job's audit trail in the order it was written (first p_limit events).
 create or replace function app.job_timeline(p_job_id uuid, p_limit integer default 1000)
@@ -111,8 +111,8 @@ begin
   limit p_limit;
 end;
 $$;
-revoke all on function app.job_timeline(uuid, integer) from public;
-grant execute on function app.job_timeline(uuid, integer) to service_role;
+revoke all on function app.job_timeline(uuid, integer) from public, service_role;
+grant execute on function app.job_timeline(uuid, integer) to leaseq_operator;
 
 -- Dead jobs, most recent death first, with the reason their 'dead' event recorded.
 create or replace function app.dead_jobs(
@@ -158,5 +158,5 @@ begin
   limit p_limit;
 end;
 $$;
-revoke all on function app.dead_jobs(uuid, text, integer) from public;
-grant execute on function app.dead_jobs(uuid, text, integer) to service_role;
+revoke all on function app.dead_jobs(uuid, text, integer) from public, service_role;
+grant execute on function app.dead_jobs(uuid, text, integer) to leaseq_operator;

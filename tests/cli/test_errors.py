@@ -64,7 +64,7 @@ def test_an_unknown_job_id_exits_4(leaseq: Callable[..., Result]) -> None:
 def test_an_unreachable_database_exits_3_and_names_what_to_check(
     leaseq: Callable[..., Result]
 ) -> None:
-    unreachable = "postgresql://leaseq_worker:secret@127.0.0.1:1/leaseq?connect_timeout=2"
+    unreachable = "postgresql://leaseq_cli:secret@127.0.0.1:1/leaseq?connect_timeout=2"
     _assert_one_line_error(leaseq("status", database_url=unreachable), 3,
                            "database unavailable", "Check the host, port, credentials")
 

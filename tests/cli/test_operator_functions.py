@@ -1,7 +1,8 @@
 """Contract of sql/0006: redrive, cancel, prune and the operator reads.
 
-Every call is made as the role that makes it in production (the worker, a member of
-service_role); the owner and the administrator only arrange data or look at tables.
+Every call is made as a runtime login (the suite's worker, a member of the legacy
+service_role, which holds leaseq_operator's rights); who else may call them is checked at
+the end. The owner and the administrator only arrange data or look at tables.
 """
 
 from __future__ import annotations
@@ -329,13 +330,18 @@ def outsider(db: Database) -> Iterator[Conn]:
 
 
 @pytest.mark.parametrize("name", sorted(OPERATOR_CALLS))
-def test_only_service_role_may_call_the_operator_functions(
-    name: str, worker: Conn, reader: Conn, outsider: Conn
+def test_only_operators_and_the_legacy_service_role_may_call_the_operator_functions(
+    name: str, db: Database, worker: Conn, reader: Conn, outsider: Conn
 ) -> None:
     worker.execute(OPERATOR_CALLS[name].encode()).fetchall()
-    for refused in (reader, outsider):
-        with raises_sqlstate("42501"):
-            refused.execute(OPERATOR_CALLS[name].encode())
+    with db.connect(postgres.OPERATOR) as operator:
+        operator.execute(OPERATOR_CALLS[name].encode()).fetchall()
+    with db.connect(postgres.PRODUCER) as producer, \
+            db.connect(postgres.DUTY_WORKER) as duty_worker, \
+            db.connect(postgres.REAPER) as reaper:
+        for refused in (reader, outsider, producer, duty_worker, reaper):
+            with raises_sqlstate("42501"):
+                refused.execute(OPERATOR_CALLS[name].encode())
 
 
 def test_the_operator_functions_run_as_the_owner_searching_pg_catalog_before_pg_temp(

@@ -3,11 +3,16 @@ who may do what, written down as data and checked by connecting as each role.
 
 Each decision is checked twice: in the catalog (has_*_privilege, and the ACLs for
 PUBLIC) and by trying it. A function or table that exists without a row here fails
-the test: every new object needs an explicit decision.
+the test, and so does any grant added or missing: every object needs an explicit
+decision for every role.
 
-Roles: ``owner`` (the schema owner, not a superuser), ``worker`` (a login in
-service_role), ``reader`` (a login in authenticated), ``outsider`` (a login with no
-grant at all: what PUBLIC may do, it may do). PUBLIC itself is checked in the ACLs.
+Roles, each a login of its own: ``own`` (the schema owner, not a superuser), ``svc``
+(a login in the legacy group service_role, which holds every runtime duty through the
+duty groups), ``prod`` (leaseq_producer), ``tprod`` (leaseq_tenant_producer), ``work``
+(leaseq_worker), ``reap`` (leaseq_reaper), ``oper`` (leaseq_operator), ``read`` (a
+login in authenticated), ``out`` (a login with no grant at all: what PUBLIC may do, it
+may do). PUBLIC itself is checked in the ACLs. Which groups each login belongs to is
+part of the matrix too (``MEMBERSHIPS``).
 """
 
 from __future__ import annotations
@@ -24,72 +29,99 @@ from tests.conftest import Database
 from tests.support import postgres
 from tests.support.postgres import Conn
 
-ROLES = {"owner": postgres.OWNER, "worker": postgres.WORKER, "reader": postgres.READER,
-         "outsider": postgres.OUTSIDER}
+ROLES = {"own": postgres.OWNER, "svc": postgres.WORKER, "prod": postgres.PRODUCER,
+         "tprod": postgres.TENANT_PRODUCER, "work": postgres.DUTY_WORKER,
+         "reap": postgres.REAPER, "oper": postgres.OPERATOR, "read": postgres.READER,
+         "out": postgres.OUTSIDER}
 
 # x: may execute; .: may not.
 FUNCTIONS = """
-function                                                                                         owner worker reader outsider
-app.cancel_jobs(text,uuid,uuid[],text,integer,text)                                              x     x      .      .
-app.check_claim(text,integer,interval)                                                           x     .      .      .
-app.check_filters(uuid[],text,integer)                                                           x     .      .      .
-app.check_interval(text,interval,interval,interval)                                              x     .      .      .
-app.check_lease(interval)                                                                        x     .      .      .
-app.check_owner(text)                                                                            x     .      .      .
-app.check_range(text,integer,integer,integer)                                                    x     .      .      .
-app.check_reason(text)                                                                           x     .      .      .
-app.check_required(text,anyelement)                                                              x     .      .      .
-app.claim_jobs(uuid,text,integer,interval)                                                       x     x      .      .
-app.claim_locked_jobs(uuid[],text,interval,timestamp with time zone)                             x     .      .      .
-app.claim_ready_jobs(text,integer,interval)                                                      x     x      .      .
-app.complete_job(uuid,uuid,text,uuid,jsonb)                                                      x     x      .      .
-app.current_tenant_id()                                                                          x     .      x      .
-app.dead_jobs(uuid,text,integer)                                                                 x     x      .      .
-app.discard_job(uuid,uuid,text,uuid,jsonb)                                                       x     x      .      .
-app.enqueue_job(uuid,text,text,jsonb,timestamp with time zone,integer)                           x     x      .      .
-app.enqueue_jobs(uuid[],text[],text[],jsonb[],timestamp with time zone[],integer[],text[])       x     x      .      .
-app.error_document(jsonb)                                                                        x     .      .      .
-app.explain_invalid_outcome(bigint,uuid,uuid,uuid,text,jsonb,interval)                           x     .      .      .
-app.fail_job(uuid,uuid,text,uuid,jsonb,interval)                                                 x     x      .      .
-app.finish_and_claim_jobs(text,uuid[],uuid[],uuid[],text[],jsonb[],interval[],integer,interval)  x     x      .      .
-app.finish_jobs(text,uuid[],uuid[],uuid[],text[],jsonb[],interval[])                             x     x      .      .
-app.get_job(uuid)                                                                                x     x      .      .
-app.job_timeline(uuid,integer)                                                                   x     x      .      .
-app.prune_jobs(interval,integer)                                                                 x     x      .      .
-app.queue_status(uuid)                                                                           x     x      .      .
-app.raise_invalid(text)                                                                          x     .      .      .
-app.ready_tenants(integer)                                                                       x     x      .      .
-app.redrive_jobs(text,uuid,uuid[],text,integer,text)                                             x     x      .      .
-app.release_all_expired_jobs(integer)                                                            x     x      .      .
-app.release_expired(uuid,integer)                                                                x     .      .      .
-app.release_expired_jobs(uuid,integer)                                                           x     x      .      .
-app.release_jobs(text,uuid[],uuid[],uuid[])                                                      x     x      .      .
-app.renew_job_lease(uuid,uuid,text,uuid,interval)                                                x     x      .      .
+function                                                                                         own svc prod tprod work reap oper read out
+app.cancel_jobs(text,uuid,uuid[],text,integer,text)                                              x   x   .    .     .    .    x    .    .
+app.check_claim(text,integer,interval)                                                           x   .   .    .     .    .    .    .    .
+app.check_filters(uuid[],text,integer)                                                           x   .   .    .     .    .    .    .    .
+app.check_interval(text,interval,interval,interval)                                              x   .   .    .     .    .    .    .    .
+app.check_lease(interval)                                                                        x   .   .    .     .    .    .    .    .
+app.check_owner(text)                                                                            x   .   .    .     .    .    .    .    .
+app.check_producer_tenants(uuid[])                                                               x   .   .    .     .    .    .    .    .
+app.check_range(text,integer,integer,integer)                                                    x   .   .    .     .    .    .    .    .
+app.check_reason(text)                                                                           x   .   .    .     .    .    .    .    .
+app.check_required(text,anyelement)                                                              x   .   .    .     .    .    .    .    .
+app.claim_jobs(uuid,text,integer,interval)                                                       x   x   .    .     x    .    .    .    .
+app.claim_locked_jobs(uuid[],text,interval,timestamp with time zone)                             x   .   .    .     .    .    .    .    .
+app.claim_ready_jobs(text,integer,interval)                                                      x   x   .    .     x    .    .    .    .
+app.complete_job(uuid,uuid,text,uuid,jsonb)                                                      x   x   .    .     x    .    .    .    .
+app.current_tenant_id()                                                                          x   .   .    .     .    .    .    x    .
+app.dead_jobs(uuid,text,integer)                                                                 x   x   .    .     .    .    x    .    .
+app.discard_job(uuid,uuid,text,uuid,jsonb)                                                       x   x   .    .     x    .    .    .    .
+app.enqueue_job(uuid,text,text,jsonb,timestamp with time zone,integer)                           x   x   x    x     .    .    .    .    .
+app.enqueue_jobs(uuid[],text[],text[],jsonb[],timestamp with time zone[],integer[],text[])       x   x   x    x     .    .    .    .    .
+app.error_document(jsonb)                                                                        x   .   .    .     .    .    .    .    .
+app.explain_invalid_outcome(bigint,uuid,uuid,uuid,text,jsonb,interval)                           x   .   .    .     .    .    .    .    .
+app.fail_job(uuid,uuid,text,uuid,jsonb,interval)                                                 x   x   .    .     x    .    .    .    .
+app.finish_and_claim_jobs(text,uuid[],uuid[],uuid[],text[],jsonb[],interval[],integer,interval)  x   x   .    .     x    .    .    .    .
+app.finish_jobs(text,uuid[],uuid[],uuid[],text[],jsonb[],interval[])                             x   x   .    .     x    .    .    .    .
+app.get_job(uuid)                                                                                x   x   .    .     .    .    x    .    .
+app.get_job_result(uuid,uuid)                                                                    x   x   x    x     .    .    .    .    .
+app.get_job_result_by_key(uuid,text)                                                             x   x   x    x     .    .    .    .    .
+app.job_timeline(uuid,integer)                                                                   x   x   .    .     .    .    x    .    .
+app.prune_jobs(interval,integer)                                                                 x   x   .    .     .    .    x    .    .
+app.prune_retained_jobs(interval,integer)                                                        x   x   .    .     .    x    .    .    .
+app.queue_status(uuid)                                                                           x   x   .    .     .    .    x    .    .
+app.raise_invalid(text)                                                                          x   .   .    .     .    .    .    .    .
+app.ready_tenants(integer)                                                                       x   x   .    .     x    .    .    .    .
+app.redrive_jobs(text,uuid,uuid[],text,integer,text)                                             x   x   .    .     .    .    x    .    .
+app.release_all_expired_jobs(integer)                                                            x   x   .    .     .    x    .    .    .
+app.release_expired(uuid,integer)                                                                x   .   .    .     .    .    .    .    .
+app.release_expired_jobs(uuid,integer)                                                           x   x   .    .     .    x    .    .    .
+app.release_jobs(text,uuid[],uuid[],uuid[])                                                      x   x   .    .     x    .    .    .    .
+app.renew_job_lease(uuid,uuid,text,uuid,interval)                                                x   x   .    .     x    .    .    .    .
 """  # noqa: E501
 
 # S select (every column unless listed under "columns"), I insert, U update, D delete,
 # T truncate; -: nothing.
 TABLES = """
-table                 owner  worker reader outsider
-app.jobs              SIUDT  -      S      -
-app.job_events        SIUDT  -      S      -
-app.tenant_readers    SIUDT  -      S      -
-app.schema_migrations SIUDT  -      -      -
-app.schema_functions  SIUDT  -      -      -
+table                 own    svc prod tprod work reap oper read out
+app.jobs              SIUDT  -   -    -     -    -    -    S    -
+app.job_events        SIUDT  -   -    -     -    -    -    S    -
+app.tenant_readers    SIUDT  -   -    -     -    -    -    S    -
+app.tenant_producers  SIUDT  -   -    -     -    -    -    -    -
+app.settings          SIUDT  -   -    -     -    -    -    -    -
+app.schema_migrations SIUDT  -   -    -     -    -    -    -    -
+app.schema_functions  SIUDT  -   -    -     -    -    -    -    -
 """
 
 #: Columns a role with SELECT on the table may still not read.
 HIDDEN_COLUMNS = {
-    ("app.jobs", "reader"): {"lease_token"},
-    ("app.job_events", "reader"): {"lease_token"},
+    ("app.jobs", "read"): {"lease_token"},
+    ("app.job_events", "read"): {"lease_token"},
 }
 
 SEQUENCES = """
-sequence                      owner worker reader outsider
-app.job_events_sequence_seq   x     .      .      .
+sequence                      own svc prod tprod work reap oper read out
+app.job_events_sequence_seq   x   .   .    .     .    .    .    .    .
 """
 
-SCHEMA_USAGE = {"owner": True, "worker": True, "reader": True, "outsider": False}
+SCHEMA_USAGE = {role: role != "out" for role in ROLES}
+
+#: The group roles whose privileges each login has (pg_has_role USAGE: a member that
+#: inherits, directly or not): a membership granted or lost anywhere in the role graph
+#: changes a row here. (The owner created the groups; from PostgreSQL 16 that makes it
+#: their administrator, with neither their privileges nor SET ROLE to them.)
+GROUP_ROLES = ("service_role", "authenticated", "leaseq_producer", "leaseq_tenant_producer",
+               "leaseq_worker", "leaseq_reaper", "leaseq_operator")
+MEMBERSHIPS = {
+    "own": set(),
+    "svc": {"service_role", "leaseq_producer", "leaseq_worker", "leaseq_reaper",
+            "leaseq_operator"},
+    "prod": {"leaseq_producer"},
+    "tprod": {"leaseq_tenant_producer"},
+    "work": {"leaseq_worker"},
+    "reap": {"leaseq_reaper"},
+    "oper": {"leaseq_operator"},
+    "read": {"authenticated"},
+    "out": set(),
+}
 
 PRIVILEGE_STATEMENTS = {
     "I": "insert into {table} default values",
@@ -103,11 +135,14 @@ PRIVILEGE_NAMES = {"S": "SELECT", "I": "INSERT", "U": "UPDATE", "D": "DELETE", "
 
 
 def _matrix(text: str) -> dict[str, dict[str, str]]:
-    """Rows of a whitespace-aligned table; the last four cells are the role columns."""
+    """Rows of a whitespace-aligned table; the last cells are the role columns."""
     lines = [line.split() for line in text.strip().splitlines()]
     header, rows = lines[0], lines[1:]
-    roles = header[-4:]
-    return {" ".join(row[:-4]): dict(zip(roles, row[-4:], strict=True)) for row in rows}
+    width = len(ROLES)
+    roles = header[-width:]
+    assert roles == list(ROLES), f"matrix columns {roles} are not {list(ROLES)}"
+    return {" ".join(row[:-width]): dict(zip(roles, row[-width:], strict=True))
+            for row in rows}
 
 
 FUNCTION_MATRIX = _matrix(FUNCTIONS)
@@ -291,4 +326,54 @@ def test_sequence_and_schema_privileges_match_the_matrix(role: str, db: Database
         usage = conn.execute("select has_schema_privilege('app', 'USAGE') as ok").fetchone()
         assert usage == {"ok": SCHEMA_USAGE[role]}
         create = _allowed(conn, sql.SQL("create table app.privilege_probe (x int)"))
-        assert create is (role == "owner")
+        assert create is (role == "own")
+
+
+# Roles -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_each_login_belongs_to_exactly_the_groups_of_the_matrix(role: str, owner: Conn) -> None:
+    rows = owner.execute(
+        "select g as group_role from unnest(%s::text[]) g where pg_has_role(%s, g, 'USAGE')",
+        (list(GROUP_ROLES), ROLES[role])).fetchall()
+    assert {r["group_role"] for r in rows} == MEMBERSHIPS[role]
+
+
+def test_the_group_roles_cannot_log_in_and_only_service_role_contains_other_groups(
+    owner: Conn,
+) -> None:
+    rows = owner.execute(
+        "select rolname, rolcanlogin, rolsuper, rolcreaterole, rolbypassrls from pg_roles"
+        " where rolname = any (%s)", (list(GROUP_ROLES),)).fetchall()
+    assert {r["rolname"] for r in rows} == set(GROUP_ROLES)
+    assert [r["rolname"] for r in rows
+            if r["rolcanlogin"] or r["rolsuper"] or r["rolcreaterole"] or r["rolbypassrls"]] == []
+    nested = owner.execute(
+        "select m.roleid::regrole::text as group_role, m.member::regrole::text as member"
+        " from pg_auth_members m"
+        " where m.member::regrole::text = any (%s) and m.roleid::regrole::text = any (%s)",
+        (list(GROUP_ROLES), list(GROUP_ROLES))).fetchall()
+    assert sorted((r["member"], r["group_role"]) for r in nested) == [
+        ("service_role", group)
+        for group in ("leaseq_operator", "leaseq_producer", "leaseq_reaper", "leaseq_worker")]
+
+
+def test_service_role_holds_no_privilege_of_its_own_only_through_the_duty_groups(
+    owner: Conn,
+) -> None:
+    """Revoking a login's legacy membership must leave it exactly its duty group's rights."""
+    rows = owner.execute(
+        """
+        select 'function ' || p.oid::regprocedure::text as object
+        from pg_proc p, aclexplode(p.proacl) a
+        where p.pronamespace = 'app'::regnamespace and a.grantee = 'service_role'::regrole
+        union all
+        select 'relation ' || c.oid::regclass::text
+        from pg_class c, aclexplode(c.relacl) a
+        where c.relnamespace = 'app'::regnamespace and a.grantee = 'service_role'::regrole
+        union all
+        select 'schema app' from pg_namespace n, aclexplode(n.nspacl) a
+        where n.nspname = 'app' and a.grantee = 'service_role'::regrole
+        """).fetchall()
+    assert rows == []

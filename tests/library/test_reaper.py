@@ -6,9 +6,12 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from leaseq import JobOutcome, QueueClient, reap_once
+from leaseq import JobOutcome, QueueClient, connect, reap_once
+from leaseq.errors import InvalidRequestError, PermissionDeniedError
 
+from tests.conftest import Database
 from tests.library.support import enqueue, event_types, job, states
+from tests.support import postgres
 from tests.support.fakes import FakeDeadline
 from tests.support.postgres import Conn
 
@@ -171,3 +174,23 @@ def test_expired_leases_are_released_before_anything_is_pruned(
 def test_a_negative_retention_is_refused(client: QueueClient) -> None:
     with pytest.raises(ValueError, match="retention must not be negative"):
         reap_once(client, FakeDeadline(60), retention=timedelta(days=-1))
+
+
+def test_a_reaper_login_applies_its_retention_but_never_prunes_below_the_owners_floor(
+        db: Database, client: QueueClient, admin: Conn, owner: Conn) -> None:
+    """The reaper's own login (leaseq_reaper) cannot call the operator's prune at all;
+    its prune_retained_jobs refuses an age below app.settings.min_retention (1 day)."""
+    finish_some(client, admin, old=2, recent=2, waiting=0)
+    reaper = QueueClient(lambda: connect(db.dsn(postgres.REAPER)))
+    try:
+        with pytest.raises(InvalidRequestError, match=r"app\.settings\.min_retention"):
+            reap_once(reaper, FakeDeadline(60), retention=timedelta(hours=12))
+        assert states(owner) == {"succeeded": 2, "dead": 2}
+        with pytest.raises(PermissionDeniedError, match="leaseq_operator"):
+            reaper.prune_jobs(timedelta(0))
+
+        report = reap_once(reaper, FakeDeadline(60), retention=timedelta(days=14))
+    finally:
+        reaper.close()
+    assert (report.pruned_jobs, report.pruned_events) == (2, 6)
+    assert states(owner) == {"succeeded": 1, "dead": 1}

@@ -332,21 +332,65 @@ def test_migrate_creates_the_nologin_group_roles_when_absent(private_cluster: Cl
             "t": None
         }
 
+    # With the two roles of 0004 made by an administrator, the same owner stops at the
+    # duty groups of the roles-by-duty migration, again with the statements to run.
+    with private_cluster.connect() as admin:
+        admin.execute("create role service_role nologin")
+        admin.execute("create role authenticated nologin")
+    duty_migration = next(m.version for m in ALL if m.name == "roles_by_duty")
+    with connect(plain) as conn:
+        with pytest.raises(PermissionDeniedError) as refused:
+            migrate(conn)
+        assert refused.value.sqlstate == "42501"
+        assert "cannot create the duty group roles leaseq_producer" in str(refused.value)
+        assert "CREATE ROLE leaseq_worker NOLOGIN" in str(refused.value)
+        recorded = conn.execute("select max(version) as v from app.schema_migrations").fetchone()
+        assert recorded == {"v": duty_migration - 1}
+        assert conn.execute("select to_regclass('app.tenant_producers') as t").fetchone() == {
+            "t": None
+        }
+
+    # A login under a duty group's name is refused rather than made a group: it would get
+    # the rights of every member, and its membership in service_role would be circular.
     queue = private_cluster.dsn(user=postgres.OWNER, dbname="queue")
+    with private_cluster.connect() as admin:
+        admin.execute("create role leaseq_reaper login")
     with connect(queue) as conn:
-        assert migrate(conn).applied == VERSIONS
+        with pytest.raises(DatabaseError) as refused_login:
+            migrate(conn)
+        assert refused_login.value.sqlstate == "55000"
+        assert "leaseq_reaper can log in" in str(refused_login.value)
+        recorded = conn.execute("select max(version) as v from app.schema_migrations").fetchone()
+        assert recorded == {"v": duty_migration - 1}
+    with private_cluster.connect() as admin:
+        # As the hint for an owner without CREATEROLE says: a group an administrator
+        # made is granted to service_role by the administrator too (from PostgreSQL 16
+        # only a role's administrators may grant it).
+        admin.execute("alter role leaseq_reaper nologin")
+        admin.execute("grant leaseq_reaper to service_role")
+
+    with connect(queue) as conn:
+        assert migrate(conn).applied == VERSIONS[duty_migration - 1:]
         roles = conn.execute(
             "select rolname, rolcanlogin, rolsuper, rolinherit from pg_roles"
-            " where rolname in ('service_role', 'authenticated') order by rolname"
+            " where rolname in ('service_role', 'authenticated', 'leaseq_producer',"
+            " 'leaseq_tenant_producer', 'leaseq_worker', 'leaseq_reaper', 'leaseq_operator')"
+            " order by rolname"
         ).fetchall()
+        legacy = conn.execute(
+            "select array_agg(roleid::regrole::text order by roleid::regrole::text) as groups"
+            " from pg_auth_members where member = 'service_role'::regrole").fetchone()
     assert roles == [
-        {"rolname": "authenticated", "rolcanlogin": False, "rolsuper": False, "rolinherit": True},
-        {"rolname": "service_role", "rolcanlogin": False, "rolsuper": False, "rolinherit": True},
+        {"rolname": name, "rolcanlogin": False, "rolsuper": False, "rolinherit": True}
+        for name in ("authenticated", "leaseq_operator", "leaseq_producer", "leaseq_reaper",
+                     "leaseq_tenant_producer", "leaseq_worker", "service_role")
     ]
+    assert legacy == {"groups": ["leaseq_operator", "leaseq_producer", "leaseq_reaper",
+                                 "leaseq_worker"]}
 
     # Once the roles exist, the owner without CREATEROLE finishes where it stopped.
     with connect(plain) as conn:
-        assert migrate(conn).applied == VERSIONS[3:]
+        assert migrate(conn).applied == VERSIONS[duty_migration - 1:]
 
 
 def test_a_changed_function_file_is_applied_with_the_others_and_recorded(fresh: Database) -> None:

@@ -230,7 +230,8 @@ def test_readers_cannot_write_tables(reader: Conn, owner: Conn) -> None:
         "update app.jobs set state = 'succeeded'",
         "delete from app.job_events",
         "insert into app.tenant_readers (role_name, tenant_id)"
-        " values (current_user, gen_random_uuid())",
+        " values ((select oid::regrole from pg_roles where rolname = current_user),"
+        " gen_random_uuid())",
     ):
         with raises_sqlstate("42501", match="permission denied"):
             reader.execute(statement)
@@ -428,5 +429,7 @@ def test_owner_is_not_a_superuser_and_does_not_bypass_rls(owner: Conn) -> None:
         "jobs": (True, False),
         "schema_functions": (False, False),
         "schema_migrations": (False, False),
+        "settings": (False, False),
+        "tenant_producers": (False, False),
         "tenant_readers": (True, False),
     }

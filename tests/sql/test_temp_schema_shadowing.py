@@ -9,9 +9,10 @@ owner (which could ``grant <owner> to <attacker>``). The functions pin
 ``search_path = pg_catalog, pg_temp``, so built-in names resolve in pg_catalog first.
 
 Each test shadows every built-in type name that the functions' sources or signatures
-use, then calls every function the role may execute with arguments that do real work,
-and checks who ran the shadow's code. The first test shows the probe works on this
-server, so the others could fail.
+use, then calls every function the login may execute with arguments that do real work
+(as the legacy service_role login, which may call them all, and as a login of each duty
+group, which may call its own), and checks who ran the shadow's code. The first test
+shows the probe works on this server, so the others could fail.
 """
 
 from __future__ import annotations
@@ -143,26 +144,27 @@ def _one(conn: Conn, query: str, params: tuple[Any, ...] = ()) -> dict[str, Any]
     return row
 
 
-def _exercise(conn: Conn, tenant: uuid.UUID) -> set[str]:
-    """Call each queue function with arguments that make it do its work; return their names."""
-    called: set[str] = set()
+Call = Callable[[str, str, tuple[Any, ...]], list[dict[str, Any]]]
 
-    def call(name: str, query: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
-        called.add(name)
-        return conn.execute(query, params).fetchall()
 
-    def enqueue(key: str) -> uuid.UUID:
+def _produce(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
+    ids = {}
+    for key in ("a", "b", "c", "d", "e", "f"):
         row = call("enqueue_job", "select id from app.enqueue_job(%s, %s, 'email.send', %s)",
                    (tenant, key, Jsonb({"key": key})))
-        return uuid.UUID(str(row[0]["id"]))
-
-    for key in ("a", "b", "c", "d", "e", "f"):
-        enqueue(key)
+        ids[key] = row[0]["id"]
     call("enqueue_jobs",
          "select * from app.enqueue_jobs(array[%s]::uuid[], array['g'], array['email.send'],"
          " array[%s]::jsonb[], array[pg_catalog.now() + '1 hour']::timestamptz[],"
          " array[3], array['corr-1'])", (tenant, Jsonb({"key": "g"})))
-    call("ready_tenants", "select * from app.ready_tenants(10)")
+    assert call("get_job_result", "select * from app.get_job_result(%s, %s)",
+                (tenant, ids["a"]))
+    assert call("get_job_result_by_key", "select * from app.get_job_result_by_key(%s, 'b')",
+                (tenant,))
+
+
+def _work(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
+    call("ready_tenants", "select * from app.ready_tenants(10)", ())
 
     def claim() -> dict[str, Any]:
         rows = call("claim_jobs", "select id, lease_token from app.claim_jobs(%s, 'w1', 1)",
@@ -190,36 +192,90 @@ def _exercise(conn: Conn, tenant: uuid.UUID) -> set[str]:
     call("release_jobs",
          "select * from app.release_jobs('w1', array[%s]::uuid[], array[%s]::uuid[],"
          " array[%s]::uuid[])", (tenant, job["id"], job["lease_token"]))
-    rows = call("claim_ready_jobs", "select id, lease_token from app.claim_ready_jobs('w1', 2)")
+    rows = call("claim_ready_jobs", "select id, lease_token from app.claim_ready_jobs('w1', 2)",
+                ())
     assert rows
     call("finish_and_claim_jobs",
          "select * from app.finish_and_claim_jobs('w1', array[%s]::uuid[], array[%s]::uuid[],"
          " array[%s]::uuid[], array['succeeded'], array['{}']::jsonb[],"
          " array[null]::interval[], 1)", (tenant, rows[0]["id"], rows[0]["lease_token"]))
-    call("release_expired_jobs", "select app.release_expired_jobs(%s, 10)", (tenant,))
-    call("release_all_expired_jobs", "select app.release_all_expired_jobs(10)")
+
+
+def _reap(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
+    # Arranged as the administrator, so that releasing and pruning have work to do.
+    admin.execute("update app.jobs set lease_expires_at = now() - interval '1 second'"
+                  " where tenant_id = %s and state = 'running'", (tenant,))
+    admin.execute("update app.jobs set completed_at = completed_at - interval '2 days'"
+                  " where tenant_id = %s and state = 'succeeded'", (tenant,))
+    call("release_expired_jobs", "select app.release_expired_jobs(%s, 1)", (tenant,))
+    call("release_all_expired_jobs", "select app.release_all_expired_jobs(10)", ())
+    call("prune_retained_jobs", "select * from app.prune_retained_jobs('1 day', 10)", ())
+
+
+def _operate(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
+    dead = call("dead_jobs", "select * from app.dead_jobs(%s, null, 10)", (tenant,))
+    assert dead, "no dead job to look at"
+    call("get_job", "select * from app.get_job(%s)", (dead[0]["id"],))
+    call("job_timeline", "select * from app.job_timeline(%s, 100)", (dead[0]["id"],))
     call("redrive_jobs", "select * from app.redrive_jobs('op', %s, null, null, 10, 'fixed')",
          (tenant,))
     call("cancel_jobs", "select * from app.cancel_jobs('op', %s, null, null, 1, 'unwanted')",
          (tenant,))
     call("queue_status", "select * from app.queue_status(%s)", (tenant,))
-    call("dead_jobs", "select * from app.dead_jobs(%s, null, 10)", (tenant,))
-    call("get_job", "select * from app.get_job(%s)", (job["id"],))
-    call("job_timeline", "select * from app.job_timeline(%s, 100)", (job["id"],))
-    call("prune_jobs", "select * from app.prune_jobs('0 seconds', 10)")
+    call("prune_jobs", "select * from app.prune_jobs('0 seconds', 10)", ())
+
+
+#: The duties in the order a job meets them; each arranges what the next one needs.
+DUTIES = {"produce": _produce, "work": _work, "reap": _reap, "operate": _operate}
+
+
+def _exercise(conn: Conn, tenant: uuid.UUID, duties: set[str], *, owner: Conn,
+              admin: Conn) -> set[str]:
+    """Call each function of the given duties on ``conn`` with arguments that make it do
+    its work (the duties before them arranged by the owner); return their names."""
+    called: set[str] = set()
+    last = max(i for i, name in enumerate(DUTIES) if name in duties)
+    for i, (name, duty) in enumerate(DUTIES.items()):
+        if i > last:
+            break
+        on = conn if name in duties else owner
+
+        def call(function: str, query: str, params: tuple[Any, ...],
+                 on: Conn = on, mine: bool = name in duties) -> list[dict[str, Any]]:
+            if mine:
+                called.add(function)
+            return on.execute(query, params).fetchall()
+
+        duty(call, tenant, admin)
     return called
 
 
-def test_no_function_a_worker_may_execute_runs_its_shadow_types_as_the_owner(
-    owner: Conn, shadowed: Callable[[str], Conn]
+#: Each login and the duties it may perform; the legacy service_role login does them all.
+LOGINS = {
+    "legacy service_role": (postgres.WORKER, set(DUTIES)),
+    "producer": (postgres.PRODUCER, {"produce"}),
+    "tenant producer": (postgres.TENANT_PRODUCER, {"produce"}),
+    "worker": (postgres.DUTY_WORKER, {"work"}),
+    "reaper": (postgres.REAPER, {"reap"}),
+    "operator": (postgres.OPERATOR, {"operate"}),
+}
+
+
+@pytest.mark.parametrize("login", LOGINS)
+def test_no_function_a_runtime_login_may_execute_runs_its_shadow_types_as_the_owner(
+    login: str, owner: Conn, admin: Conn, shadowed: Callable[[str], Conn]
 ) -> None:
-    worker = shadowed(postgres.WORKER)
+    role, duties = LOGINS[login]
+    tenant = uuid.uuid4()
+    owner.execute("insert into app.tenant_producers (role_name, tenant_id) values (%s, %s)",
+                  (postgres.TENANT_PRODUCER, tenant))
+    conn = shadowed(role)
 
-    called = _exercise(worker, uuid.uuid4())
+    called = _exercise(conn, tenant, duties, owner=owner, admin=admin)
 
-    missing = _executable(owner, postgres.WORKER) - called
+    missing = _executable(owner, role) - called
     assert missing == set(), f"add a real call of {sorted(missing)} to _exercise"
-    assert postgres.OWNER not in _ran_as(worker)
+    assert postgres.OWNER not in _ran_as(conn)
 
 
 def test_a_reader_session_with_shadow_types_sees_only_its_tenant(

@@ -27,10 +27,33 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 
 OWNER = "leaseq_test_owner"
+#: The suite's all-purpose runtime login: a member of the legacy group service_role, which
+#: holds every runtime duty (produce, work, reap, operate), as logins made before the
+#: duty groups do. Most tests arrange and drive jobs through it; so the whole suite also
+#: shows that such logins keep working.
 WORKER = "leaseq_test_worker"
+#: One login per duty group, a member of that group only (the privilege matrix and the
+#: duty tests connect as them).
+PRODUCER = "leaseq_test_producer"
+TENANT_PRODUCER = "leaseq_test_tenant_producer"
+DUTY_WORKER = "leaseq_test_duty_worker"
+REAPER = "leaseq_test_reaper"
+OPERATOR = "leaseq_test_operator"
 READER = "leaseq_test_reader"
 OTHER_READER = "leaseq_test_reader_b"
 OUTSIDER = "leaseq_test_outsider"
+
+#: Login -> the group it is granted (after the migrations made the groups).
+GROUPS = {
+    WORKER: "service_role",
+    PRODUCER: "leaseq_producer",
+    TENANT_PRODUCER: "leaseq_tenant_producer",
+    DUTY_WORKER: "leaseq_worker",
+    REAPER: "leaseq_reaper",
+    OPERATOR: "leaseq_operator",
+    READER: "authenticated",
+    OTHER_READER: "authenticated",
+}
 
 Conn = psycopg.Connection[dict[str, Any]]
 
@@ -109,9 +132,7 @@ def create_login_roles(cluster: Cluster) -> None:
     with cluster.connect() as conn:
         for role, options in (
             (OWNER, "login nosuperuser nobypassrls createrole inherit"),
-            (WORKER, "login nosuperuser nobypassrls inherit"),
-            (READER, "login nosuperuser nobypassrls inherit"),
-            (OTHER_READER, "login nosuperuser nobypassrls inherit"),
+            *((login, "login nosuperuser nobypassrls inherit") for login in GROUPS),
             (OUTSIDER, "login nosuperuser nobypassrls inherit"),
         ):
             exists = conn.execute("select 1 from pg_roles where rolname = %s", (role,)).fetchone()
@@ -122,9 +143,9 @@ def create_login_roles(cluster: Cluster) -> None:
 def grant_group_roles(cluster: Cluster) -> None:
     """Make the login roles members of the groups the migrations created."""
     with cluster.connect() as conn:
-        conn.execute(sql.SQL("grant service_role to {}").format(sql.Identifier(WORKER)))
-        for reader in (READER, OTHER_READER):
-            conn.execute(sql.SQL("grant authenticated to {}").format(sql.Identifier(reader)))
+        for login, group in GROUPS.items():
+            conn.execute(sql.SQL("grant {} to {}").format(
+                sql.Identifier(group), sql.Identifier(login)))
 
 
 def create_database(cluster: Cluster, name: str, *, owner: str = OWNER, template: str | None = None

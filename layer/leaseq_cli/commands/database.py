@@ -81,8 +81,9 @@ def _db_status(ui: Ui, current: embedded.ServerState) -> int:
             facts.add_row("[bold]pid[/]", str(current.pid))
             facts.add_row("[bold]socket[/]", f"{current.socket_dir} (port {current.port})")
             facts.add_row("[bold]roles[/]", f"{embedded.OWNER_ROLE} (schema owner), "
-                          f"{embedded.WORKER_ROLE} (service_role), {embedded.SUPERUSER} "
-                          f"(superuser); passwords in {current.home / 'credentials.json'}")
+                          f"{embedded.WORKER_ROLE} ({', '.join(embedded.WORKER_GROUPS)}), "
+                          f"{embedded.SUPERUSER} (superuser); "
+                          f"passwords in {current.home / 'credentials.json'}")
             facts.add_row("[bold]access[/]", "its OS user only: private socket directory "
                           "(mode 0700), scram-sha-256 for every role, no TCP")
         out.print(facts)
