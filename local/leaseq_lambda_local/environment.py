@@ -92,6 +92,16 @@ def timeout_payload(request_id: str, timeout_seconds: float) -> bytes:
                           f"out after {timeout_seconds:.2f} seconds")
 
 
+def _error_type(body: bytes) -> str | None:
+    """The ``errorType`` of an error payload (the header only ever says Unhandled)."""
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return None
+    found = document.get("errorType") if isinstance(document, dict) else None
+    return str(found) if found else None
+
+
 def _exit_description(code: int) -> str:
     if code < 0:
         return f"signal: {signal.strsignal(-code) or -code}".lower()
@@ -309,7 +319,8 @@ class ExecutionEnvironment:
         while shared.handed_over != request_id:
             if shared.init_error is not None:
                 body, error_type = shared.init_error
-                return lost(body, error_type or "Runtime.Unknown", init_error=True)
+                return lost(body, _error_type(body) or error_type or "Runtime.Unknown",
+                            init_error=True)
             if shared.exit_code is not None:
                 return lost(_error_payload("Runtime.ExitError", f"RequestId: {request_id} "
                             f"Error: Runtime exited with error: "
@@ -334,6 +345,8 @@ class ExecutionEnvironment:
                             timed_out=True)
             self._cond.wait(timeout=remaining)
         body, error_type = shared.result
+        if error_type is not None:
+            error_type = _error_type(body) or error_type
         return Outcome(body, error_type, cold_start=cold,
                        duration_ms=(time.monotonic() - handed_at) * 1000,
                        init_duration_ms=self._init_ms(cold))

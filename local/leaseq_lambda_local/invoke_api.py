@@ -29,6 +29,7 @@ import base64
 import binascii
 import json
 import re
+import sys
 import threading
 import uuid
 from http import HTTPStatus
@@ -209,6 +210,13 @@ class InvokeApiServer(ThreadingHTTPServer):
 
     daemon_threads = True
     block_on_close = False
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A peer that went away mid-answer (a killed runtime, a client that gave up) is
+        expected; anything else is reported as usual."""
+        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            return
+        super().handle_error(request, client_address)
 
     def __init__(self, service: LambdaService, port: int = 3001) -> None:
         self.service = service

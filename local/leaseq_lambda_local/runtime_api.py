@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
@@ -139,6 +140,13 @@ class RuntimeApiServer(ThreadingHTTPServer):
 
     daemon_threads = True
     block_on_close = False
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A peer that went away mid-answer (a killed runtime, a client that gave up) is
+        expected; anything else is reported as usual."""
+        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            return
+        super().handle_error(request, client_address)
 
     def __init__(self, side: RuntimeSide) -> None:
         self.side = side

@@ -87,6 +87,7 @@ class LocalLambda:
                 env_vars=config.env_vars)
             functions[name] = LocalFunction(spec, variables)
             self.notes[name] = notes
+        self._functions = functions
         self._python_path = (*self.template.layer_dirs, *config.python_path)
         settings = ServiceSettings(region=config.region, account=config.account,
                                    unreserved_concurrency=config.unreserved_concurrency,
@@ -112,6 +113,10 @@ class LocalLambda:
     def _environment(self, function: LocalFunction) -> Mapping[str, str]:
         return process_environment(function.spec, function.environment, endpoint_url=self.url,
                                    region=self.config.region, python_path=self._python_path)
+
+    def environment_of(self, function: str) -> Mapping[str, str]:
+        """The whole process environment a cold start of ``function`` gets."""
+        return self._environment(self._functions[function])
 
     def _fire(self, function: str, payload: bytes) -> None:
         self.service.submit(function, payload, source="schedule")

@@ -347,7 +347,8 @@ def _schedules(name: str, events: Mapping[str, Any]) -> tuple[list[Schedule], li
         if kind not in ("Schedule", "ScheduleV2"):
             ignored.append(f"{event_name} ({kind})")
             continue
-        expression = props.get("ScheduleExpression")
+        # SAM names the expression Schedule on a rule, ScheduleExpression on Scheduler.
+        expression = props.get("Schedule" if kind == "Schedule" else "ScheduleExpression")
         if not isinstance(expression, str):
             raise TemplateError(f"{name}.Events.{event_name}: ScheduleExpression is "
                                 f"{getattr(expression, 'reason', expression)!r}")
