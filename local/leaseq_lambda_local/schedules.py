@@ -1,7 +1,7 @@
 """The template's schedules, fired as EventBridge would: asynchronous invokes on a rate.
 
 Each enabled ``rate(...)`` schedule fires every period (``every`` overrides every
-period, to scale time in tests and demos), first one period after the service starts,
+rate's period, to scale time in tests and demos), first one period after the service starts,
 as an ``Event`` invoke through the same queue as any other asynchronous invoke:
 
 * ``ScheduleV2`` (EventBridge Scheduler) sends its ``Input`` with the context attributes
@@ -68,10 +68,9 @@ class Scheduler:
                  every: float | None, region: str, account: str) -> None:
         now = time.monotonic()
         self.timers = [
-            _Timer(function, schedule, every or schedule.period_seconds or 0.0,
-                   now + (every or schedule.period_seconds or 0.0))
+            _Timer(function, schedule, every or period, now + (every or period))
             for function, schedule in schedules
-            if schedule.enabled and (every or schedule.period_seconds)]
+            if schedule.enabled and (period := schedule.period_seconds)]
         self._submit = submit
         self._region = region
         self._account = account

@@ -129,9 +129,9 @@ def _print_start(ui: Ui, service: Any, target: Any, log_path: str, every: float 
     for name, spec in service.template.functions.items():
         reserved = spec.reserved_concurrency
         schedules = ", ".join(
-            f"{s.expression}" + (f" (every {every:g} s here)" if every and s.enabled else "")
-            + ("" if s.enabled else " (disabled)")
-            + ("" if s.period_seconds or every else " (cron: not fired locally)")
+            s.expression + (" (disabled)" if not s.enabled
+                            else " (cron: not fired locally)" if not s.period_seconds
+                            else f" (every {every:g} s here)" if every else "")
             for s in spec.schedules)
         out.write(f"  {name}: timeout {spec.timeout_seconds} s, {spec.memory_mb} MB, "
                   f"{'reserved ' + str(reserved) if reserved is not None else 'unreserved'}, "
