@@ -13,6 +13,7 @@ schedules. A developer tool: it never ships in the Lambda layer. See docs/local-
 * ``service``      warm pools, concurrency, the asynchronous queue, statistics;
 * ``invoke_api``   the Invoke API over HTTP, plus ``/local/stats``;
 * ``schedules``    the template's schedules, fired as asynchronous invokes;
+* ``watchdog``     kills the environments of a service that died without closing them;
 * ``server``       all of it together: ``LocalLambda(LocalConfig(...))``.
 """
 

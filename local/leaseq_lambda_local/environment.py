@@ -130,8 +130,14 @@ class ExecutionEnvironment:
     """A process and its Runtime API; ``invoke`` runs one invocation in it."""
 
     def __init__(self, spec: FunctionSpec, environment: Mapping[str, str], *, python: str,
-                 log: LogLine, freeze: bool = True) -> None:
+                 log: LogLine, freeze: bool = True,
+                 on_start: Callable[[int], None] | None = None,
+                 on_close: Callable[[int], None] | None = None) -> None:
+        """``on_start`` / ``on_close`` get the process group when it starts and once it
+        has been killed by close() (the watchdog's bookkeeping)."""
         self.spec = spec
+        self._on_start = on_start
+        self._on_close = on_close
         self.id = uuid.uuid4().hex[:12]
         self._environment = dict(environment)
         self._python = python
@@ -175,6 +181,8 @@ class ExecutionEnvironment:
             cwd=self.spec.code_dir, env=env, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         self.started_at = time.monotonic()
+        if self._on_start is not None:
+            self._on_start(self._process.pid)
         assert self._process.stdout is not None
         reader = threading.Thread(target=self._read_output, args=(self._process.stdout,),
                                   name=f"runtime-out-{self.spec.name}-{self.id}", daemon=True)
@@ -205,6 +213,7 @@ class ExecutionEnvironment:
     def close(self) -> None:
         """Kill the process, stop its Runtime API, wait (bounded) for both."""
         with self._cond:
+            first = not self._shared.closing
             self._shared.closing = True
             self.state = "dead"
             self._kill()
@@ -212,6 +221,8 @@ class ExecutionEnvironment:
         if self._process is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._process.wait(timeout=REAP_SECONDS)
+            if first and self._on_close is not None:
+                self._on_close(self._process.pid)
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()

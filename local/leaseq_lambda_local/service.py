@@ -10,6 +10,8 @@ environments:
 * **Warm reuse.** A finished environment goes back to its function's pool and takes the
   next invocation without init; one that timed out, crashed or failed to init is gone,
   so the next invocation is a cold start.
+* **No orphans.** A watchdog process (watchdog.py) kills every environment left when
+  the service dies without closing them (frozen ones would never notice).
 * **Asynchronous invokes** (``Event``) are accepted at once into an in-memory queue per
   function and run when a slot is free, oldest first. A function error (a timeout
   included) is retried ``MaximumRetryAttempts`` times (0..2, default 2) after
@@ -23,6 +25,7 @@ environments:
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 import uuid
@@ -33,6 +36,7 @@ from typing import Any, Literal
 
 from leaseq_lambda_local.environment import ExecutionEnvironment, Invocation, Outcome
 from leaseq_lambda_local.template import FunctionSpec, function_arn
+from leaseq_lambda_local.watchdog import Watchdog
 
 DEFAULT_UNRESERVED_CONCURRENCY = 10
 #: Lambda's pause before the first and the second retry of a failed asynchronous event.
@@ -124,7 +128,7 @@ class ServiceSettings:
     unreserved_concurrency: int = DEFAULT_UNRESERVED_CONCURRENCY
     async_retry_delays: tuple[float, ...] = DEFAULT_ASYNC_RETRY_DELAYS
     freeze: bool = True
-    python: str = ""
+    python: str = field(default_factory=lambda: sys.executable)
 
 
 def trace_id() -> str:
@@ -159,6 +163,7 @@ class LambdaService:
         self._dispatcher = threading.Thread(target=self._dispatch, name="lambda-async",
                                             daemon=True)
         self._started = time.monotonic()
+        self._watchdog = Watchdog(settings.python)
         self._dispatcher.start()
 
     # Lookup -------------------------------------------------------------------------------
@@ -218,7 +223,8 @@ class LambdaService:
         environment = ExecutionEnvironment(
             function.spec, self._environment_for(LocalFunction(function.spec,
                                                                function.environment)),
-            python=self.settings.python, freeze=self.settings.freeze, log=log)
+            python=self.settings.python, freeze=self.settings.freeze, log=log,
+            on_start=self._watchdog.watch, on_close=self._watchdog.forget)
         function.environments.add(environment)
         return environment
 
@@ -407,3 +413,4 @@ class LambdaService:
             runs = list(self._runs)
         for run in runs:
             run.join(timeout=5)
+        self._watchdog.close()

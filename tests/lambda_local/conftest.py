@@ -50,11 +50,16 @@ def client_for(url: str | None = None) -> Any:
 
 
 def alive(pid: int) -> bool:
+    """The process exists and is not a zombie (an orphan's zombie waits for init)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def wait_for(condition: Callable[[], Any], what: str, timeout: float = WAIT_SECONDS) -> Any:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -14,7 +17,14 @@ import pytest
 from botocore.exceptions import ClientError
 from leaseq_lambda_local import LocalLambda
 
-from tests.lambda_local.conftest import Start, alive, client_for, payload, wait_for
+from tests.lambda_local.conftest import (
+    TEST_TEMPLATE,
+    Start,
+    alive,
+    client_for,
+    payload,
+    wait_for,
+)
 
 
 def test_the_context_counts_down_from_the_timeout_and_a_warm_environment_is_reused(
@@ -183,7 +193,9 @@ def test_a_function_invokes_another_through_the_invoker_and_reaches_this_service
     assert sync["endpoint"] == service.url  # AWS_ENDPOINT_URL_LAMBDA, set by the service
     assert (sync["status"], sync["payload"]["name"]) == (200, "Probe")
     assert (queued["status"], queued["payload"]) == (202, None)
-    wait_for(lambda: list(tmp_path.glob("*.json")), "the asynchronous invoke to run")
+    wait_for(lambda: service.service.stats()["functions"]["Probe"]["async_succeeded"] == 1,
+             "the asynchronous invoke to run")
+    assert len(list(tmp_path.glob("*.json"))) == 2  # the synchronous one and this one
     assert service.service.stats()["functions"]["Probe"]["invocations"] == 2
 
 
@@ -217,3 +229,33 @@ def _quietly(client: Any, function: str) -> None:
         client.invoke(FunctionName=function, Payload=json.dumps({"sleep": 8}))
     except Exception:  # the service went away mid-call, which is the point
         return
+
+
+def test_a_service_killed_outright_leaves_no_runtime_process_behind() -> None:
+    script = textwrap.dedent(f"""
+        import json, time, boto3
+        from pathlib import Path
+        from leaseq_lambda_local import LocalConfig, LocalLambda, LogWriter
+        service = LocalLambda(LocalConfig(template=Path({str(TEST_TEMPLATE)!r}), port=0,
+                                          schedules=False, log=LogWriter(None))).start()
+        client = boto3.client("lambda", endpoint_url=service.url, region_name="us-east-1",
+                              aws_access_key_id="t", aws_secret_access_key="t")
+        answer = client.invoke(FunctionName="Probe", Payload=b"{{}}")
+        print(json.loads(answer["Payload"].read())["pid"], flush=True)
+        time.sleep(60)
+    """)
+    service = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                               text=True)
+    try:
+        assert service.stdout is not None
+        pid = int(service.stdout.readline())
+        assert alive(pid)  # warm, and frozen: it would never notice the service is gone
+
+        service.kill()  # SIGKILL: no close(), no cleanup in the service
+        service.wait(timeout=10)
+
+        wait_for(lambda: not alive(pid), "the watchdog to kill the orphaned environment")
+    finally:
+        if service.poll() is None:
+            service.kill()
+            service.wait(timeout=10)
