@@ -70,6 +70,22 @@ def test_a_failing_async_event_is_retried_maximum_retry_attempts_times_then_drop
     assert _stats(service, "Flaky")["async_retries"] == 3  # 2 for one event, 1 for the other
 
 
+def test_an_async_invocation_that_times_out_is_retried_like_any_function_error(
+    service: LocalLambda, client: Any, tmp_path: Path,
+) -> None:
+    counter = tmp_path / "slow.count"
+
+    client.invoke(FunctionName="Slow", InvocationType="Event",
+                  Payload=json.dumps({"sleep": 30, "counter": str(counter)}))
+    wait_for(lambda: _stats(service, "Slow")["async_dropped_retries"] == 1,
+             "three attempts to time out")
+
+    assert counter.read_text() == "3"  # Lambda's default of 2 retries (no EventInvokeConfig)
+    stats = _stats(service, "Slow")
+    assert (stats["timeouts"], stats["cold_starts"]) == (3, 3)  # each kill loses the process
+    assert stats["failed_async_events"][0]["error"] == "Sandbox.Timedout"
+
+
 def test_an_async_event_older_than_its_maximum_age_is_dropped_without_running(
     service: LocalLambda, client: Any, tmp_path: Path,
 ) -> None:

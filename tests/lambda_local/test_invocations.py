@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
 import subprocess
@@ -50,6 +51,14 @@ def test_the_context_counts_down_from_the_timeout_and_a_warm_environment_is_reus
     assert (two["pid"], two["calls"]) == (one["pid"], 2)  # same process, init once
     stats = service.service.stats()["functions"]["Probe"]
     assert (stats["invocations"], stats["cold_starts"]) == (2, 1)
+
+
+def test_the_callers_client_context_reaches_the_handler(client: Any) -> None:
+    context = base64.b64encode(json.dumps({"custom": {"tenant": "t-1"}}).encode()).decode()
+
+    answer = client.invoke(FunctionName="Probe", Payload=b"{}", ClientContext=context)
+
+    assert payload(answer)["client_custom"] == {"tenant": "t-1"}
 
 
 def test_an_invocation_past_its_timeout_is_killed_and_the_next_one_is_a_cold_start(

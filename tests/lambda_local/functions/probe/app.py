@@ -50,4 +50,5 @@ def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
             "version": context.function_version,
             "trace": os.environ.get("_X_AMZN_TRACE_ID"),
             "task_root": os.environ.get("LAMBDA_TASK_ROOT"),
-            "marker": os.environ.get("PROBE_MARKER")}
+            "marker": os.environ.get("PROBE_MARKER"),
+            "client_custom": getattr(context.client_context, "custom", None)}
