@@ -41,7 +41,7 @@ from leaseq_lambda_local.service import LambdaService, ServiceClosed, Throttled
 
 #: The Invoke API's payload bounds (synchronous request and response; asynchronous event).
 MAX_SYNC_PAYLOAD = 6 * 1024 * 1024
-MAX_ASYNC_PAYLOAD = 256 * 1024
+MAX_ASYNC_PAYLOAD = 1024 * 1024
 _INVOKE = re.compile(r"^/2015-03-31/functions/([^/]+)/invocations$")
 _PARTIAL_ARN = re.compile(r"^(\d{12}):function:(.+)$")
 

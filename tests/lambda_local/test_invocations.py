@@ -161,6 +161,8 @@ def test_names_arns_and_qualifiers_are_accepted_as_boto3_sends_them(
      "ResourceNotFoundException"),
     ({"FunctionName": "Probe:one", "Qualifier": "two"}, "InvalidParameterValueException"),
     ({"FunctionName": "Probe", "Payload": b"{not json"}, "InvalidRequestContentException"),
+    ({"FunctionName": "Probe", "InvocationType": "Event",
+      "Payload": b'"' + b"x" * (1024 * 1024) + b'"'}, "RequestTooLargeException"),
 ])
 def test_what_lambda_refuses_is_refused_with_its_modelled_error(
     client: Any, arguments: dict[str, Any], code: str,

@@ -154,7 +154,9 @@ def _print_stop(ui: Ui, stats: dict[str, Any]) -> None:
             sys.stdout.write(
                 f"  {name}: {counters['invocations']} invocations, {counters['cold_starts']} "
                 f"cold starts, {counters['timeouts']} timeouts, {counters['throttles']} "
-                f"throttles, peak concurrency {counters['peak_concurrency']}\n")
+                f"throttles, peak concurrency {counters['peak_concurrency']}"
+                + (f", {counters['async_dropped_shutdown']} queued events dropped at stop"
+                   if counters["async_dropped_shutdown"] else "") + "\n")
         sys.stdout.write("stopped\n")
     sys.stdout.flush()
 
