@@ -13,10 +13,11 @@ environments:
 * **No orphans.** A watchdog process (watchdog.py) kills every environment left when
   the service dies without closing them (frozen ones would never notice).
 * **Asynchronous invokes** (``Event``) are accepted at once into an in-memory queue per
-  function and run when a slot is free, oldest first. A function error (a timeout
-  included) is retried ``MaximumRetryAttempts`` times (0..2, default 2) after
-  ``async_retry_delays`` (Lambda waits about one, then two minutes); an event older than
-  ``MaximumEventAgeInSeconds`` when its turn comes is dropped unrun. Delivery is at least
+  function and run when a slot is free, in the order they came (a retry goes to the
+  back). A function error (a timeout included) is retried ``MaximumRetryAttempts`` times
+  (0..2, default 2) after ``async_retry_delays`` (Lambda waits about one, then two
+  minutes); an event older than ``MaximumEventAgeInSeconds`` is dropped unrun, whether it
+  waits for a slot or for its retry. Delivery is at least
   once: a retried event may already have had its effect (an invocation that timed out
   after its side effects, say), as in AWS, so functions must be idempotent. The queue
   lives in memory: events still queued when the service stops are dropped and counted.
@@ -314,6 +315,7 @@ class LambdaService:
                 wake = now + 1.0
                 for function in self._functions.values():
                     max_age = function.spec.max_event_age_seconds
+                    full = False
                     for event in list(function.queue):
                         if now - event.received > max_age:
                             function.queue.remove(event)
@@ -322,8 +324,10 @@ class LambdaService:
                         if event.not_before > now:
                             wake = min(wake, event.not_before)
                             continue
-                        if self._try_acquire(function) is not None:
-                            break
+                        # No slot: the rest wait, but are still checked for their age.
+                        full = full or self._try_acquire(function) is not None
+                        if full:
+                            continue
                         function.queue.remove(event)
                         run = threading.Thread(target=self._run_async, args=(function, event),
                                                name=f"lambda-event-{function.spec.name}",
