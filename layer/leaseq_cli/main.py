@@ -172,6 +172,9 @@ def build_parser() -> Parser:
     _command(db_sub, "status", c.cmd_db_status, "is it running, where, as whom")
     url = _command(db_sub, "url", c.cmd_db_url, "print a connection string for it")
     url.add_argument("--role", choices=("worker", "owner"), default="worker")
+
+    from leaseq_cli.commands import lambda_service
+    lambda_service.register(sub, _command, _needs_subcommand, Parser)
     return parser
 
 

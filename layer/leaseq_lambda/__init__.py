@@ -4,7 +4,9 @@
 * ``events``    pydantic models of the schedule ticks and enqueue events;
 * ``runtime``   cold-start composition: settings, connection, handlers registry;
 * ``telemetry`` Powertools logger and EMF metrics, fed by the library's reports;
-* ``enqueue``   the enqueue function's per-item results.
+* ``enqueue``   the enqueue function's per-item results;
+* ``invoker``   the Lambda client for invoking other functions (honours
+  ``AWS_ENDPOINT_URL_LAMBDA``).
 
 The functions in ``functions/*/app.py`` are thin handlers built from these.
 """

@@ -126,3 +126,12 @@ def test_each_built_function_imports_its_handler_against_the_layer(
 
     assert found["handler"] is True
     assert str(found["file"]).startswith(str(code_dir))
+
+
+def test_the_built_layer_leaves_out_the_local_lambda_service(build_dir: Path) -> None:
+    layer = build_dir / "LeaseqLayer" / "python"
+
+    assert (layer / "leaseq_cli").is_dir()
+    assert not (layer / "leaseq_lambda_local").exists()  # local/ is a root of its own
+    assert not list(layer.glob("awslambdaric*"))  # the local extra is not the layer's
+    assert not list(layer.glob("PyYAML*"))
