@@ -56,15 +56,20 @@ def run_isolated(code: str, paths: list[Path], cwd: Path | None = None) -> dict[
     return document
 
 
-def test_the_built_layer_carries_every_migration_as_package_data(build_dir: Path) -> None:
+def test_the_built_layer_carries_every_migration_and_function_file_as_package_data(
+    build_dir: Path,
+) -> None:
     built = build_dir / "LeaseqLayer" / "python" / "leaseq" / "_sql"
-    sources = sorted((ROOT / "sql").glob("*.sql"))
+    sources = sorted((ROOT / "sql").glob("*/*.sql"))
 
     assert built.is_dir()
     assert not built.is_symlink()
-    assert sorted(p.name for p in built.glob("*.sql")) == [p.name for p in sources]
+    assert {"migrations", "functions"} <= {p.parent.name for p in sources}
+    assert sorted(p.relative_to(built) for p in built.glob("*/*.sql")) == [
+        p.relative_to(ROOT / "sql") for p in sources]
     for source in sources:
-        assert (built / source.name).read_bytes() == source.read_bytes(), source.name
+        relative = source.relative_to(ROOT / "sql")
+        assert (built / relative).read_bytes() == source.read_bytes(), relative
 
 
 def test_the_built_layer_alone_imports_leaseq_with_psycopgs_binary_implementation(
@@ -86,7 +91,9 @@ def test_the_built_layer_alone_imports_leaseq_with_psycopgs_binary_implementatio
     assert found["libpq"] >= 150000
     assert str(found["psycopg"]).startswith(str(layer))
     assert str(found["leaseq"]).startswith(str(layer))
-    assert found["migrations"] == list(range(1, len(list((ROOT / "sql").glob("*.sql"))) + 1))
+    migrations = list((ROOT / "sql" / "migrations").glob("*.sql"))
+    assert migrations
+    assert found["migrations"] == list(range(1, len(migrations) + 1))
 
 
 def runtime_provided_dir(tmp_path: Path) -> Path:
