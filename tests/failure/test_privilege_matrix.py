@@ -31,6 +31,8 @@ ROLES = {"owner": postgres.OWNER, "worker": postgres.WORKER, "reader": postgres.
 FUNCTIONS = """
 function                                                                                         owner worker reader outsider
 app.cancel_jobs(text,uuid,uuid[],text,integer,text)                                              x     x      .      .
+app.check_actor(text)                                                                            x     .      .      .
+app.check_array(text,anyarray)                                                                   x     .      .      .
 app.check_claim(text,integer,interval)                                                           x     .      .      .
 app.check_filters(uuid[],text,integer)                                                           x     .      .      .
 app.check_interval(text,interval,interval,interval)                                              x     .      .      .
@@ -46,6 +48,7 @@ app.complete_job(uuid,uuid,text,uuid,jsonb)                                     
 app.current_tenant_id()                                                                          x     .      x      .
 app.dead_jobs(uuid,text,integer)                                                                 x     x      .      .
 app.discard_job(uuid,uuid,text,uuid,jsonb)                                                       x     x      .      .
+app.document_problem(jsonb,integer)                                                              x     .      .      .
 app.enqueue_job(uuid,text,text,jsonb,timestamp with time zone,integer)                           x     x      .      .
 app.enqueue_jobs(uuid[],text[],text[],jsonb[],timestamp with time zone[],integer[],text[])       x     x      .      .
 app.error_document(jsonb)                                                                        x     .      .      .
@@ -54,6 +57,7 @@ app.fail_job(uuid,uuid,text,uuid,jsonb,interval)                                
 app.finish_and_claim_jobs(text,uuid[],uuid[],uuid[],text[],jsonb[],interval[],integer,interval)  x     x      .      .
 app.finish_jobs(text,uuid[],uuid[],uuid[],text[],jsonb[],interval[])                             x     x      .      .
 app.get_job(uuid)                                                                                x     x      .      .
+app.is_blank(text)                                                                               x     .      .      .
 app.job_timeline(uuid,integer)                                                                   x     x      .      .
 app.prune_jobs(interval,integer)                                                                 x     x      .      .
 app.queue_status(uuid)                                                                           x     x      .      .
@@ -121,7 +125,8 @@ def catalog(migrated_database: Database) -> dict[str, Any]:
         functions = conn.execute(
             """
             select p.oid::regprocedure::text as signature, p.proname as name,
-                   array(select case when t.typtype = 'p' then 'text'
+                   array(select case when t.typname = 'anyarray' then 'text[]'
+                                     when t.typtype = 'p' then 'text'
                                      else format_type(t.oid, null) end
                          from unnest(p.proargtypes) with ordinality a(oid, i)
                          join pg_type t on t.oid = a.oid order by a.i) as types,

@@ -119,7 +119,7 @@ def test_only_pending_migrations_are_applied(fresh: Database) -> None:
 
 def test_changed_file_of_an_applied_migration_is_refused(fresh: Database) -> None:
     with connect(fresh.owner_dsn) as conn:
-        migrate(conn, ALL[:3])
+        migrate(conn, ALL[:3], [])
         edited = [replace(m, sql=m.sql + "\n-- edited\n") if m.version == 2 else m for m in ALL]
 
         with pytest.raises(SchemaVersionError, match=r"0002_integrity_fixes\.sql changed after"):
