@@ -41,16 +41,27 @@ declare
   v_count integer := coalesce(cardinality(p_tenant_ids), 0);
   v_item record;
   v_problem text;
+  v_text text;
   v_errors text[];
   v_created uuid[];
 begin
-  perform app.check_array('p_tenant_ids', p_tenant_ids);
-  perform app.check_array('p_operation_keys', p_operation_keys);
-  perform app.check_array('p_kinds', p_kinds);
-  perform app.check_array('p_payloads', p_payloads);
-  perform app.check_array('p_available_ats', p_available_ats);
-  perform app.check_array('p_max_attempts', p_max_attempts);
-  perform app.check_array('p_correlation_ids', p_correlation_ids);
+  -- Every array's shape in one plain expression; the shared check, which names the
+  -- argument, runs only when it fails.
+  if array_ndims(p_tenant_ids) <> 1 or array_lower(p_tenant_ids, 1) <> 1
+     or array_ndims(p_operation_keys) <> 1 or array_lower(p_operation_keys, 1) <> 1
+     or array_ndims(p_kinds) <> 1 or array_lower(p_kinds, 1) <> 1
+     or array_ndims(p_payloads) <> 1 or array_lower(p_payloads, 1) <> 1
+     or array_ndims(p_available_ats) <> 1 or array_lower(p_available_ats, 1) <> 1
+     or array_ndims(p_max_attempts) <> 1 or array_lower(p_max_attempts, 1) <> 1
+     or array_ndims(p_correlation_ids) <> 1 or array_lower(p_correlation_ids, 1) <> 1 then
+    perform app.check_array('p_tenant_ids', p_tenant_ids);
+    perform app.check_array('p_operation_keys', p_operation_keys);
+    perform app.check_array('p_kinds', p_kinds);
+    perform app.check_array('p_payloads', p_payloads);
+    perform app.check_array('p_available_ats', p_available_ats);
+    perform app.check_array('p_max_attempts', p_max_attempts);
+    perform app.check_array('p_correlation_ids', p_correlation_ids);
+  end if;
   perform app.check_range('number of jobs', v_count, 1, 1000);
   if coalesce(cardinality(p_operation_keys), -1) <> v_count
      or coalesce(cardinality(p_kinds), -1) <> v_count
@@ -70,10 +81,12 @@ begin
     v_problem := null;
     if v_item.tenant_id is null then
       v_problem := 'tenant_id is required (got NULL)';
-    elsif v_item.operation_key is null or app.is_blank(v_item.operation_key)
-          or length(v_item.operation_key) > 255 then
+    elsif v_item.operation_key is null or length(v_item.operation_key) > 255
+          or (ascii(v_item.operation_key) not between 33 and 126
+              and app.is_blank(v_item.operation_key)) then
       v_problem := 'operation_key must be a non-blank text of at most 255 characters';
-    elsif v_item.kind is null or app.is_blank(v_item.kind) or length(v_item.kind) > 128 then
+    elsif v_item.kind is null or length(v_item.kind) > 128
+          or (ascii(v_item.kind) not between 33 and 126 and app.is_blank(v_item.kind)) then
       v_problem := 'kind must be a non-blank text of at most 128 characters';
     elsif v_item.payload is null or jsonb_typeof(v_item.payload) <> 'object' then
       v_problem := format('payload must be a JSON object (got %s)',
@@ -90,7 +103,10 @@ begin
           and length(p_correlation_ids[v_item.n]) not between 1 and 200 then
       v_problem := 'correlation_id must have 1 to 200 characters';
     else
-      v_problem := 'payload ' || app.document_problem(v_item.payload, 262144);
+      v_text := v_item.payload::text;
+      if octet_length(v_text) > 200 then
+        v_problem := 'payload ' || app.document_problem(v_item.payload, v_text, 262144);
+      end if;
     end if;
     if v_problem is not null then
       v_errors[v_item.n] := format('job %s: %s', v_item.n, v_problem);
