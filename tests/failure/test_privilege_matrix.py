@@ -48,7 +48,7 @@ app.complete_job(uuid,uuid,text,uuid,jsonb)                                     
 app.current_tenant_id()                                                                          x     .      x      .
 app.dead_jobs(uuid,text,integer)                                                                 x     x      .      .
 app.discard_job(uuid,uuid,text,uuid,jsonb)                                                       x     x      .      .
-app.document_problem(jsonb,integer)                                                              x     .      .      .
+app.document_problem(jsonb,text,integer)                                                         x     .      .      .
 app.enqueue_job(uuid,text,text,jsonb,timestamp with time zone,integer)                           x     x      .      .
 app.enqueue_jobs(uuid[],text[],text[],jsonb[],timestamp with time zone[],integer[],text[])       x     x      .      .
 app.error_document(jsonb)                                                                        x     .      .      .
