@@ -158,7 +158,9 @@ def test_update_keeps_the_physical_id_and_applies_only_the_migrations_added_sinc
     runtime_role: str,
 ) -> None:
     with connect(database.owner_dsn) as conn:
-        migrate(conn, load_migrations()[:-1])
+        # Without the function files: this release's need its migrations (a changed
+        # return type is dropped by one).
+        migrate(conn, load_migrations()[:-1], [])
     assert applied_versions(database) == list(range(1, LATEST))
 
     event = request("Update", response_endpoint, role=runtime_role,
