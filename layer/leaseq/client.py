@@ -20,7 +20,7 @@ from psycopg.types.json import Jsonb
 
 from leaseq import queries
 from leaseq.db import Connection, fetch_rows, prepare_connection
-from leaseq.errors import DatabaseUnavailableError, IdempotencyConflictError
+from leaseq.errors import DatabaseUnavailableError, IdempotencyConflictError, InvalidRequestError
 from leaseq.jobs import ClaimedJob, EnqueueRequest, EnqueueResult, JobOutcome, JobState
 
 T = TypeVar("T")
@@ -35,7 +35,9 @@ def enqueue_jobs(conn: psycopg.Connection[Any],
     """Enqueue many jobs in one round trip on the caller's connection.
 
     Runs inside the caller's open transaction when there is one, so the jobs exist if
-    and only if the caller's work commits. Conflicts are reported per item, not raised.
+    and only if the caller's work commits. Conflicts are reported per item, not raised,
+    and so are items the database rejects (status "rejected", with its 22023 message in
+    ``error``): the batch's other items are stored all the same.
     """
     if not requests:
         return []
@@ -54,15 +56,19 @@ def enqueue_jobs(conn: psycopg.Connection[Any],
             index=int(row["ord"]) - 1,
             job_id=row["job_id"],
             status=row["status"],
-            state=JobState(row["state"]),
+            state=None if row["state"] is None else JobState(row["state"]),
+            error=row["error"],
         )
         for row in rows
     ]
 
 
 def enqueue_job(conn: psycopg.Connection[Any], request: EnqueueRequest) -> EnqueueResult:
-    """Enqueue one job on the caller's connection; a conflicting repeat raises."""
+    """Enqueue one job on the caller's connection; a conflicting repeat raises, and so
+    does a request the database rejects (InvalidRequestError, SQLSTATE 22023)."""
     (result,) = enqueue_jobs(conn, [request])
+    if result.status == "rejected":
+        raise InvalidRequestError(result.error or "the job was rejected", sqlstate="22023")
     if result.status == "conflict":
         raise IdempotencyConflictError(
             f"operation_key {request.operation_key!r} of tenant {request.tenant_id} already "

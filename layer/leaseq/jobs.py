@@ -106,22 +106,32 @@ class EnqueueRequest(BaseModel):
         return utc
 
 
-EnqueueStatus = Literal["created", "existing", "conflict"]
+EnqueueStatus = Literal["created", "existing", "conflict", "rejected"]
 
 
 @dataclass(frozen=True)
 class EnqueueResult:
-    """What happened to one request: a new job, the job the key already named, or a
-    conflict (the key names a job with another kind or payload; nothing was written)."""
+    """What happened to one request: a new job, the job the key already named, a
+    conflict (the key names a job with another kind or payload; nothing was written),
+    or a rejection (the database refused this item, whose ``error`` says why; nothing
+    was written for it, so ``job_id`` and ``state`` are None, while the batch's other
+    items were stored). A result per item, like a conflict, rather than an exception:
+    the other items of the batch are stored either way, and the caller needs to know
+    which."""
 
     index: int
-    job_id: UUID
+    job_id: UUID | None
     status: EnqueueStatus
-    state: JobState
+    state: JobState | None
+    error: str | None = None
 
     @property
     def created(self) -> bool:
         return self.status == "created"
+
+    @property
+    def rejected(self) -> bool:
+        return self.status == "rejected"
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Final, LiteralString
 
 ENQUEUE_JOBS: Final[LiteralString] = (
-    "select ord, job_id, status, state from app.enqueue_jobs("
+    "select ord, job_id, status, state, error from app.enqueue_jobs("
     "%(tenant_ids)s::uuid[], %(operation_keys)s::text[], %(kinds)s::text[], %(payloads)s::jsonb[],"
     " %(available_ats)s::timestamptz[], %(max_attempts)s::integer[], %(correlation_ids)s::text[])"
 )

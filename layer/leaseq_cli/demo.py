@@ -102,7 +102,7 @@ def enqueue_demo(operator: Operator, run_id: str) -> list[uuid.UUID]:
     first = next(i for i, r in enumerate(requests) if r.tenant_id == TENANTS["initech"])
     results = enqueue_jobs(operator.conn, [requests[first]])
     results += enqueue_jobs(operator.conn, requests[:first] + requests[first + 1:])
-    return [r.job_id for r in results]
+    return [r.job_id for r in results if r.job_id is not None]
 
 
 def crash_a_worker(operator: Operator) -> uuid.UUID | None:

@@ -51,6 +51,9 @@ def _conflict(request: EnqueueRequest, job_id: UUID) -> str:
 
 
 def _result(index: int, request: EnqueueRequest, result: EnqueueResult) -> ItemResult:
+    if result.status == "rejected" or result.job_id is None:
+        return ItemResult(index, "rejected", reason=result.error or "rejected by the database",
+                          request=request)
     if result.status == "conflict":
         return ItemResult(index, "rejected", reason=_conflict(request, result.job_id),
                           request=request)

@@ -2,9 +2,9 @@
 --
 -- Each check raises SQLSTATE 22023 with a message that names the argument and the range
 -- it accepts. They run as part of a SECURITY DEFINER call and are executable by the
--- schema owner only. "Blank" means empty or whitespace of any kind (tabs, newlines),
--- the same test as the table's shape constraints, so a blank value is refused with
--- 22023, never 23514.
+-- schema owner only. "Blank" (app.is_blank) means empty or made only of Unicode
+-- whitespace and invisible format characters; a blank value is refused with 22023,
+-- never 23514.
 
 create or replace function app.raise_invalid(p_message text)
 returns void
@@ -32,6 +32,104 @@ end;
 $$;
 revoke all on function app.check_required(text, anyelement) from public;
 
+-- The one "non-blank" rule of every name-like argument (kind, operation key, owner,
+-- actor, kind filters), shared with the Python model (sql/README.md lists the set):
+-- blank is empty, or made only of
+--   white space (Unicode White_Space): U+0009-U+000D, U+0020, U+0085, U+00A0, U+1680,
+--               U+2000-U+200A, U+2028, U+2029, U+202F, U+205F, U+3000;
+--   invisible format characters (Unicode 15.1 category Cf): U+00AD, U+0600-U+0605,
+--               U+061C, U+06DD, U+070F, U+0890-U+0891, U+08E2, U+180E, U+200B-U+200F,
+--               U+202A-U+202E, U+2060-U+2064, U+2066-U+206F, U+FEFF, U+FFF9-U+FFFB,
+--               U+110BD, U+110CD, U+13430-U+1343F, U+1BCA0-U+1BCA3, U+1D173-U+1D17A,
+--               U+E0001, U+E0020-U+E007F
+-- (leaseq.storable.WHITE_SPACE and FORMAT_CHARACTER_RANGES are the same set; the
+-- fuzz test of tests/failure/test_bad_input.py holds the two sides to it).
+-- Such a value looks empty to a person (a tab-only kind filter, a zero-width-space key)
+-- yet is a different value to the database. The set is spelled out, not \s, whose
+-- meaning depends on the database's locale, and written as an E'' literal, whose
+-- escapes mean the same whatever the caller's standard_conforming_strings. NULL gives
+-- NULL: callers test for it themselves. A value whose first character is visible ASCII
+-- (ascii(v) between 33 and 126) is never blank: callers that check a value per job
+-- test that first and call this only otherwise (a call costs about 2 us).
+create or replace function app.is_blank(p_value text)
+returns boolean
+language sql
+immutable
+set search_path = pg_catalog, pg_temp
+as $$
+  select p_value !~ E'[^\u0009-\u000d\u0020\u0085\u00a0\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890-\u0891\u08e2\u1680\u180e\u2000-\u200f\u2028-\u202f\u205f-\u2064\u2066-\u206f\u3000\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f]'
+$$;
+revoke all on function app.is_blank(text) from public;
+
+-- An array argument must be one-dimensional and indexed from 1 (or empty, or NULL,
+-- where the caller allows that): the functions read element i as array[i] next to
+-- unnest(), and for '{{x}}' or '[5:5]={x}' the subscript reads NULL while unnest()
+-- still yields the element, so a per-item check would pass over a value that is then
+-- stored. Called once per array, never per element; the batch functions first test
+-- every array in one plain expression and call this (about 2-6 us a call) only to name
+-- the argument when that test fails.
+create or replace function app.check_array(p_name text, p_value anyarray)
+returns void
+language plpgsql
+immutable
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+  if array_ndims(p_value) <> 1 or array_lower(p_value, 1) <> 1 then
+    perform app.raise_invalid(format(
+      '%s must be a one-dimensional array indexed from 1 (got dimensions %s)',
+      p_name, array_dims(p_value)));
+  end if;
+end;
+$$;
+revoke all on function app.check_array(text, anyarray) from public;
+
+-- Why a JSON document (payload, result or error) cannot be stored, or NULL when it can:
+-- larger than p_max_bytes as JSON text, nested more than 100 levels below its top, or
+-- holding a number whose text, as PostgreSQL writes it back, is longer than 1000
+-- characters. jsonb accepts the last two, but a standard JSON decoder does not read
+-- them back (Python's json refuses integers of more than 4300 digits and gives up some
+-- way below 1000 levels): a stored one would break every worker or producer reading
+-- the row. The answer completes a sentence that starts with the document's name.
+-- p_text is the document's JSON text, which callers have already built for their size
+-- check (building it again costs about 3 ms for 256 KiB).
+--
+-- Cheap first: a document of at most 200 bytes can neither nest 101 levels
+-- ([[...1...]] needs 203) nor hold a 1001-character number, so callers that check one
+-- per job skip the call below that size. A number that long has a run of at least
+-- 500 digits, and a regular expression over the text (about 1 ms for 256 KiB) rules
+-- that out for almost every document. Only a document with such a run (in a string,
+-- say) pays for the exact test: its numbers, collected by one jsonpath scan, as text
+-- (up to about 20 ms for 256 KiB of small numbers).
+create or replace function app.document_problem(p_document jsonb, p_text text, p_max_bytes integer)
+returns text
+language plpgsql
+immutable
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+  v_bytes integer := octet_length(p_text);
+begin
+  if p_document is null or v_bytes <= 200 then
+    return null;
+  end if;
+  if v_bytes > p_max_bytes then
+    return format('must be at most %s bytes as JSON text (got %s)', p_max_bytes, v_bytes);
+  end if;
+  if jsonb_path_exists(p_document, '$.**{101}') then
+    return 'must nest at most 100 levels below its top level';
+  end if;
+  if v_bytes > 1000
+     and p_text ~ '[0-9]{250}[0-9]{250}'
+     and jsonb_path_query_array(p_document, 'strict $.** ? (@.type() == "number")')::text
+         ~ '[-.0-9]{250}[-.0-9]{250}[-.0-9]{250}[-.0-9]{251}' then
+    return 'numbers must be at most 1000 characters as JSON text';
+  end if;
+  return null;
+end;
+$$;
+revoke all on function app.document_problem(jsonb, text, integer) from public;
+
 create or replace function app.check_owner(p_owner text)
 returns void
 language plpgsql
@@ -39,12 +137,28 @@ immutable
 set search_path = pg_catalog, pg_temp
 as $$
 begin
-  if p_owner is null or p_owner ~ '^\s*$' or length(p_owner) > 200 then
+  if p_owner is null or app.is_blank(p_owner) or length(p_owner) > 200 then
     perform app.raise_invalid('p_owner must be a non-blank text of at most 200 characters');
   end if;
 end;
 $$;
 revoke all on function app.check_owner(text) from public;
+
+-- The operator's name on the events of redrive and cancel: the owner rule, under its
+-- own name.
+create or replace function app.check_actor(p_actor text)
+returns void
+language plpgsql
+immutable
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+  if p_actor is null or app.is_blank(p_actor) or length(p_actor) > 200 then
+    perform app.raise_invalid('p_actor must be a non-blank text of at most 200 characters');
+  end if;
+end;
+$$;
+revoke all on function app.check_actor(text) from public;
 
 create or replace function app.check_range(p_name text, p_value integer, p_min integer, p_max integer)
 returns void
@@ -95,7 +209,8 @@ immutable
 set search_path = pg_catalog, pg_temp
 as $$
 begin
-  if p_owner is null or p_owner ~ '^\s*$' or length(p_owner) > 200 then
+  if p_owner is null or length(p_owner) > 200
+     or (ascii(p_owner) not between 33 and 126 and app.is_blank(p_owner)) then
     perform app.check_owner(p_owner);
   end if;
   if p_limit is null or p_limit < 1 or p_limit > 100 then
@@ -109,21 +224,38 @@ $$;
 revoke all on function app.check_claim(text, integer, interval) from public;
 
 -- A failure report is never refused: whatever the worker sends becomes a JSON object
--- that fits the row, so a bad error document cannot lose the failure it describes.
+-- that fits the row, so a bad error document cannot lose the failure it describes. One
+-- that could not be stored or read back (over 65,536 bytes, nested more than 100
+-- levels, or holding a number longer than 1000 characters: app.document_problem)
+-- becomes a truncated copy of its text, which any decoder reads, saying why.
 create or replace function app.error_document(p_error jsonb)
 returns jsonb
-language sql
+language plpgsql
 immutable
 set search_path = pg_catalog, pg_temp
 as $$
-  select case
-    when p_error is null then jsonb_build_object('message', null)
-    when octet_length(p_error::text) > 65536 then jsonb_build_object(
+declare
+  v_text text;
+  v_problem text;
+begin
+  if p_error is null then
+    return jsonb_build_object('message', null);
+  end if;
+  v_text := p_error::text;
+  if octet_length(v_text) > 200 then
+    v_problem := app.document_problem(p_error, v_text, 65536);
+  end if;
+  if v_problem is not null then
+    return jsonb_build_object(
       'code', 'ERROR_TRUNCATED',
-      'truncated', left(p_error::text, 8192))
-    when jsonb_typeof(p_error) <> 'object' then jsonb_build_object('message', p_error)
-    else p_error
-  end
+      'problem', 'the error document ' || v_problem,
+      'truncated', left(v_text, 8192));
+  end if;
+  if jsonb_typeof(p_error) <> 'object' then
+    return jsonb_build_object('message', p_error);
+  end if;
+  return p_error;
+end;
 $$;
 revoke all on function app.error_document(jsonb) from public;
 
@@ -135,12 +267,13 @@ set search_path = pg_catalog, pg_temp
 as $$
 begin
   if p_job_ids is not null then
+    perform app.check_array('p_job_ids', p_job_ids);
     perform app.check_range('number of job ids', cardinality(p_job_ids), 1, 1000);
     if array_position(p_job_ids, null) is not null then
       perform app.raise_invalid('p_job_ids must not contain NULL');
     end if;
   end if;
-  if p_kind is not null and (btrim(p_kind) = '' or length(p_kind) > 128) then
+  if p_kind is not null and (app.is_blank(p_kind) or length(p_kind) > 128) then
     perform app.raise_invalid('p_kind must be a non-blank text of at most 128 characters');
   end if;
   perform app.check_range('p_limit', p_limit, 1, 1000);

@@ -5,13 +5,22 @@
 --   available_at       clamped to now when in the past, at most 365 days ahead
 --   max_attempts       1 .. 20
 --   payload            a JSON object of at most 256 KiB (as text), nested at most 100
---                      levels deep (deeper cannot be decoded by a worker)
+--                      levels deep, no number longer than 1000 characters as text
+--                      (app.document_problem: a worker could not decode either)
+--   operation key      non-blank (app.is_blank), at most 255 characters
+--   kind               non-blank, at most 128 characters
 
 -- Set-based enqueue of up to 1000 jobs. Each input position gets one output row:
 --   status 'created'  a new job, with exactly one 'created' event;
 --   status 'existing' (tenant_id, operation_key) already names a job with the same kind
 --                     and payload (whatever its state): no new row, no new event;
---   status 'conflict' it names a job with a different kind or payload: nothing written.
+--   status 'conflict' it names a job with a different kind or payload: nothing written;
+--   status 'rejected' the item itself is invalid: nothing written for it, job_id and
+--                     state NULL, error the 22023 message naming its position.
+-- A bad item costs only itself: the valid items of the batch are stored. The call as a
+-- whole is refused (22023, nothing stored) only for what no item can fix: a count
+-- outside 1 .. 1000, arrays of different lengths, an array that is not one-dimensional
+-- and indexed from 1.
 create or replace function app.enqueue_jobs(
   p_tenant_ids uuid[],
   p_operation_keys text[],
@@ -21,7 +30,7 @@ create or replace function app.enqueue_jobs(
   p_max_attempts integer[] default null,
   p_correlation_ids text[] default null
 )
-returns table (ord integer, job_id uuid, status text, state app.job_state)
+returns table (ord integer, job_id uuid, status text, state app.job_state, error text)
 language plpgsql
 security definer
 set search_path = pg_catalog, pg_temp
@@ -31,9 +40,29 @@ declare
   v_now timestamptz := clock_timestamp();
   v_count integer := coalesce(cardinality(p_tenant_ids), 0);
   v_item record;
+  v_problem text;
+  v_text text;
+  v_errors text[];
   v_created uuid[];
 begin
   perform app.check_producer_tenants(p_tenant_ids);
+  -- Every array's shape in one plain expression; the shared check, which names the
+  -- argument, runs only when it fails.
+  if array_ndims(p_tenant_ids) <> 1 or array_lower(p_tenant_ids, 1) <> 1
+     or array_ndims(p_operation_keys) <> 1 or array_lower(p_operation_keys, 1) <> 1
+     or array_ndims(p_kinds) <> 1 or array_lower(p_kinds, 1) <> 1
+     or array_ndims(p_payloads) <> 1 or array_lower(p_payloads, 1) <> 1
+     or array_ndims(p_available_ats) <> 1 or array_lower(p_available_ats, 1) <> 1
+     or array_ndims(p_max_attempts) <> 1 or array_lower(p_max_attempts, 1) <> 1
+     or array_ndims(p_correlation_ids) <> 1 or array_lower(p_correlation_ids, 1) <> 1 then
+    perform app.check_array('p_tenant_ids', p_tenant_ids);
+    perform app.check_array('p_operation_keys', p_operation_keys);
+    perform app.check_array('p_kinds', p_kinds);
+    perform app.check_array('p_payloads', p_payloads);
+    perform app.check_array('p_available_ats', p_available_ats);
+    perform app.check_array('p_max_attempts', p_max_attempts);
+    perform app.check_array('p_correlation_ids', p_correlation_ids);
+  end if;
   perform app.check_range('number of jobs', v_count, 1, 1000);
   if coalesce(cardinality(p_operation_keys), -1) <> v_count
      or coalesce(cardinality(p_kinds), -1) <> v_count
@@ -44,40 +73,44 @@ begin
     perform app.raise_invalid('enqueue arrays must all have the same length');
   end if;
 
+  -- Each item's first problem, if any, becomes its error; later checks are skipped.
+  v_errors := array_fill(null::text, array[v_count]);
   for v_item in
     select * from unnest(p_tenant_ids, p_operation_keys, p_kinds, p_payloads)
       with ordinality as u(tenant_id, operation_key, kind, payload, n)
   loop
+    v_problem := null;
     if v_item.tenant_id is null then
-      perform app.raise_invalid(format('job %s: tenant_id is required (got NULL)', v_item.n));
+      v_problem := 'tenant_id is required (got NULL)';
+    elsif v_item.operation_key is null or length(v_item.operation_key) > 255
+          or (ascii(v_item.operation_key) not between 33 and 126
+              and app.is_blank(v_item.operation_key)) then
+      v_problem := 'operation_key must be a non-blank text of at most 255 characters';
+    elsif v_item.kind is null or length(v_item.kind) > 128
+          or (ascii(v_item.kind) not between 33 and 126 and app.is_blank(v_item.kind)) then
+      v_problem := 'kind must be a non-blank text of at most 128 characters';
+    elsif v_item.payload is null or jsonb_typeof(v_item.payload) <> 'object' then
+      v_problem := format('payload must be a JSON object (got %s)',
+                          coalesce(jsonb_typeof(v_item.payload), 'NULL'));
+    elsif p_available_ats is not null and p_available_ats[v_item.n] > v_now + interval '365 days' then
+      -- infinity is more than 365 days ahead; -infinity is in the past: now, as any past time.
+      v_problem := format('available_at must be at most 365 days ahead (got %s)',
+                          p_available_ats[v_item.n]);
+    elsif p_max_attempts is not null
+          and coalesce(p_max_attempts[v_item.n], 6) not between 1 and 20 then
+      v_problem := format('max_attempts must be between 1 and 20 (got %s)',
+                          p_max_attempts[v_item.n]);
+    elsif p_correlation_ids is not null
+          and length(p_correlation_ids[v_item.n]) not between 1 and 200 then
+      v_problem := 'correlation_id must have 1 to 200 characters';
+    else
+      v_text := v_item.payload::text;
+      if octet_length(v_text) > 200 then
+        v_problem := 'payload ' || app.document_problem(v_item.payload, v_text, 262144);
+      end if;
     end if;
-    if v_item.operation_key is null or v_item.operation_key ~ '^\s*$' or length(v_item.operation_key) > 255 then
-      perform app.raise_invalid(format('job %s: operation_key must be a non-blank text of at most 255 characters', v_item.n));
-    end if;
-    if v_item.kind is null or v_item.kind ~ '^\s*$' or length(v_item.kind) > 128 then
-      perform app.raise_invalid(format('job %s: kind must be a non-blank text of at most 128 characters', v_item.n));
-    end if;
-    if v_item.payload is null or jsonb_typeof(v_item.payload) <> 'object' then
-      perform app.raise_invalid(format('job %s: payload must be a JSON object (got %s)',
-        v_item.n, coalesce(jsonb_typeof(v_item.payload), 'NULL')));
-    end if;
-    if jsonb_path_exists(v_item.payload, '$.**{101}') then
-      perform app.raise_invalid(format('job %s: payload must nest at most 100 levels below the top-level object', v_item.n));
-    end if;
-    if octet_length(v_item.payload::text) > 262144 then
-      perform app.raise_invalid(format('job %s: payload must be at most 262144 bytes as JSON text (got %s)',
-        v_item.n, octet_length(v_item.payload::text)));
-    end if;
-    if p_available_ats is not null and p_available_ats[v_item.n] > v_now + interval '365 days' then
-      perform app.raise_invalid(format('job %s: available_at must be at most 365 days ahead (got %s)',
-        v_item.n, p_available_ats[v_item.n]));
-    end if;
-    if p_max_attempts is not null then
-      perform app.check_range(format('job %s: max_attempts', v_item.n),
-        coalesce(p_max_attempts[v_item.n], 6), 1, 20);
-    end if;
-    if p_correlation_ids is not null and length(p_correlation_ids[v_item.n]) not between 1 and 200 then
-      perform app.raise_invalid(format('job %s: correlation_id must have 1 to 200 characters', v_item.n));
+    if v_problem is not null then
+      v_errors[v_item.n] := format('job %s: %s', v_item.n, v_problem);
     end if;
   end loop;
 
@@ -89,6 +122,7 @@ begin
       coalesce(p_max_attempts, array_fill(null::integer, array[v_count])),
       coalesce(p_correlation_ids, array_fill(null::text, array[v_count]))
     ) with ordinality as u(tenant_id, operation_key, kind, payload, available_at, max_attempts, correlation_id, n)
+    where v_errors[u.n] is null
   ), inserted as (
     insert into app.jobs (
       tenant_id, operation_key, kind, payload, available_at, max_attempts,
@@ -117,6 +151,7 @@ begin
 
   -- A new statement, so it sees the rows the insert above wrote and those that
   -- concurrent enqueues committed while it waited on their unique-key conflict.
+  -- Rejected items take no part: a valid repeat of a rejected item's key is created.
   return query
   select i.n::integer,
          j.id,
@@ -127,11 +162,17 @@ begin
            when j.kind = i.kind and j.payload = i.payload then 'existing'
            else 'conflict'
          end,
-         j.state
+         j.state,
+         null::text
   from unnest(p_tenant_ids, p_operation_keys, p_kinds, p_payloads)
          with ordinality as i(tenant_id, operation_key, kind, payload, n)
   join app.jobs j on j.tenant_id = i.tenant_id and j.operation_key = i.operation_key
-  order by i.n;
+  where v_errors[i.n] is null
+  union all
+  select e.n::integer, null::uuid, 'rejected', null::app.job_state, e.error
+  from unnest(v_errors) with ordinality as e(error, n)
+  where e.error is not null
+  order by 1;
 end;
 $$;
 -- Producers: leaseq_producer into any tenant, leaseq_tenant_producer only into the
@@ -141,6 +182,8 @@ $$;
 revoke all on function app.enqueue_jobs(uuid[], text[], text[], jsonb[], timestamptz[], integer[], text[]) from public, service_role;
 grant execute on function app.enqueue_jobs(uuid[], text[], text[], jsonb[], timestamptz[], integer[], text[]) to leaseq_producer, leaseq_tenant_producer;
 
+-- One job, through enqueue_jobs. A rejected item raises its 22023 (a single call has
+-- no other item to keep), a conflict raises 23505; the row is returned otherwise.
 create or replace function app.enqueue_job(
   p_tenant_id uuid,
   p_operation_key text,
@@ -163,6 +206,9 @@ begin
   select * into v_result
   from app.enqueue_jobs(array[p_tenant_id], array[p_operation_key], array[p_kind],
                         array[p_payload], array[p_available_at], array[p_max_attempts]);
+  if v_result.status = 'rejected' then
+    perform app.raise_invalid(v_result.error);
+  end if;
   select * into v_job from app.jobs where id = v_result.job_id and tenant_id = p_tenant_id;
   if v_result.status = 'conflict' then
     raise exception using

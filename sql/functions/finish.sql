@@ -4,7 +4,10 @@
 -- stale lease is not an error: the function returns no row, false or NULL. The
 -- single-job completions are thin wrappers over app.finish_jobs, so that every terminal
 -- transition, and the audit row it writes, is expressed exactly once. A retry delay is
--- 0 .. 30 days (never in the past); a result at most 256 KiB; a batch 1 .. 1000 outcomes.
+-- 0 .. 30 days (never in the past); a result at most 256 KiB, nested at most 100 levels,
+-- with no number longer than 1000 characters (app.document_problem: a producer reading
+-- it back could not decode it); a batch 1 .. 1000 outcomes, each array one-dimensional
+-- and indexed from 1.
 
 -- Raises the detailed 22023 message for outcome number p_n; called only when the
 -- set-based check in finish_jobs found that outcome invalid.
@@ -21,6 +24,8 @@ returns void
 language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
+declare
+  v_problem text;
 begin
   if p_tenant_id is null or p_job_id is null or p_token is null then
     perform app.raise_invalid(format('outcome %s: tenant_id, job_id and token are required', p_n));
@@ -33,9 +38,11 @@ begin
     perform app.check_interval(format('outcome %s: retry delay', p_n),
       p_delay, interval '0 seconds', interval '30 days');
   end if;
-  if p_outcome = 'succeeded' and octet_length(p_detail::text) > 262144 then
-    perform app.raise_invalid(format('outcome %s: result must be at most 262144 bytes as JSON text (got %s)',
-      p_n, octet_length(p_detail::text)));
+  if p_outcome = 'succeeded' then
+    v_problem := app.document_problem(p_detail, p_detail::text, 262144);
+    if v_problem is not null then
+      perform app.raise_invalid(format('outcome %s: result %s', p_n, v_problem));
+    end if;
   end if;
 end;
 $$;
@@ -70,11 +77,27 @@ declare
   v_count integer := coalesce(cardinality(p_job_ids), 0);
   v_bad record;
 begin
-  if p_owner is null or p_owner ~ '^\s*$' or length(p_owner) > 200 then
+  if p_owner is null or length(p_owner) > 200
+     or (ascii(p_owner) not between 33 and 126 and app.is_blank(p_owner)) then
     perform app.check_owner(p_owner);
   end if;
   if v_count < 1 or v_count > 1000 then
     perform app.check_range('number of outcomes', v_count, 1, 1000);
+  end if;
+  -- The shape of the six arrays in one plain expression (this is the hot path); the
+  -- shared check, which names the argument, runs only when it fails.
+  if array_ndims(p_tenant_ids) <> 1 or array_lower(p_tenant_ids, 1) <> 1
+     or array_ndims(p_job_ids) <> 1 or array_lower(p_job_ids, 1) <> 1
+     or array_ndims(p_tokens) <> 1 or array_lower(p_tokens, 1) <> 1
+     or array_ndims(p_outcomes) <> 1 or array_lower(p_outcomes, 1) <> 1
+     or array_ndims(p_details) <> 1 or array_lower(p_details, 1) <> 1
+     or array_ndims(p_retry_delays) <> 1 or array_lower(p_retry_delays, 1) <> 1 then
+    perform app.check_array('p_tenant_ids', p_tenant_ids);
+    perform app.check_array('p_job_ids', p_job_ids);
+    perform app.check_array('p_tokens', p_tokens);
+    perform app.check_array('p_outcomes', p_outcomes);
+    perform app.check_array('p_details', p_details);
+    perform app.check_array('p_retry_delays', p_retry_delays);
   end if;
   if coalesce(cardinality(p_tenant_ids), -1) <> v_count
      or coalesce(cardinality(p_tokens), -1) <> v_count
@@ -91,7 +114,11 @@ begin
      or u.outcome is null or u.outcome not in ('succeeded', 'retry', 'dead', 'exhausted')
      or (u.outcome = 'retry' and (u.delay is null or u.delay < interval '0 seconds'
                                   or u.delay > interval '30 days'))
-     or (u.outcome = 'succeeded' and octet_length(u.detail::text) > 262144)
+     -- CASE, not AND: octet_length of a NULL result is NULL, which AND does not
+     -- short-circuit, so the call would run for every result-less outcome.
+     or case when u.outcome = 'succeeded' and octet_length(u.detail::text) > 200
+             then app.document_problem(u.detail, u.detail::text, 262144) is not null
+             else false end
   order by u.n
   limit 1;
   if found then
@@ -237,6 +264,9 @@ declare
   v_count integer := coalesce(cardinality(p_job_ids), 0);
 begin
   perform app.check_owner(p_owner);
+  perform app.check_array('p_tenant_ids', p_tenant_ids);
+  perform app.check_array('p_job_ids', p_job_ids);
+  perform app.check_array('p_tokens', p_tokens);
   perform app.check_range('number of jobs', v_count, 1, 1000);
   if coalesce(cardinality(p_tenant_ids), -1) <> v_count
      or coalesce(cardinality(p_tokens), -1) <> v_count then
@@ -336,6 +366,22 @@ begin
            null::text, null::uuid, null::timestamptz, null::text
     from app.finish_jobs(p_owner, p_tenant_ids, p_job_ids, p_tokens, p_outcomes, p_details,
                          p_retry_delays) f;
+  else
+    -- Nothing to record, and finish_jobs (which checks the arrays) is not called: the
+    -- arrays are still held to its shape rule, so that no argument is taken unchecked.
+    if array_ndims(p_tenant_ids) <> 1 or array_lower(p_tenant_ids, 1) <> 1
+       or array_ndims(p_job_ids) <> 1 or array_lower(p_job_ids, 1) <> 1
+       or array_ndims(p_tokens) <> 1 or array_lower(p_tokens, 1) <> 1
+       or array_ndims(p_outcomes) <> 1 or array_lower(p_outcomes, 1) <> 1
+       or array_ndims(p_details) <> 1 or array_lower(p_details, 1) <> 1
+       or array_ndims(p_retry_delays) <> 1 or array_lower(p_retry_delays, 1) <> 1 then
+      perform app.check_array('p_tenant_ids', p_tenant_ids);
+      perform app.check_array('p_job_ids', p_job_ids);
+      perform app.check_array('p_tokens', p_tokens);
+      perform app.check_array('p_outcomes', p_outcomes);
+      perform app.check_array('p_details', p_details);
+      perform app.check_array('p_retry_delays', p_retry_delays);
+    end if;
   end if;
   if p_limit > 0 then
     return query

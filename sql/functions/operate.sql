@@ -11,10 +11,10 @@
 --     worker until it finishes or its lease expires.
 --
 -- Argument bounds (anything outside, or NULL where required, raises 22023):
---   actor                 1 .. 200 characters
+--   actor                 non-blank (app.is_blank), at most 200 characters
 --   reason                at most 500 characters (NULL allowed)
---   job ids               1 .. 1000 per call (NULL = no filter)
---   kind filter           1 .. 128 characters (NULL = no filter)
+--   job ids               1 .. 1000 per call, a one-dimensional array (NULL = no filter)
+--   kind filter           non-blank, at most 128 characters (NULL = no filter)
 --   redrive/cancel limit  1 .. 1000 per call
 --   prune age             0 seconds .. 3650 days; prune limit 1 .. 10000 per call
 --   reaper's prune age    app.settings.min_retention .. 3650 days
@@ -39,7 +39,7 @@ as $$
 declare
   v_now timestamptz := clock_timestamp();
 begin
-  perform app.check_owner(p_actor);
+  perform app.check_actor(p_actor);
   perform app.check_filters(p_job_ids, p_kind, p_limit);
   perform app.check_reason(p_reason);
 
@@ -99,7 +99,7 @@ as $$
 declare
   v_now timestamptz := clock_timestamp();
 begin
-  perform app.check_owner(p_actor);
+  perform app.check_actor(p_actor);
   perform app.check_filters(p_job_ids, p_kind, p_limit);
   perform app.check_reason(p_reason);
 

@@ -13,7 +13,10 @@
 -- a migration's DDL wait, and every claim queue behind that migration. Migrations bound
 -- their own wait (lock_timeout, leaseq.migrate); this ends the idle reader itself. A
 -- role-level setting would not do: ALTER ROLE settings of a group are not inherited by
--- its members. A session that chose a shorter timeout keeps it.
+-- its members. A session that chose a shorter timeout keeps it. PostgreSQL evaluates
+-- the policy's sub-select only when a query reaches a row, so a session that has read
+-- nothing yet is not capped: give reader logins the setting when creating them too
+-- (sql/README.md, "Bind a reader").
 
 create or replace function app.current_tenant_id()
 returns uuid

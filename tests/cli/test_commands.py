@@ -66,9 +66,11 @@ def test_enqueue_from_a_json_lines_file_is_idempotent_when_loaded_again(
         for i in range(25)])
     first = cli("enqueue", "--file", str(path), "--tenant", str(tenant), "--json")
     assert first.code == 0, first.err
-    assert first.json()["counts"] == {"created": 25, "existing": 0, "conflict": 0}
+    assert first.json()["counts"] == {"created": 25, "existing": 0, "conflict": 0,
+                                       "rejected": 0}
     again = cli("enqueue", "--file", str(path), "--tenant", str(tenant), "--json")
-    assert again.json()["counts"] == {"created": 0, "existing": 25, "conflict": 0}
+    assert again.json()["counts"] == {"created": 0, "existing": 25, "conflict": 0,
+                                       "rejected": 0}
     count = owner.execute("select count(*) as n from app.jobs").fetchone()
     assert count == {"n": 25}
 

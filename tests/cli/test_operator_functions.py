@@ -287,7 +287,7 @@ def test_dead_jobs_lists_the_most_recent_first_with_the_reason_they_died(worker:
         ("select * from app.redrive_jobs('ops', null, null, null, 1001, null)",
          "p_limit must be between 1 and 1000 (got 1001)"),
         ("select * from app.redrive_jobs('  ', null, null, null, 10, null)",
-         "p_owner must be a non-blank text of at most 200 characters"),
+         "p_actor must be a non-blank text of at most 200 characters"),
         ("select * from app.redrive_jobs('ops', null, '{}', null, 10, null)",
          "number of job ids must be between 1 and 1000 (got 0)"),
         ("select * from app.redrive_jobs('ops', null, array[null]::uuid[], null, 10, null)",
@@ -297,7 +297,7 @@ def test_dead_jobs_lists_the_most_recent_first_with_the_reason_they_died(worker:
         ("select * from app.cancel_jobs('ops', null, null, null, 10, repeat('x', 501))",
          "p_reason must be at most 500 characters (got 501)"),
         ("select * from app.cancel_jobs(null, null, null, null, 10, null)",
-         "p_owner must be a non-blank text"),
+         "p_actor must be a non-blank text"),
         ("select * from app.prune_jobs(interval '-1 second', 10)",
          "p_older_than must be between 00:00:00 and 3650 days"),
         ("select * from app.prune_jobs(null, 10)", "p_older_than must be between"),
@@ -317,6 +317,28 @@ def test_operator_functions_refuse_arguments_out_of_bounds_with_22023(
     before = snapshot(owner)
     with raises_sqlstate("22023", message):
         worker.execute(call.encode())
+    assert snapshot(owner) == before
+
+
+@pytest.mark.parametrize("kind", ["\t", "\u200b", " \u3000\n", "\ufeff\u2060"],
+                         ids=["tab", "zero-width-space", "ideographic-space", "bom-and-joiner"])
+@pytest.mark.parametrize(
+    "call",
+    ["select * from app.redrive_jobs('ops', null, null, %s, 10, null)",
+     "select * from app.cancel_jobs('ops', null, null, %s, 10, null)",
+     "select * from app.dead_jobs(null, %s, 10)"],
+    ids=["redrive_jobs", "cancel_jobs", "dead_jobs"],
+)
+def test_a_kind_filter_of_invisible_characters_only_is_refused_with_22023(
+    worker: Conn, owner: Conn, call: str, kind: str
+) -> None:
+    """A tab-only filter matched no job and said nothing: the operator learned that no
+    job of "that kind" was dead, a wrong answer to the question asked."""
+    _dead(worker, new_tenant(), "dead")
+    enqueue(worker, new_tenant(), "pending")
+    before = snapshot(owner)
+    with raises_sqlstate("22023", "p_kind must be a non-blank text of at most 128 characters"):
+        worker.execute(call.encode(), (kind,))
     assert snapshot(owner) == before
 
 

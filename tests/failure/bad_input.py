@@ -110,6 +110,9 @@ payloads = mostly(st.dictionaries(plain_text, valid_json, max_size=4), st.one_of
     # Around the 256 KiB bound: {"blob": "..."} is the string plus 12 bytes.
     st.integers(262_144 - 16, 262_144 - 8).map(lambda n: {"blob": "x" * n}),
     st.integers(262_144 - 12, 262_144 + 64).map(lambda n: {"blob": "é" * (n // 2)}),
+    # Around the 1000-character bound on a number's text (10**n has n + 1 digits).
+    st.integers(995, 1005).map(lambda n: {"n": 10**n}),
+    st.integers(995, 1005).map(lambda n: {"a": [1, {"n": -(10**n)}]}),
     json_values,
 ))
 

@@ -38,6 +38,8 @@ ROLES = {"own": postgres.OWNER, "svc": postgres.WORKER, "prod": postgres.PRODUCE
 FUNCTIONS = """
 function                                                                                         own svc prod tprod work reap oper read out
 app.cancel_jobs(text,uuid,uuid[],text,integer,text)                                              x   x   .    .     .    .    x    .    .
+app.check_actor(text)                                                                            x   .   .    .     .    .    .    .    .
+app.check_array(text,anyarray)                                                                   x   .   .    .     .    .    .    .    .
 app.check_claim(text,integer,interval)                                                           x   .   .    .     .    .    .    .    .
 app.check_filters(uuid[],text,integer)                                                           x   .   .    .     .    .    .    .    .
 app.check_interval(text,interval,interval,interval)                                              x   .   .    .     .    .    .    .    .
@@ -54,6 +56,7 @@ app.complete_job(uuid,uuid,text,uuid,jsonb)                                     
 app.current_tenant_id()                                                                          x   .   .    .     .    .    .    x    .
 app.dead_jobs(uuid,text,integer)                                                                 x   x   .    .     .    .    x    .    .
 app.discard_job(uuid,uuid,text,uuid,jsonb)                                                       x   x   .    .     x    .    .    .    .
+app.document_problem(jsonb,text,integer)                                                         x   .   .    .     .    .    .    .    .
 app.enqueue_job(uuid,text,text,jsonb,timestamp with time zone,integer)                           x   x   x    x     .    .    .    .    .
 app.enqueue_jobs(uuid[],text[],text[],jsonb[],timestamp with time zone[],integer[],text[])       x   x   x    x     .    .    .    .    .
 app.error_document(jsonb)                                                                        x   .   .    .     .    .    .    .    .
@@ -64,6 +67,7 @@ app.finish_jobs(text,uuid[],uuid[],uuid[],text[],jsonb[],interval[])            
 app.get_job(uuid)                                                                                x   x   .    .     .    .    x    .    .
 app.get_job_result(uuid,uuid)                                                                    x   x   x    x     .    .    .    .    .
 app.get_job_result_by_key(uuid,text)                                                             x   x   x    x     .    .    .    .    .
+app.is_blank(text)                                                                               x   .   .    .     .    .    .    .    .
 app.job_timeline(uuid,integer)                                                                   x   x   .    .     .    .    x    .    .
 app.prune_jobs(interval,integer)                                                                 x   x   .    .     .    .    x    .    .
 app.prune_retained_jobs(interval,integer)                                                        x   x   .    .     .    x    .    .    .
@@ -156,7 +160,8 @@ def catalog(migrated_database: Database) -> dict[str, Any]:
         functions = conn.execute(
             """
             select p.oid::regprocedure::text as signature, p.proname as name,
-                   array(select case when t.typtype = 'p' then 'text'
+                   array(select case when t.typname = 'anyarray' then 'text[]'
+                                     when t.typtype = 'p' then 'text'
                                      else format_type(t.oid, null) end
                          from unnest(p.proargtypes) with ordinality a(oid, i)
                          join pg_type t on t.oid = a.oid order by a.i) as types,

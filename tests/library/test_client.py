@@ -13,6 +13,7 @@ from leaseq import (
     DatabaseUnavailableError,
     EnqueueRequest,
     IdempotencyConflictError,
+    InvalidRequestError,
     JobContext,
     QueueClient,
     Registry,
@@ -108,6 +109,39 @@ def test_enqueue_job_raises_on_a_conflicting_repeat_and_returns_the_existing_job
     assert (created.status, again.status, again.job_id) == ("created", "existing", created.job_id)
     with pytest.raises(IdempotencyConflictError, match="operation_key 'a'"):
         client.enqueue_job(request(tenant, "a", kind="other"))
+
+
+def _unvalidated(tenant: uuid.UUID, key: str, **fields: Any) -> EnqueueRequest:
+    """A request built without the model's checks: what the SQL contract refuses even
+    when the model's rules and the database's disagree."""
+    values: dict[str, Any] = {"tenant_id": tenant, "operation_key": key, "kind": "echo",
+                              "payload": {}, "available_at": None, "max_attempts": None,
+                              "correlation_id": None, **fields}
+    return EnqueueRequest.model_construct(**values)
+
+
+def test_an_item_the_database_rejects_is_reported_with_its_error_and_the_others_are_stored(
+        client: QueueClient, owner: Conn) -> None:
+    tenant = uuid.uuid4()
+    results = client.enqueue_jobs([request(tenant, "a"), _unvalidated(tenant, "\u200b"),
+                                   request(tenant, "c")])
+
+    assert [r.status for r in results] == ["created", "rejected", "created"]
+    rejected = results[1]
+    assert (rejected.index, rejected.job_id, rejected.state, rejected.rejected) == (
+        1, None, None, True)
+    assert rejected.error == (
+        "job 2: operation_key must be a non-blank text of at most 255 characters")
+    assert [r.error for r in (results[0], results[2])] == [None, None]
+    assert {row["operation_key"] for row in jobs(owner)} == {"a", "c"}
+
+
+def test_enqueue_job_raises_invalid_request_for_an_item_the_database_rejects(
+        client: QueueClient, owner: Conn) -> None:
+    with pytest.raises(InvalidRequestError, match="payload numbers must be at most 1000") as e:
+        client.enqueue_job(_unvalidated(uuid.uuid4(), "big", payload={"n": 10**1000}))
+    assert e.value.sqlstate == "22023"
+    assert jobs(owner) == []
 
 
 def test_enqueue_passes_schedule_attempts_and_correlation_id_through(

@@ -112,9 +112,10 @@ def test_a_payload_nested_deeper_than_python_can_decode_is_dead_and_the_drain_go
 
 def test_a_claimed_row_with_a_time_python_cannot_represent_is_read_clamped_and_runs(
         client: QueueClient, owner: Conn) -> None:
-    """-infinity is ready now, so it is claimed; Python's datetime cannot hold it."""
+    """A created_at of -infinity (hand-written SQL only: available_at must be finite)."""
     tenant = uuid.uuid4()
-    early = insert_job(owner, tenant, "early", '{"i": 1}', available_at="'-infinity'")
+    early = insert_job(owner, tenant, "early", '{"i": 1}')
+    owner.execute("update app.jobs set created_at = '-infinity' where id = %s", (early,))
     (later,) = enqueue(client, uuid.uuid4())
     ran: list[uuid.UUID] = []
 

@@ -119,7 +119,9 @@ def test_only_pending_migrations_are_applied(fresh: Database) -> None:
 
 def test_changed_file_of_an_applied_migration_is_refused(fresh: Database) -> None:
     with connect(fresh.owner_dsn) as conn:
-        migrate(conn, ALL[:3])
+        # Without the function files: this release's need its migrations (a changed
+        # return type is dropped by one).
+        migrate(conn, ALL[:3], [])
         edited = [replace(m, sql=m.sql + "\n-- edited\n") if m.version == 2 else m for m in ALL]
 
         with pytest.raises(SchemaVersionError, match=r"0002_integrity_fixes\.sql changed after"):
@@ -512,15 +514,17 @@ def test_a_blocked_migration_is_applied_once_the_reader_lets_go(fresh: Database)
 def test_a_reader_session_gets_an_idle_in_transaction_timeout_unless_it_chose_a_shorter_one(
     db: Database,
 ) -> None:
-    with db.connect(postgres.READER) as reader:
-        reader.execute("set idle_in_transaction_session_timeout = 0")
-        reader.execute("select count(*) from app.jobs").fetchone()
-        assert reader.execute("show idle_in_transaction_session_timeout").fetchone() == {
-            "idle_in_transaction_session_timeout": "1min"
-        }
-    with db.connect(postgres.READER) as reader:
-        reader.execute("set idle_in_transaction_session_timeout = '5s'")
-        reader.execute("select count(*) from app.jobs").fetchone()
-        assert reader.execute("show idle_in_transaction_session_timeout").fetchone() == {
-            "idle_in_transaction_session_timeout": "5s"
-        }
+    tenant = uuid.uuid4()
+    with db.connect(postgres.OWNER) as owner:
+        owner.execute("insert into app.tenant_readers (role_name, tenant_id) values (%s, %s)",
+                      (postgres.READER, tenant))
+        owner.execute("select app.enqueue_job(%s, 'k', 'echo', '{}')", (tenant,))
+    for chosen, expected in (("0", "1min"), ("5s", "5s")):
+        with db.connect(postgres.READER) as reader:
+            reader.execute("select set_config('idle_in_transaction_session_timeout', %s, false)",
+                           (chosen,))
+            reader.execute("select set_config('app.tenant_id', %s, false)", (str(tenant),))
+            assert reader.execute("select count(*) as n from app.jobs").fetchone() == {"n": 1}
+            assert reader.execute("show idle_in_transaction_session_timeout").fetchone() == {
+                "idle_in_transaction_session_timeout": expected
+            }

@@ -154,7 +154,8 @@ def test_claim_lease_at_the_bounds_is_accepted(worker: Conn, lease: timedelta) -
     assert len(claim(worker, tenant, lease=lease)) == 1
 
 
-@pytest.mark.parametrize("owner_name", [None, "", "   ", "\t\n", "w" * 201])
+@pytest.mark.parametrize("owner_name", [None, "", "   ", "\t\n", "\u200b", "\u3000\ufeff",
+                                        "w" * 201])
 def test_claim_without_a_usable_owner_raises_22023(worker: Conn, owner_name: str | None) -> None:
     with raises_sqlstate("22023", match="p_owner must be a non-blank text"):
         worker.execute(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -140,6 +141,97 @@ def test_payload_just_under_the_limit_is_accepted(worker: Conn) -> None:
     assert enqueue(worker, new_tenant(), "fits", payload=payload)["state"] == "pending"
 
 
+def _enqueue_text(conn: Conn, key: str, payload_text: str) -> dict[str, Any]:
+    """Enqueue a payload given as JSON text, parsed by PostgreSQL (not by Python)."""
+    row = conn.execute(
+        "select * from app.enqueue_job(%s, %s, 'echo', %s::text::jsonb)",
+        (new_tenant(), key, payload_text),
+    ).fetchone()
+    assert row is not None
+    return row
+
+
+#: Numbers as a producer may write them, and the length of their text as PostgreSQL
+#: writes it back (jsonb keeps them as decimals, without exponent).
+LONG_NUMBERS = {
+    "1e5000": '{"n": 1e5000}',
+    "1001-digit-integer": '{"n": 1e1000}',
+    "negative-1000-digit-integer": '{"n": -1e999}',
+    "1001-character-fraction": '{"n": 0.' + "0" * 998 + "1}",
+    "deep-in-an-array-of-a-large-payload": (
+        '{"pad": "' + "x" * 2000 + '", "a": [1, 2, {"b": [3, 1e2000]}]}'),
+    "next-to-a-string-of-digits": '{"s": "' + "9" * 3000 + '", "n": 1e1500}',
+}
+
+
+@pytest.mark.parametrize("payload_text", list(LONG_NUMBERS.values()), ids=list(LONG_NUMBERS))
+def test_a_payload_number_longer_than_1000_characters_is_refused_with_22023(
+    worker: Conn, owner: Conn, payload_text: str
+) -> None:
+    """jsonb stores {"n": 1e5000} and writes it back as a 5,001-digit integer, which
+    Python's json module refuses to decode (more than 4,300 digits): stored, it would
+    break the claim of every worker that reaches it."""
+    with raises_sqlstate(
+            "22023", match="job 1: payload numbers must be at most 1000 characters as JSON text"):
+        _enqueue_text(worker, "long-number", payload_text)
+    assert snapshot(owner) == ([], [])
+
+
+@pytest.mark.parametrize(
+    "payload_text",
+    ['{"n": 1e999}', '{"n": -1e998}', '{"n": 0.' + "0" * 997 + "1}",
+     '{"s": "' + "9" * 5000 + '"}', '{"a": [' + ", ".join(["123456789"] * 3000) + "]}"],
+    ids=["1000-digit-integer", "negative-1000-characters", "1000-character-fraction",
+         "5000-digits-in-a-string", "many-short-numbers"],
+)
+def test_numbers_of_at_most_1000_characters_and_digits_in_strings_are_accepted(
+    worker: Conn, owner: Conn, payload_text: str
+) -> None:
+    row = _enqueue_text(worker, "fits", payload_text)
+    stored = owner.execute(
+        "select payload::text as text from app.jobs where id = %s", (row["id"],)).fetchone()
+    assert stored is not None
+    json.loads(stored["text"])  # what a worker will do with it
+
+
+@pytest.mark.parametrize(
+    ("payload_text", "sqlstate"),
+    [('{"a": "\\ud800"}', "22P02"), ('{"a": "\\udc00x"}', "22P02"),
+     ('{"a": "\\u0000"}', "22P05"), ('{"\\u0000": 1}', "22P05"), ('{"a": NaN}', "22P02"),
+     ('{"a": Infinity}', "22P02"), ('{"a": 1, }', "22P02")],
+    ids=["lone-high-surrogate", "lone-low-surrogate", "nul-in-a-value", "nul-in-a-key", "nan",
+         "infinity", "trailing-comma"],
+)
+def test_what_a_json_decoder_refuses_jsonb_refuses_too_before_any_function_runs(
+    worker: Conn, owner: Conn, payload_text: str, sqlstate: str
+) -> None:
+    """Lone surrogates, NUL, NaN and Infinity never reach the enqueue functions: jsonb
+    itself refuses them (class 22). Long numbers (above) and deep nesting are the
+    two things jsonb accepts that a standard decoder does not, and the functions
+    refuse those."""
+    with raises_sqlstate(sqlstate):
+        _enqueue_text(worker, "refused", payload_text)
+    assert snapshot(owner) == ([], [])
+
+
+def test_nan_and_infinity_computed_in_sql_become_strings_not_numbers(
+    worker: Conn, owner: Conn
+) -> None:
+    """A payload computed in SQL cannot smuggle a non-finite number in either: to_jsonb
+    and jsonb_build_object turn numeric NaN and Infinity into JSON strings."""
+    row = worker.execute(
+        "select * from app.enqueue_job(%s, 'computed', 'echo',"
+        " jsonb_build_object('nan', 'NaN'::numeric, 'inf', 'Infinity'::float8))",
+        (new_tenant(),),
+    ).fetchone()
+    assert row is not None
+    stored = owner.execute(
+        "select payload::text as text from app.jobs where id = %s", (row["id"],)).fetchone()
+    assert stored is not None
+    assert json.loads(stored["text"])["nan"] == "NaN"
+    assert json.loads(stored["text"])["inf"] == "Infinity"
+
+
 @pytest.mark.parametrize(
     ("key", "kind"),
     [(None, "k"), ("", "k"), ("   ", "k"), ("\t\n", "k"), ("x" * 256, "k"), ("op", None),
@@ -154,6 +246,60 @@ def test_blank_or_oversized_operation_key_or_kind_raises_22023(
         worker.execute(
             "select app.enqueue_job(%s, %s, %s, %s)", (new_tenant(), key, kind, Jsonb({}))
         )
+
+
+#: Values that look empty: Unicode whitespace beyond ASCII and invisible format
+#: characters (the set is listed in sql/README.md, "Shared argument rules").
+INVISIBLE_VALUES = {
+    "zero-width-space": "\u200b",
+    "no-break-space": "\u00a0",
+    "ideographic-space": "\u3000",
+    "byte-order-mark": "\ufeff",
+    "word-joiner-and-tab": "\u2060\t",
+    "bidi-controls": "\u202a\u202c\u2066\u2069",
+    "soft-hyphen-and-mongolian-separator": "\u00ad\u180e",
+    "line-separator-and-en-quad": "\u2028\u2000",
+    "arabic-number-sign-and-tag": "\u0600\U000e0041",
+}
+
+
+@pytest.mark.parametrize("field", ["operation_key", "kind"])
+@pytest.mark.parametrize("value", list(INVISIBLE_VALUES.values()), ids=list(INVISIBLE_VALUES))
+def test_an_operation_key_or_kind_of_invisible_characters_only_is_refused_with_22023(
+    worker: Conn, owner: Conn, field: str, value: str
+) -> None:
+    key, kind = (value, "email.send") if field == "operation_key" else ("op", value)
+    with raises_sqlstate("22023", match=f"{field} must be a non-blank text"):
+        worker.execute(
+            "select app.enqueue_job(%s, %s, %s, %s)", (new_tenant(), key, kind, Jsonb({}))
+        )
+    assert snapshot(owner) == ([], [])
+
+
+def test_a_key_and_kind_with_something_visible_around_invisible_characters_are_accepted(
+    worker: Conn,
+) -> None:
+    row = enqueue(worker, new_tenant(), "order\u200b-1", kind="\u00a0email.send\t")
+    assert (row["operation_key"], row["kind"]) == ("order\u200b-1", "\u00a0email.send\t")
+
+
+def test_control_characters_are_not_blank_as_in_the_python_model(worker: Conn) -> None:
+    """U+001C-U+001F are not Unicode White_Space (Python's str.isspace() says they are)."""
+    row = enqueue(worker, new_tenant(), "\u001f", kind="\u001c")
+    assert (row["operation_key"], row["kind"]) == ("\u001f", "\u001c")
+
+
+def test_the_blank_rule_holds_whatever_the_callers_string_settings(worker: Conn) -> None:
+    """The character set is an E'' literal: a caller that turns standard_conforming_strings
+    off cannot change what the rule reads."""
+    worker.execute("set standard_conforming_strings = off")
+    try:
+        with raises_sqlstate("22023", match="kind must be a non-blank text"):
+            worker.execute(
+                "select app.enqueue_job(%s, 'op', %s, %s)", (new_tenant(), "\t", Jsonb({}))
+            )
+    finally:
+        worker.execute("reset standard_conforming_strings")
 
 
 def test_null_tenant_raises_22023(worker: Conn) -> None:
@@ -180,6 +326,38 @@ def test_available_at_more_than_365_days_ahead_raises_22023(worker: Conn, owner:
     with raises_sqlstate("22023", match="at most 365 days ahead"):
         enqueue(worker, new_tenant(), "far", available_at=datetime.now(UTC) + timedelta(days=366))
     assert snapshot(owner) == ([], [])
+
+
+def test_an_infinite_available_at_is_refused_and_cannot_be_stored(
+    worker: Conn, owner: Conn
+) -> None:
+    """A job stored at infinity made app.queue_status fail for every tenant (22008)."""
+    tenant = new_tenant()
+    with raises_sqlstate("22023", match="job 1: available_at must be at most 365 days ahead"
+                                        " (got infinity)"):
+        enqueue(worker, tenant, "for-ever", available_at="infinity")
+    rows = _enqueue_batch(worker, [(tenant, "for-ever", "k", {}), (tenant, "now", "k", {})],
+                          available_ats=["infinity", None])
+    assert [(r["status"], r["error"]) for r in rows] == [
+        ("rejected", "job 1: available_at must be at most 365 days ahead (got infinity)"),
+        ("created", None)]
+    # Even the owner, writing the table directly, cannot store a non-finite time.
+    with raises_sqlstate("23514", "jobs_available_at_finite"):
+        owner.execute(
+            "insert into app.jobs (tenant_id, operation_key, kind, payload, available_at)"
+            " values (%s, 'direct', 'k', '{}', 'infinity')", (tenant,))
+    with raises_sqlstate("23514", "jobs_available_at_finite"):
+        owner.execute("update app.jobs set available_at = '-infinity' where id = %s",
+                      (rows[1]["job_id"],))
+    status = worker.execute("select * from app.queue_status(%s)", (tenant,)).fetchall()
+    assert [(r["state"], r["jobs"]) for r in status] == [("pending", 1)]
+
+
+def test_a_minus_infinite_available_at_is_in_the_past_and_so_clamped_to_now(
+    worker: Conn,
+) -> None:
+    row = enqueue(worker, new_tenant(), "long-ago", available_at="-infinity")
+    assert row["available_at"] == row["created_at"]
 
 
 @pytest.mark.parametrize("max_attempts", [None, 0, -1, 21])
@@ -283,12 +461,111 @@ def test_batch_sets_correlation_id_and_per_item_schedule(worker: Conn, owner: Co
     assert (b["correlation_id"], b["max_attempts"], b["available_at"]) == (None, 3, later)
 
 
-def test_one_invalid_item_refuses_the_whole_batch_and_names_its_position(
+def test_a_batch_with_one_bad_item_stores_the_good_ones_and_rejects_that_one(
     worker: Conn, owner: Conn
 ) -> None:
     tenant = new_tenant()
-    with raises_sqlstate("22023", match="job 2: payload must be a JSON object"):
-        _enqueue_batch(worker, [(tenant, "a", "k", {}), (tenant, "b", "k", [1])])
+    rows = _enqueue_batch(
+        worker, [(tenant, "a", "k", {}), (tenant, "b", "k", [1]), (tenant, "c", "k", {})])
+
+    assert [(r["ord"], r["status"], r["error"]) for r in rows] == [
+        (1, "created", None),
+        (2, "rejected", "job 2: payload must be a JSON object (got array)"),
+        (3, "created", None)]
+    assert (rows[1]["job_id"], rows[1]["state"]) == (None, None)
+    stored = owner.execute("select operation_key from app.jobs order by 1").fetchall()
+    assert [r["operation_key"] for r in stored] == ["a", "c"]
+    assert [event_types(owner, r["job_id"]) for r in (rows[0], rows[2])] == [
+        ["created"], ["created"]]
+    assert owner.execute("select count(*) as n from app.job_events").fetchone() == {"n": 2}
+
+
+def _nested(levels: int) -> dict[str, Any]:
+    """An object with a value ``levels`` levels below it."""
+    value: Any = 1
+    for _ in range(levels - 1):
+        value = [value]
+    return {"n": value}
+
+
+#: One bad field per item, with the message its rejection carries (after "job 2: ").
+BAD_ITEMS: dict[str, tuple[dict[str, Any], str]] = {
+    "null-tenant": ({"tenant": None}, "tenant_id is required (got NULL)"),
+    "tab-key": ({"key": "\t"},
+                "operation_key must be a non-blank text of at most 255 characters"),
+    "zero-width-space-key": ({"key": "\u200b"},
+                             "operation_key must be a non-blank text of at most 255 characters"),
+    "long-key": ({"key": "k" * 256},
+                 "operation_key must be a non-blank text of at most 255 characters"),
+    "blank-kind": ({"kind": "\u3000"}, "kind must be a non-blank text of at most 128 characters"),
+    "null-payload": ({"payload": None}, "payload must be a JSON object (got NULL)"),
+    "string-payload": ({"payload": "x"}, "payload must be a JSON object (got string)"),
+    "deep-payload": ({"payload": _nested(101)},
+                     "payload must nest at most 100 levels below its top level"),
+    "large-payload": ({"payload": {"blob": "x" * 262_144}},
+                      "payload must be at most 262144 bytes as JSON text (got 262156)"),
+    "long-number": ({"payload": {"n": 10**1000}},
+                    "payload numbers must be at most 1000 characters as JSON text"),
+    "far-available-at": ({"available_at": datetime(9999, 1, 1, tzinfo=UTC)},
+                         "available_at must be at most 365 days ahead (got 9999-01-01"),
+    "zero-max-attempts": ({"max_attempts": 0}, "max_attempts must be between 1 and 20 (got 0)"),
+    "empty-correlation-id": ({"correlation_id": ""},
+                             "correlation_id must have 1 to 200 characters"),
+}
+
+
+@pytest.mark.parametrize("bad", list(BAD_ITEMS.values()), ids=list(BAD_ITEMS))
+def test_each_kind_of_bad_item_is_rejected_with_its_message_while_its_neighbours_are_stored(
+    worker: Conn, owner: Conn, bad: tuple[dict[str, Any], str]
+) -> None:
+    fields, message = bad
+    tenant = new_tenant()
+    item = {"tenant": tenant, "key": "bad", "kind": "k", "payload": {}, "available_at": None,
+            "max_attempts": None, "correlation_id": None, **fields}
+    items = [{"tenant": tenant, "key": f"good-{i}", "kind": "k", "payload": {},
+              "available_at": None, "max_attempts": None, "correlation_id": None}
+             for i in (1, 3)]
+    batch = [items[0], item, items[1]]
+
+    rows = worker.execute(
+        "select * from app.enqueue_jobs(%s, %s, %s, %s, %s, %s, %s) order by ord",
+        ([i["tenant"] for i in batch], [i["key"] for i in batch], [i["kind"] for i in batch],
+         [None if i["payload"] is None else Jsonb(i["payload"]) for i in batch],
+         [i["available_at"] for i in batch], [i["max_attempts"] for i in batch],
+         [i["correlation_id"] for i in batch]),
+    ).fetchall()
+
+    assert [r["status"] for r in rows] == ["created", "rejected", "created"]
+    assert rows[1]["error"].startswith(f"job 2: {message}"), rows[1]["error"]
+    assert (rows[1]["job_id"], rows[1]["state"]) == (None, None)
+    keys = owner.execute("select operation_key from app.jobs order by 1").fetchall()
+    assert [k["operation_key"] for k in keys] == ["good-1", "good-3"]
+
+
+def test_a_rejected_item_does_not_take_its_key_from_a_valid_repeat_in_the_same_batch(
+    worker: Conn, owner: Conn
+) -> None:
+    tenant = new_tenant()
+    rows = _enqueue_batch(worker, [(tenant, "dup", "k", [1]), (tenant, "dup", "k", {"v": 1}),
+                                   (tenant, "dup", "k", {"v": 1})])
+    assert [r["status"] for r in rows] == ["rejected", "created", "existing"]
+    assert rows[1]["job_id"] == rows[2]["job_id"]
+    assert event_types(owner, rows[1]["job_id"]) == ["created"]
+
+
+def test_a_batch_of_only_bad_items_stores_nothing_and_rejects_each(
+    worker: Conn, owner: Conn
+) -> None:
+    tenant = new_tenant()
+    rows = _enqueue_batch(worker, [(tenant, " ", "k", {}), (None, "b", "k", {})])
+    assert [(r["ord"], r["status"]) for r in rows] == [(1, "rejected"), (2, "rejected")]
+    assert snapshot(owner) == ([], [])
+
+
+def test_the_single_enqueue_still_raises_22023_for_a_bad_item(worker: Conn, owner: Conn) -> None:
+    with raises_sqlstate("22023", match="job 1: kind must be a non-blank text"):
+        worker.execute(
+            "select app.enqueue_job(%s, 'k', %s, %s)", (new_tenant(), "\u200b\t", Jsonb({})))
     assert snapshot(owner) == ([], [])
 
 

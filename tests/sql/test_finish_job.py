@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -271,6 +272,86 @@ def test_huge_error_is_truncated_not_refused(worker: Conn, owner: Conn) -> None:
     assert stored["truncated"].startswith('{"trace": "frame\\nframe')
     assert len(stored["truncated"]) == 8192
     assert events(owner, lease["id"])[-1]["details"]["error"] == stored
+
+
+#: Documents jsonb accepts and a standard JSON decoder (Python's json) cannot read back:
+#: a number of more than 4,300 digits, nesting deeper than the decoder's recursion.
+UNREADABLE_DOCUMENTS = {
+    "5001-digit-number": ('{"n": 1e5000}', "numbers must be at most 1000 characters as JSON text"),
+    "1001-digit-number-at-the-top": ("1e1000",
+                                     "numbers must be at most 1000 characters as JSON text"),
+    "5000-levels-deep": ("[" * 5000 + "]" * 5000,
+                         "must nest at most 100 levels below its top level"),
+}
+
+
+def _as_text(conn: Conn, sql: str, job_id: uuid.UUID) -> list[str]:
+    """Columns read as JSON text, so that an unreadable document fails here, not in
+    the driver."""
+    return [r["text"] for r in conn.execute(sql, (job_id,)).fetchall()]
+
+
+@pytest.mark.parametrize(("document", "problem"), list(UNREADABLE_DOCUMENTS.values()),
+                         ids=list(UNREADABLE_DOCUMENTS))
+def test_an_error_document_a_decoder_could_not_read_is_truncated_not_refused(
+    worker: Conn, owner: Conn, document: str, problem: str
+) -> None:
+    lease = _running(worker)
+
+    state = worker.execute(
+        "select app.fail_job(%s, %s, %s, %s, %s::text::jsonb) as state",
+        (lease["tenant_id"], lease["id"], lease["lease_owner"], lease["lease_token"], document),
+    ).fetchone()
+
+    assert state == {"state": "retry_wait"}
+    stored = _as_text(owner, "select last_error::text as text from app.jobs where id = %s",
+                      lease["id"])
+    logged = _as_text(owner, "select (details -> 'error')::text as text from app.job_events"
+                             " where job_id = %s and event_type = 'retry_scheduled'", lease["id"])
+    assert stored == logged
+    error = json.loads(stored[0])
+    assert error["code"] == "ERROR_TRUNCATED"
+    assert error["problem"] == f"the error document {problem}"
+    written = owner.execute("select left(%s::text::jsonb::text, 8192) as text",
+                            (document,)).fetchone()
+    assert written is not None
+    assert error["truncated"] == written["text"]
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [('{"n": 1e5000}', "result numbers must be at most 1000 characters as JSON text"),
+     ("1e1000", "result numbers must be at most 1000 characters as JSON text"),
+     ('{"a": [' + "1, " * 500 + '-1e1200]}',
+      "result numbers must be at most 1000 characters as JSON text"),
+     ("[" * 5000 + "]" * 5000, "result must nest at most 100 levels below its top level"),
+     ("[" * 102 + "]" * 102, "result must nest at most 100 levels below its top level")],
+    ids=["5001-digit-number", "1001-digit-number-at-the-top", "in-a-list", "5000-levels-deep",
+         "101-levels-below-the-top"],
+)
+def test_a_result_a_producer_could_not_decode_is_refused_with_22023_and_keeps_the_lease(
+    worker: Conn, owner: Conn, document: str, message: str
+) -> None:
+    """A worker's credentials must not plant a result that breaks the producer reading it."""
+    lease = _running(worker)
+    before = snapshot(owner)
+
+    with raises_sqlstate("22023", f"outcome 1: {message}"):
+        worker.execute(
+            "select app.complete_job(%s, %s, %s, %s, %s::text::jsonb)",
+            (lease["tenant_id"], lease["id"], lease["lease_owner"], lease["lease_token"],
+             document))
+
+    assert snapshot(owner) == before
+    assert _complete(worker, lease, {"n": 10**999, "deep": _nested_list(99)})
+    assert job(owner, lease["id"])["result"]["n"] == 10**999
+
+
+def _nested_list(levels: int) -> Any:
+    value: Any = 1
+    for _ in range(levels):
+        value = [value]
+    return value
 
 
 # discard_job ----------------------------------------------------------------------------

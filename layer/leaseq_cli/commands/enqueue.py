@@ -91,25 +91,34 @@ def cmd_enqueue(args: argparse.Namespace, ui: Ui) -> int:
             for result in enqueue_jobs(operator.conn, chunk):
                 results.append((start + result.index, result))
     counts = {s: sum(1 for _, r in results if r.status == s)
-              for s in ("created", "existing", "conflict")}
+              for s in ("created", "existing", "conflict", "rejected")}
     rows: list[dict[str, Any]] = [
-        {"index": i, "job_id": r.job_id, "status": r.status, "state": r.state.value,
+        {"index": i, "job_id": r.job_id, "status": r.status,
+         "state": None if r.state is None else r.state.value,
          "tenant_id": requests[i].tenant_id, "operation_key": requests[i].operation_key,
-         "kind": requests[i].kind} for i, r in results]
+         "kind": requests[i].kind, **({"error": r.error} if r.rejected else {})}
+        for i, r in results]
 
     def render(out: Console) -> None:
         if len(rows) <= 20:
             shown = table("job id", "tenant", "kind", "operation key", "status")
             for row in rows:
                 status = row["status"]
-                style = {"created": "green", "existing": "dim", "conflict": "bold red"}[status]
+                style = {"created": "green", "existing": "dim", "conflict": "bold red",
+                         "rejected": "bold red"}[status]
                 shown.add_row(str(row["job_id"]), str(row["tenant_id"]), row["kind"],
                               row["operation_key"], f"[{style}]{status}[/]")
             out.print(shown)
         out.print(f"{counts['created']} created, {counts['existing']} already existed, "
-                  f"{counts['conflict']} conflicts")
+                  f"{counts['conflict']} conflicts, {counts['rejected']} rejected")
 
     ui.emit({"counts": counts, "jobs": rows}, render)
+    if counts["rejected"]:
+        first = next(r for r in rows if r["status"] == "rejected")
+        raise UsageError(
+            f"{counts['rejected']} jobs were rejected by the database and not enqueued "
+            f"(first: operation key {first['operation_key']!r}: {first['error']}); "
+            "the others were enqueued")
     if counts["conflict"]:
         first = next(r for r in rows if r["status"] == "conflict")
         raise ConflictError(
