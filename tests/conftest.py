@@ -99,7 +99,7 @@ def migrated_database(cluster: Cluster) -> Iterator[Database]:
 def db(migrated_database: Database) -> Database:
     """The migrated database with empty queue tables."""
     with migrated_database.connect(postgres.OWNER) as conn:
-        conn.execute("truncate app.jobs, app.job_events, app.tenant_readers")
+        conn.execute("truncate app.jobs, app.job_events, app.tenant_readers, app.tenant_turns")
     return migrated_database
 
 

@@ -54,6 +54,7 @@ app.fail_job(uuid,uuid,text,uuid,jsonb,interval)                                
 app.finish_and_claim_jobs(text,uuid[],uuid[],uuid[],text[],jsonb[],interval[],integer,interval)  x     x      .      .
 app.finish_jobs(text,uuid[],uuid[],uuid[],text[],jsonb[],interval[])                             x     x      .      .
 app.get_job(uuid)                                                                                x     x      .      .
+app.oldest_ready_at()                                                                            x     x      .      .
 app.job_timeline(uuid,integer)                                                                   x     x      .      .
 app.prune_jobs(interval,integer)                                                                 x     x      .      .
 app.queue_status(uuid)                                                                           x     x      .      .
@@ -65,6 +66,8 @@ app.release_expired(uuid,integer)                                               
 app.release_expired_jobs(uuid,integer)                                                           x     x      .      .
 app.release_jobs(text,uuid[],uuid[],uuid[])                                                      x     x      .      .
 app.renew_job_lease(uuid,uuid,text,uuid,interval)                                                x     x      .      .
+app.repair_tenant_turns(integer)                                                                 x     x      .      .
+app.wake_tenants(uuid[],timestamp with time zone[])                                              x     .      .      .
 """  # noqa: E501
 
 # S select (every column unless listed under "columns"), I insert, U update, D delete,
@@ -76,6 +79,8 @@ app.job_events        SIUDT  -      S      -
 app.tenant_readers    SIUDT  -      S      -
 app.schema_migrations SIUDT  -      -      -
 app.schema_functions  SIUDT  -      -      -
+app.tenant_turns      SIUDT  -      -      -
+app.tenant_turn_sweep SIUDT  -      -      -
 """
 
 #: Columns a role with SELECT on the table may still not read.

@@ -163,6 +163,8 @@ def _exercise(conn: Conn, tenant: uuid.UUID) -> set[str]:
          " array[%s]::jsonb[], array[pg_catalog.now() + '1 hour']::timestamptz[],"
          " array[3], array['corr-1'])", (tenant, Jsonb({"key": "g"})))
     call("ready_tenants", "select * from app.ready_tenants(10)")
+    call("oldest_ready_at", "select app.oldest_ready_at()")
+    call("repair_tenant_turns", "select * from app.repair_tenant_turns(10)")
 
     def claim() -> dict[str, Any]:
         rows = call("claim_jobs", "select id, lease_token from app.claim_jobs(%s, 'w1', 1)",
