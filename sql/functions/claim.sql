@@ -163,10 +163,11 @@ begin
     where u.tenant_id is not null
     group by u.tenant_id
   ) w
-  where not exists (
-    select 1 from app.tenant_turns t
-    where t.tenant_id = w.tenant_id and t.turn_at <= w.turn_at
-  )
+  -- A scalar subquery, not NOT EXISTS: one primary-key probe per tenant, never a join
+  -- that could read the whole table.
+  where not coalesce((select t.turn_at <= w.turn_at
+                      from app.tenant_turns t
+                      where t.tenant_id = w.tenant_id), false)
   order by w.tenant_id
   on conflict (tenant_id) do update
     set turn_at = excluded.turn_at
@@ -179,14 +180,16 @@ revoke all on function app.wake_tenants(uuid[], timestamptz[]) from public;
 -- available_at. Only tenants whose turn is due can have one (see above), so this reads
 -- the due turns (tenant_turns_due_idx) and probes each tenant's first ready entry in
 -- jobs_claimable_idx: its cost follows the tenants with ready work (or a stale turn),
--- never those whose work is all in the future.
+-- never those whose work is all in the future. Planned for each call's time (custom
+-- plans): a generic plan cannot know that few turns are due, and might walk every turn
+-- in tenant_id order instead; the due tenants are listed first, then sorted.
 create or replace function app.ready_tenants(p_limit integer default 100)
 returns table (tenant_id uuid, oldest_ready_at timestamptz)
 language plpgsql
 stable
 security definer
 set search_path = pg_catalog, pg_temp
-set plan_cache_mode = force_generic_plan
+set plan_cache_mode = force_custom_plan
 as $$
 #variable_conflict use_column
 declare
@@ -196,8 +199,11 @@ begin
     perform app.check_range('p_limit', p_limit, 1, 10000);
   end if;
   return query
+  with due as materialized (
+    select t.tenant_id from app.tenant_turns t where t.turn_at <= v_now
+  )
   select t.tenant_id, r.available_at
-  from app.tenant_turns t
+  from due t
   cross join lateral (
     select j.available_at
     from app.jobs j
@@ -207,7 +213,6 @@ begin
     order by j.available_at
     limit 1
   ) r
-  where t.turn_at <= v_now
   order by t.tenant_id
   limit p_limit;
 end;
@@ -303,9 +308,9 @@ begin
   loop
     v_pass := v_pass + 1;
     v_room := p_limit - cardinality(v_ids);
-    -- The lock is tried on the due turns in turn order only (the ordered subquery is
-    -- not flattened and the volatile test is not pushed into it), so a claim holds
-    -- locks on the tenants it serves and no others.
+    -- The lock is tried on the due turns in turn order only (OFFSET 0 keeps the ordered
+    -- subquery apart and the volatile test out of it), so a claim holds locks on the
+    -- tenants it serves and no others.
     select coalesce(array_agg(d.tenant_id order by d.turn_at, d.tenant_id), '{}')
     into v_pick
     from (
@@ -316,6 +321,7 @@ begin
         where t.turn_at <= v_now
           and t.tenant_id <> all (v_seen)
         order by t.turn_at, t.tenant_id
+        offset 0
       ) due
       where pg_try_advisory_xact_lock(1819374707, hashtext(due.tenant_id::text))
       limit v_room
@@ -394,21 +400,23 @@ begin
   end if;
 
   -- The turns of the tenants this claim held (it claimed their jobs above, so they are
-  -- no longer claimable here).
+  -- no longer claimable here). Scalar subqueries with ORDER BY ... LIMIT 1: one index
+  -- probe per tenant, and one probe of the due turns, whatever the plan's estimates.
   if cardinality(v_held) > 0 then
     select array_agg(t.tenant_id) into v_idle
     from unnest(v_held) as t(tenant_id)
-    where not exists (
-      select 1
-      from app.jobs j
-      where j.tenant_id = t.tenant_id
-        and j.state in ('pending', 'retry_wait')
-        and j.available_at <= v_now
-    );
-    v_rotate := exists (
-      select 1 from app.tenant_turns t
-      where t.turn_at <= v_now and t.tenant_id <> all (v_seen)
-    );
+    where (select j.id
+           from app.jobs j
+           where j.tenant_id = t.tenant_id
+             and j.state in ('pending', 'retry_wait')
+             and j.available_at <= v_now
+           order by j.available_at
+           limit 1) is null;
+    v_rotate := (select t.tenant_id
+                 from app.tenant_turns t
+                 where t.turn_at <= v_now and t.tenant_id <> all (v_seen)
+                 order by t.turn_at, t.tenant_id
+                 limit 1) is not null;
     if v_idle is not null then
       select coalesce(array_agg(t.tenant_id), '{}') into v_free
       from unnest(v_idle) as t(tenant_id)
@@ -487,10 +495,9 @@ begin
     insert into app.tenant_turns as tt (tenant_id, turn_at)
     select p.tenant_id, p.available_at
     from page p
-    where not exists (
-      select 1 from app.tenant_turns t
-      where t.tenant_id = p.tenant_id and t.turn_at <= greatest(p.available_at, v_now)
-    )
+    where not coalesce((select t.turn_at <= greatest(p.available_at, v_now)
+                        from app.tenant_turns t
+                        where t.tenant_id = p.tenant_id), false)
     order by p.tenant_id
     on conflict (tenant_id) do update
       set turn_at = excluded.turn_at
