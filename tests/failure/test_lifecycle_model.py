@@ -302,6 +302,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.admin.execute(
             "update app.jobs set available_at = available_at - %(d)s,"
             " lease_expires_at = lease_expires_at - %(d)s", {"d": timedelta(seconds=seconds)})
+        # The tenants' turns are times too (a job due later gives a turn due then).
+        self.admin.execute("update app.tenant_turns set turn_at = turn_at - %(d)s",
+                           {"d": timedelta(seconds=seconds)})
         self.now += seconds
         if then_reap:
             self.release_expired(None)
