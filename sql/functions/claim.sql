@@ -222,7 +222,9 @@ grant execute on function app.ready_tenants(integer) to service_role;
 
 -- The available_at of the oldest job ready now, of any tenant (NULL when none): the
 -- first live entry of jobs_ready_at_idx, one index probe whatever the number of tenants
--- or of future jobs. The Lambda runtime's oldest-ready-age metric.
+-- or of future jobs. The Lambda runtime's oldest-ready-age metric. The index is on
+-- available_at at time zone 'UTC' (see 0010_tenant_turns), so this query names that
+-- expression.
 create or replace function app.oldest_ready_at()
 returns timestamptz
 language plpgsql
@@ -238,8 +240,8 @@ begin
   select j.available_at into v_oldest
   from app.jobs j
   where j.state in ('pending', 'retry_wait')
-    and j.available_at <= v_now
-  order by j.available_at
+    and (j.available_at at time zone 'UTC') <= (v_now at time zone 'UTC')
+  order by (j.available_at at time zone 'UTC')
   limit 1;
   return v_oldest;
 end;

@@ -24,7 +24,13 @@
 -- jobs_ready_at_idx orders the claimable jobs by available_at, so the oldest ready job
 -- of all tenants is the index's first live entry (app.oldest_ready_at). It is partial:
 -- a job gets an entry when it is enqueued or becomes claimable again (retry, release),
--- not when it is claimed or finished.
+-- not when it is claimed or finished. It indexes the expression available_at at time
+-- zone 'UTC' (the same order), not the column: an index on the column would also serve
+-- the per-tenant queries' "order by available_at limit 1", and with few tenants the
+-- planner took it for them, walking every tenant's ready jobs (and the entries of jobs
+-- claimed since the last vacuum) to find one tenant's first; measured in a no-op drain
+-- of 10 tenants, 0.1 ms of server time per job. Only oldest_ready_at names the
+-- expression.
 
 create table app.tenant_turns (
   tenant_id uuid primary key,
@@ -46,7 +52,7 @@ revoke all on app.tenant_turns, app.tenant_turn_sweep from public;
 alter table app.tenant_turns enable row level security;
 alter table app.tenant_turn_sweep enable row level security;
 
-create index jobs_ready_at_idx on app.jobs (available_at)
+create index jobs_ready_at_idx on app.jobs ((available_at at time zone 'UTC'))
   where state in ('pending', 'retry_wait');
 
 -- Every tenant with claimable work gets its turn at its oldest claimable job. (A job

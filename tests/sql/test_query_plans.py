@@ -328,6 +328,7 @@ def test_claims_read_jobs_through_the_claimable_index_and_sort_only_a_batch(
     assert seq_scans_of_jobs(plans) == []
     assert large_sorts_of_jobs(plans, max_rows=2 * 10) == []
     assert {"jobs_claimable_idx", "tenant_turns_due_idx"} <= indexes_used(plans)
+    assert "jobs_ready_at_idx" not in indexes_used(plans)  # all tenants' ready jobs
 
 
 def test_finish_finds_each_job_by_its_primary_key_not_by_walking_the_running_ones(
