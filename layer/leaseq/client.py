@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, LiteralString, TypeVar
 from uuid import UUID
 
@@ -203,6 +203,13 @@ class QueueClient:
     def ready_tenants(self, limit: int = 100) -> list[dict[str, Any]]:
         return self._query(queries.READY_TENANTS, {"limit": limit})
 
+    def oldest_ready_at(self) -> datetime | None:
+        """available_at of the oldest job ready now, of any tenant (None when none): one
+        index probe, whatever the number of tenants."""
+        (row,) = self._query(queries.OLDEST_READY_AT, {})
+        oldest: datetime | None = row["oldest_ready_at"]
+        return oldest
+
     def renew_job_lease(self, job: ClaimedJob, lease: timedelta) -> bool:
         rows = self._query(
             queries.RENEW_JOB_LEASE,
@@ -254,6 +261,13 @@ class QueueClient:
     def release_all_expired_jobs(self, limit: int = 1000) -> int:
         rows = self._query(queries.RELEASE_ALL_EXPIRED_JOBS, {"limit": limit})
         return int(rows[0]["released"])
+
+    def repair_tenant_turns(self, limit: int = 1000) -> tuple[int, int]:
+        """Check the next ``limit`` tenants that have claimable jobs and give a turn to any
+        that lacks one; returns (tenants checked, turns repaired). Fewer checked than
+        ``limit`` means the sweep reached the last tenant and starts again."""
+        (row,) = self._query(queries.REPAIR_TENANT_TURNS, {"limit": limit})
+        return int(row["tenants_checked"]), int(row["turns_repaired"])
 
     # Retention ----------------------------------------------------------------------
 

@@ -23,6 +23,8 @@ READY_TENANTS: Final[LiteralString] = (
     "select tenant_id, oldest_ready_at from app.ready_tenants(%(limit)s)"
 )
 
+OLDEST_READY_AT: Final[LiteralString] = "select app.oldest_ready_at() as oldest_ready_at"
+
 RENEW_JOB_LEASE: Final[LiteralString] = (
     "select app.renew_job_lease(%(tenant_id)s, %(job_id)s, %(owner)s, %(token)s,"
     " %(lease)s::interval) as renewed"
@@ -61,6 +63,10 @@ RELEASE_EXPIRED_JOBS: Final[LiteralString] = (
 
 RELEASE_ALL_EXPIRED_JOBS: Final[LiteralString] = (
     "select app.release_all_expired_jobs(%(limit)s) as released"
+)
+
+REPAIR_TENANT_TURNS: Final[LiteralString] = (
+    "select tenants_checked, turns_repaired from app.repair_tenant_turns(%(limit)s)"
 )
 
 # Operator functions (sql/0006), used by the command line.

@@ -1,5 +1,5 @@
-"""reap_once(): give every tenant's expired leases back to the queue, then apply the
-retention period to finished jobs.
+"""reap_once(): give every tenant's expired leases back to the queue, check a page of
+tenants' turns, then apply the retention period to finished jobs.
 
 Each call of app.release_all_expired_jobs and app.prune_retained_jobs is bounded
 (``limit`` rows, oldest first), and the pass repeats one only while whole pages come
@@ -10,6 +10,11 @@ finished job past its retention is only space.
 The prune is the reaper's own function, not the operator's app.prune_jobs: it refuses a
 retention below the floor the schema owner sets (``app.settings.min_retention``), so a
 reaper login (leaseq_reaper) cannot delete recent history even with a wrong setting.
+The turn check (app.repair_tenant_turns) is the fair claim's safety net: a tenant with
+claimable work but no due turn would never be served, which only a defect or a hand
+edit of app.jobs can cause; each pass checks up to ``turn_pages`` pages of ``limit``
+tenants, continuing where the previous pass stopped, so every tenant is checked within
+ceil(tenants with claimable jobs / (turn_pages x limit)) passes.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ class ReapReport:
     complete: bool = False
     pruned_jobs: int = 0
     pruned_events: int = 0
+    turns_checked: int = 0
+    turns_repaired: int = 0
     time_left: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
@@ -40,11 +47,14 @@ class ReapReport:
 
 def reap_once(client: QueueClient, deadline: Deadline, *, limit: int = 1000,
               max_calls: int = 100, margin: float = 2.0,
-              retention: timedelta | None = None) -> ReapReport:
+              retention: timedelta | None = None, turn_pages: int = 10) -> ReapReport:
     """Release expired leases of every tenant until none are left or time is short;
-    then, with a ``retention``, delete jobs that finished longer ago than that."""
+    then check up to ``turn_pages`` pages of tenants' turns; then, with a ``retention``,
+    delete jobs that finished longer ago than that."""
     if not 1 <= limit <= 10_000:
         raise ValueError("limit must be between 1 and 10000")
+    if turn_pages < 0:
+        raise ValueError("turn_pages must not be negative")
     if retention is not None and retention < timedelta(0):
         raise ValueError("retention must not be negative")
     report = ReapReport()
@@ -55,15 +65,31 @@ def reap_once(client: QueueClient, deadline: Deadline, *, limit: int = 1000,
         if released < limit:
             report.complete = True
             break
+    _repair_turns(client, deadline, report, limit, turn_pages, margin)
     if report.complete and retention is not None:
         _prune(client, deadline, report, retention, limit, max_calls, margin)
     report.time_left = deadline.remaining()
     if report.released:
         logger.info("released expired leases", extra={"released": report.released})
+    if report.turns_repaired:
+        logger.info("gave tenants with claimable jobs their missing turns", extra={
+            "tenants": report.turns_repaired, "checked": report.turns_checked})
     if report.pruned_jobs:
         logger.info("deleted jobs past their retention", extra={
             "jobs": report.pruned_jobs, "events": report.pruned_events})
     return report
+
+
+def _repair_turns(client: QueueClient, deadline: Deadline, report: ReapReport, limit: int,
+                  pages: int, margin: float) -> None:
+    for _ in range(pages):
+        if deadline.remaining() <= margin:
+            return
+        checked, repaired = client.repair_tenant_turns(limit)
+        report.turns_checked += checked
+        report.turns_repaired += repaired
+        if checked < limit:  # the sweep reached the last tenant; the next pass starts over
+            return
 
 
 def _prune(client: QueueClient, deadline: Deadline, report: ReapReport, retention: timedelta,

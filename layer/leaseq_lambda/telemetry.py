@@ -293,6 +293,7 @@ def record_drain(metrics: Metrics, report: DrainReport, oldest_ready_age: float 
 def record_reap(metrics: Metrics, report: ReapReport) -> None:
     metrics.add_metric(name="JobsReleased", unit=MetricUnit.Count, value=report.released)
     metrics.add_metric(name="JobsPruned", unit=MetricUnit.Count, value=report.pruned_jobs)
+    metrics.add_metric(name="TurnsRepaired", unit=MetricUnit.Count, value=report.turns_repaired)
 
 
 def record_enqueue(metrics: Metrics, created: int, existing: int, rejected: int) -> None:

@@ -105,18 +105,91 @@ $$;
 revoke all on function app.claim_jobs(uuid, text, integer, interval) from public, service_role;
 grant execute on function app.claim_jobs(uuid, text, integer, interval) to leaseq_worker;
 
--- Tenants with claimable work, in tenant_id order, found by a loose index scan over
--- jobs_claimable_idx: one index probe per tenant (its first entry carries both the
--- tenant and its oldest available_at), never a scan of the backlog.
--- oldest_ready_at is the tenant's oldest pending/retry_wait available_at; a tenant
--- whose work is all in the future is left out.
+-- Tenants' turns (app.tenant_turns, migration 0010_tenant_turns) --------------------------
+--
+-- turn_at is when a tenant is next due a turn in the fair claim. It is never later than
+-- the tenant's next claimable job, or than the moment the tenant was last served while it
+-- still has ready work; NULL means nothing claimable. Three rules keep that true:
+--   * every path that makes a job claimable (enqueue, a retry, a released lease, a
+--     give-back, a redrive) calls app.wake_tenants, which lowers the turn to the job's
+--     time where the turn is later or NULL, and writes nothing otherwise: the producers
+--     of a busy tenant do not write its row on every enqueue;
+--   * app.claim_ready_jobs moves a turn later only (a) to "now" after serving the tenant,
+--     or (b) to the tenant's next claimable job (NULL when none) when it finds no ready
+--     work left;
+--   * (b) must not race a producer whose job is not committed yet: that producer read the
+--     old turn and wrote nothing, and the claim cannot see its job, so the job would wait
+--     for the reaper's repair sweep. Producers therefore hold a shared advisory lock
+--     (class 1819374711, key: the tenant's bucket) from before they read the turn until
+--     they commit, and a claim does (b) only when it gets that lock exclusively
+--     (pg_try_advisory_xact_lock, never waiting), reading the next job in a statement
+--     that starts after it got the lock; otherwise it sets the turn to now and tries
+--     again on the tenant's next turn (tests/sql/test_fair_claim.py forces both orders).
+-- Buckets are hashtext(tenant_id::text) & 255: a producer of 1,000 tenants takes at most
+-- 256 locks (the shared lock table holds max_locks_per_transaction x max_connections),
+-- and two tenants in one bucket only make a claim keep a turn at now one round longer.
+-- app.repair_tenant_turns rebuilds missing or too-late turns from the jobs table (the
+-- reaper's sweep), so a defect in these rules can delay a job, never lose it.
+
+-- Lower the turns of these tenants to the time of their newly claimable jobs (NULL
+-- means now; a time in the past counts as now). Called by every function that makes a
+-- job claimable, after it changed the jobs or before, in the same transaction. The
+-- shared locks come first, in a statement of their own, so that the turns are read in a
+-- statement whose snapshot is taken after them. Rows are written in tenant_id order, so
+-- two producers never lock each other's turns in opposite orders. Internal: owner only.
+create or replace function app.wake_tenants(
+  p_tenant_ids uuid[],
+  p_available_ats timestamptz[]
+)
+returns void
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+  v_now timestamptz := clock_timestamp();
+begin
+  perform pg_advisory_xact_lock_shared(1819374711, b.bucket)
+  from (
+    select distinct hashtext(u.tenant_id::text) & 255 as bucket
+    from unnest(p_tenant_ids) as u(tenant_id)
+    where u.tenant_id is not null
+  ) b;
+
+  insert into app.tenant_turns as tt (tenant_id, turn_at)
+  select w.tenant_id, w.turn_at
+  from (
+    select u.tenant_id, greatest(min(u.available_at), v_now) as turn_at
+    from unnest(p_tenant_ids, p_available_ats) as u(tenant_id, available_at)
+    where u.tenant_id is not null
+    group by u.tenant_id
+  ) w
+  -- A scalar subquery, not NOT EXISTS: one primary-key probe per tenant, never a join
+  -- that could read the whole table.
+  where not coalesce((select t.turn_at <= w.turn_at
+                      from app.tenant_turns t
+                      where t.tenant_id = w.tenant_id), false)
+  order by w.tenant_id
+  on conflict (tenant_id) do update
+    set turn_at = excluded.turn_at
+    where tt.turn_at is null or tt.turn_at > excluded.turn_at;
+end;
+$$;
+revoke all on function app.wake_tenants(uuid[], timestamptz[]) from public;
+
+-- Tenants with a job ready now, in tenant_id order, with their oldest ready job's
+-- available_at. Only tenants whose turn is due can have one (see above), so this reads
+-- the due turns (tenant_turns_due_idx) and probes each tenant's first ready entry in
+-- jobs_claimable_idx: its cost follows the tenants with ready work (or a stale turn),
+-- never those whose work is all in the future. Planned for each call's time (custom
+-- plans): a generic plan cannot know that few turns are due, and might walk every turn
+-- in tenant_id order instead; the due tenants are listed first, then sorted.
 create or replace function app.ready_tenants(p_limit integer default 100)
 returns table (tenant_id uuid, oldest_ready_at timestamptz)
 language plpgsql
 stable
 security definer
 set search_path = pg_catalog, pg_temp
-set plan_cache_mode = force_generic_plan
+set plan_cache_mode = force_custom_plan
 as $$
 #variable_conflict use_column
 declare
@@ -126,41 +199,85 @@ begin
     perform app.check_range('p_limit', p_limit, 1, 10000);
   end if;
   return query
-  with recursive tenants as (
-    (select j.tenant_id, j.available_at
-     from app.jobs j
-     where j.state in ('pending', 'retry_wait')
-     order by j.tenant_id, j.available_at
-     limit 1)
-    union all
-    select following.tenant_id, following.available_at
-    from tenants t
-    cross join lateral (
-      select j.tenant_id, j.available_at
-      from app.jobs j
-      where j.state in ('pending', 'retry_wait')
-        and j.tenant_id > t.tenant_id
-      order by j.tenant_id, j.available_at
-      limit 1
-    ) following
+  with due as materialized (
+    select t.tenant_id from app.tenant_turns t where t.turn_at <= v_now
   )
-  select t.tenant_id, t.available_at
-  from tenants t
-  where t.available_at <= v_now
+  select t.tenant_id, r.available_at
+  from due t
+  cross join lateral (
+    select j.available_at
+    from app.jobs j
+    where j.tenant_id = t.tenant_id
+      and j.state in ('pending', 'retry_wait')
+      and j.available_at <= v_now
+    order by j.available_at
+    limit 1
+  ) r
+  order by t.tenant_id
   limit p_limit;
 end;
 $$;
 revoke all on function app.ready_tenants(integer) from public, service_role;
 grant execute on function app.ready_tenants(integer) to leaseq_worker;
 
+-- The available_at of the oldest job ready now, of any tenant (NULL when none): the
+-- first live entry of jobs_ready_at_idx, one index probe whatever the number of tenants
+-- or of future jobs. The Lambda runtime's oldest-ready-age metric. The index is on
+-- available_at at time zone 'UTC' (see 0010_tenant_turns), so this query names that
+-- expression.
+create or replace function app.oldest_ready_at()
+returns timestamptz
+language plpgsql
+stable
+security definer
+set search_path = pg_catalog, pg_temp
+set plan_cache_mode = force_generic_plan
+as $$
+declare
+  v_now timestamptz := clock_timestamp();
+  v_oldest timestamptz;
+begin
+  select j.available_at into v_oldest
+  from app.jobs j
+  where j.state in ('pending', 'retry_wait')
+    and (j.available_at at time zone 'UTC') <= (v_now at time zone 'UTC')
+  order by (j.available_at at time zone 'UTC')
+  limit 1;
+  return v_oldest;
+end;
+$$;
+-- The worker function reports the age as a metric; operators read it in status views.
+revoke all on function app.oldest_ready_at() from public, service_role;
+grant execute on function app.oldest_ready_at() to leaseq_worker, leaseq_operator;
+
 -- Fair claim across tenants, for scheduled workers that serve everyone.
--- Up to p_limit ready tenants are served, the one waiting longest first. Each locks a
--- share of ceil(limit / tenants) candidates, and the batch takes them round by round:
--- every tenant's first job, then every tenant's second, and so on; shares left unused
--- by small tenants are then refilled from the others. So while no more than p_limit
--- tenants have ready work, every one of them gets at least one job into every batch: a
--- backlog of any size in one tenant delays another tenant's job by at most one batch.
--- Locked candidates beyond the limit (a share's rounding) unlock at commit.
+--
+-- Tenants are taken by turn: the due turns (turn_at <= now), oldest first, up to
+-- p_limit of them, skipping tenants another claim is serving right now (each claim holds
+-- an advisory lock, class 1819374707, per tenant it serves, taken without waiting). Each
+-- tenant locks a share of ceil(limit / tenants) of its oldest ready jobs, and the batch
+-- takes them round by round: every tenant's first job, then every tenant's second, and
+-- so on; shares left unused by small tenants are then refilled from the others. So while
+-- no more than p_limit tenants have ready work, every one of them gets at least one job
+-- into every batch: a backlog of any size in one tenant delays another tenant's job by
+-- at most one batch. Locked candidates beyond the limit (a share's rounding) unlock at
+-- commit.
+--
+-- Round robin: when more tenants are due than this claim serves, the tenants it served
+-- get their turn moved to now, behind every tenant that has waited longer. Bound: a
+-- tenant with a ready job is served within ceil(D / p_limit) fair claims (counting the
+-- claims of every worker), D being the number of tenants whose turn is due (those with
+-- ready work, plus at most one stale turn each for tenants whose work was cancelled or
+-- taken by claim_jobs; a claim fixes every stale turn it meets). A claim never reads
+-- the turns of tenants whose work is all in the future.
+--
+-- When fewer tenants are free than the limit, the claim also serves, without moving
+-- their turns, due tenants that other claims are serving (SKIP LOCKED on the jobs keeps
+-- them apart): concurrent workers of a few busy tenants all get work. A tenant that gave
+-- no job had a stale turn: its room goes to the next tenants in turn (at most three picks
+-- per claim). A tenant served that has no ready job left gets its turn moved to its next
+-- claimable job, or NULL, as told above the turn functions. When every due tenant fits in
+-- the batch, busy tenants' turns are not written at all.
 create or replace function app.claim_ready_jobs(
   p_owner text,
   p_limit integer default 10,
@@ -174,55 +291,97 @@ set plan_cache_mode = force_generic_plan
 as $$
 declare
   v_now timestamptz := clock_timestamp();
-  v_tenants uuid[];
+  v_pass integer := 0;
+  v_room integer;
+  v_pick uuid[];
+  v_seen uuid[] := '{}';
+  v_held uuid[] := '{}';
   v_share integer;
-  v_ids uuid[];
+  v_got uuid[];
+  v_fed uuid[];
+  v_ids uuid[] := '{}';
+  v_served uuid[] := '{}';
   v_more uuid[];
+  v_idle uuid[];
+  v_free uuid[] := '{}';
+  v_rotate boolean;
 begin
   perform app.check_claim(p_owner, p_limit, p_lease);
 
-  select array_agg(r.tenant_id order by r.oldest_ready_at, r.tenant_id)
-  into v_tenants
-  from (
-    select rt.tenant_id, rt.oldest_ready_at
-    from app.ready_tenants(10000) rt
-    order by rt.oldest_ready_at, rt.tenant_id
-    limit p_limit
-  ) r;
-  if v_tenants is null then
-    return;
-  end if;
-  v_share := ceil(p_limit::numeric / cardinality(v_tenants));
-
-  select array_agg(c.id) into v_ids
-  from (
-    select ranked.id
-    from unnest(v_tenants) with ordinality as t(tenant_id, pos)
-    cross join lateral (
-      select picked.id,
-             row_number() over (order by picked.available_at, picked.created_at, picked.id)
-               as round
+  loop
+    v_pass := v_pass + 1;
+    v_room := p_limit - cardinality(v_ids);
+    -- The lock is tried on the due turns in turn order only (OFFSET 0 keeps the ordered
+    -- subquery apart and the volatile test out of it), so a claim holds locks on the
+    -- tenants it serves and no others.
+    select coalesce(array_agg(d.tenant_id order by d.turn_at, d.tenant_id), '{}')
+    into v_pick
+    from (
+      select due.tenant_id, due.turn_at
       from (
-        select j.id, j.available_at, j.created_at
-        from app.jobs j
-        where j.tenant_id = t.tenant_id
-          and j.state in ('pending', 'retry_wait')
-          and j.available_at <= v_now
-        order by j.available_at, j.created_at, j.id
-        for update skip locked
-        limit v_share
-      ) picked
-    ) ranked
-    order by ranked.round, t.pos
-    limit p_limit
-  ) c;
-  v_ids := coalesce(v_ids, '{}');
+        select t.tenant_id, t.turn_at
+        from app.tenant_turns t
+        where t.turn_at <= v_now
+          and t.tenant_id <> all (v_seen)
+        order by t.turn_at, t.tenant_id
+        offset 0
+      ) due
+      where pg_try_advisory_xact_lock(1819374707, hashtext(due.tenant_id::text))
+      limit v_room
+    ) d;
+    v_held := v_held || v_pick;
+    v_seen := v_seen || v_pick;
+    if v_pass = 1 and cardinality(v_pick) < v_room then
+      select v_pick || coalesce(array_agg(d.tenant_id order by d.turn_at, d.tenant_id), '{}')
+      into v_pick
+      from (
+        select t.tenant_id, t.turn_at
+        from app.tenant_turns t
+        where t.turn_at <= v_now
+          and t.tenant_id <> all (v_seen)
+        order by t.turn_at, t.tenant_id
+        limit v_room - cardinality(v_pick)
+      ) d;
+      v_seen := v_pick;
+    end if;
+    exit when cardinality(v_pick) = 0;
 
-  if cardinality(v_ids) < p_limit and cardinality(v_tenants) > 1 then
+    v_share := ceil(v_room::numeric / cardinality(v_pick));
+    select array_agg(r.id order by r.round, r.pos),
+           array_agg(r.tenant_id order by r.pos) filter (where r.round = 1)
+    into v_got, v_fed
+    from (
+      select ranked.id, ranked.round, t.tenant_id, t.pos
+      from unnest(v_pick) with ordinality as t(tenant_id, pos)
+      cross join lateral (
+        select picked.id,
+               row_number() over (order by picked.available_at, picked.created_at, picked.id)
+                 as round
+        from (
+          select j.id, j.available_at, j.created_at
+          from app.jobs j
+          where j.tenant_id = t.tenant_id
+            and j.state in ('pending', 'retry_wait')
+            and j.available_at <= v_now
+          order by j.available_at, j.created_at, j.id
+          for update skip locked
+          limit v_share
+        ) picked
+      ) ranked
+      order by ranked.round, t.pos
+      limit v_room
+    ) r;
+    v_ids := v_ids || coalesce(v_got, '{}');
+    v_served := v_served || coalesce(v_fed, '{}');
+    exit when cardinality(v_ids) >= p_limit or v_pass >= 3
+           or coalesce(cardinality(v_fed), 0) = cardinality(v_pick);
+  end loop;
+
+  if cardinality(v_ids) < p_limit and (cardinality(v_served) > 1 or v_pass > 1) then
     select array_agg(c.id) into v_more
     from (
       select picked.id
-      from unnest(v_tenants) with ordinality as t(tenant_id, pos)
+      from unnest(v_served) with ordinality as t(tenant_id, pos)
       cross join lateral (
         select j.id
         from app.jobs j
@@ -239,14 +398,126 @@ begin
     v_ids := v_ids || coalesce(v_more, '{}');
   end if;
 
-  if cardinality(v_ids) = 0 then
-    return;
+  if cardinality(v_ids) > 0 then
+    return query select * from app.claim_locked_jobs(v_ids, p_owner, p_lease, v_now);
   end if;
-  return query select * from app.claim_locked_jobs(v_ids, p_owner, p_lease, v_now);
+
+  -- The turns of the tenants this claim held (it claimed their jobs above, so they are
+  -- no longer claimable here). Scalar subqueries with ORDER BY ... LIMIT 1: one index
+  -- probe per tenant, and one probe of the due turns, whatever the plan's estimates.
+  if cardinality(v_held) > 0 then
+    select array_agg(t.tenant_id) into v_idle
+    from unnest(v_held) as t(tenant_id)
+    where (select j.id
+           from app.jobs j
+           where j.tenant_id = t.tenant_id
+             and j.state in ('pending', 'retry_wait')
+             and j.available_at <= v_now
+           order by j.available_at
+           limit 1) is null;
+    v_rotate := (select t.tenant_id
+                 from app.tenant_turns t
+                 where t.turn_at <= v_now and t.tenant_id <> all (v_seen)
+                 order by t.turn_at, t.tenant_id
+                 limit 1) is not null;
+    if v_idle is not null then
+      select coalesce(array_agg(t.tenant_id), '{}') into v_free
+      from unnest(v_idle) as t(tenant_id)
+      where pg_try_advisory_xact_lock(1819374711, hashtext(t.tenant_id::text) & 255);
+    end if;
+    if v_rotate or v_idle is not null then
+      update app.tenant_turns tt
+      set turn_at = case
+            when tt.tenant_id = any (v_free) then (
+              select j.available_at
+              from app.jobs j
+              where j.tenant_id = tt.tenant_id
+                and j.state in ('pending', 'retry_wait')
+              order by j.available_at
+              limit 1)
+            else v_now
+          end
+      where tt.tenant_id = any (case when v_rotate then v_held else v_idle end);
+    end if;
+  end if;
 end;
 $$;
 revoke all on function app.claim_ready_jobs(text, integer, interval) from public, service_role;
 grant execute on function app.claim_ready_jobs(text, integer, interval) to leaseq_worker;
+
+-- Self-healing for the turns: one page of the tenants that have claimable jobs, from
+-- the cursor in app.tenant_turn_sweep (a loose index scan over jobs_claimable_idx, one
+-- probe per tenant), giving a turn to each one whose turn is missing, NULL or later than
+-- its next claimable job (or, for a ready job, later than now). It only ever moves turns
+-- earlier, so it cannot race anything into losing a job. The cursor wraps at the end:
+-- every tenant is checked once per ceil(tenants with claimable jobs / p_limit) calls.
+-- The reaper calls it (layer/leaseq/reaper.py); p_limit 1..10000.
+create or replace function app.repair_tenant_turns(p_limit integer default 1000)
+returns table (tenants_checked integer, turns_repaired integer)
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+#variable_conflict use_column
+declare
+  v_now timestamptz := clock_timestamp();
+  v_from uuid;
+  v_checked integer;
+  v_repaired integer;
+  v_next uuid;
+begin
+  if p_limit is null or p_limit < 1 or p_limit > 10000 then
+    perform app.check_range('p_limit', p_limit, 1, 10000);
+  end if;
+  -- One sweep at a time: a second reaper waits here, then continues from the new cursor.
+  select s.next_tenant_id into v_from from app.tenant_turn_sweep s for update;
+  v_from := coalesce(v_from, '00000000-0000-0000-0000-000000000000'::uuid);
+
+  with recursive tenants as (
+    (select j.tenant_id, j.available_at, 1 as n
+     from app.jobs j
+     where j.state in ('pending', 'retry_wait')
+       and j.tenant_id >= v_from
+     order by j.tenant_id, j.available_at
+     limit 1)
+    union all
+    select following.tenant_id, following.available_at, t.n + 1
+    from tenants t
+    cross join lateral (
+      select j.tenant_id, j.available_at
+      from app.jobs j
+      where j.state in ('pending', 'retry_wait')
+        and j.tenant_id > t.tenant_id
+      order by j.tenant_id, j.available_at
+      limit 1
+    ) following
+    where t.n <= p_limit
+  ), page as (
+    select t.tenant_id, t.available_at from tenants t where t.n <= p_limit
+  ), repaired as (
+    insert into app.tenant_turns as tt (tenant_id, turn_at)
+    select p.tenant_id, p.available_at
+    from page p
+    where not coalesce((select t.turn_at <= greatest(p.available_at, v_now)
+                        from app.tenant_turns t
+                        where t.tenant_id = p.tenant_id), false)
+    order by p.tenant_id
+    on conflict (tenant_id) do update
+      set turn_at = excluded.turn_at
+      where tt.turn_at is null or tt.turn_at > greatest(excluded.turn_at, v_now)
+    returning 1
+  )
+  select (select count(*) from page), (select count(*) from repaired),
+         (select t.tenant_id from tenants t where t.n = p_limit + 1)
+  into v_checked, v_repaired, v_next;
+
+  update app.tenant_turn_sweep set next_tenant_id = v_next, swept_at = v_now;
+  return query select v_checked, v_repaired;
+end;
+$$;
+-- The reaper runs it on every pass; an operator may run it after editing jobs by hand.
+revoke all on function app.repair_tenant_turns(integer) from public, service_role;
+grant execute on function app.repair_tenant_turns(integer) to leaseq_reaper, leaseq_operator;
 
 create or replace function app.renew_job_lease(
   p_tenant_id uuid,

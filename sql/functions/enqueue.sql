@@ -44,6 +44,8 @@ declare
   v_text text;
   v_errors text[];
   v_created uuid[];
+  v_new_tenants uuid[];
+  v_new_ats timestamptz[];
 begin
   perform app.check_producer_tenants(p_tenant_ids);
   -- Every array's shape in one plain expression; the shared check, which names the
@@ -147,7 +149,13 @@ begin
            v_now
     from inserted ins
   )
-  select coalesce(array_agg(ins.id), '{}') into v_created from inserted ins;
+  select coalesce(array_agg(ins.id), '{}'), array_agg(ins.tenant_id), array_agg(ins.available_at)
+  into v_created, v_new_tenants, v_new_ats
+  from inserted ins;
+  -- The new jobs' tenants are due a turn by their available_at (app.wake_tenants).
+  if v_new_tenants is not null then
+    perform app.wake_tenants(v_new_tenants, v_new_ats);
+  end if;
 
   -- A new statement, so it sees the rows the insert above wrote and those that
   -- concurrent enqueues committed while it waited on their unique-key conflict.

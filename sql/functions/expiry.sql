@@ -15,6 +15,7 @@ as $$
 declare
   v_now timestamptz := clock_timestamp();
   v_count integer;
+  v_retrying uuid[];
 begin
   with expired as materialized (
     select j.id, j.lease_owner, j.lease_token
@@ -53,7 +54,13 @@ begin
            v_now
     from released r
   )
-  select count(*) into v_count from released;
+  select count(*), array_agg(r.tenant_id) filter (where r.state = 'retry_wait')
+  into v_count, v_retrying
+  from released r;
+  -- Jobs back in retry_wait are claimable now: their tenants are due a turn.
+  if v_retrying is not null then
+    perform app.wake_tenants(v_retrying, null);
+  end if;
   return v_count;
 end;
 $$;

@@ -126,6 +126,18 @@ begin
                                         v_bad.outcome, v_bad.detail, v_bad.delay);
   end if;
 
+  -- A retry makes its job claimable again at now + delay: its tenant is due a turn then
+  -- (app.wake_tenants, before the update: the turn may then be a little early, never late).
+  if 'retry' = any (p_outcomes) then
+    perform app.wake_tenants(
+      array(select u.tenant_id
+            from unnest(p_tenant_ids, p_outcomes) as u(tenant_id, outcome)
+            where u.outcome = 'retry'),
+      array(select v_now + u.delay
+            from unnest(p_outcomes, p_retry_delays) as u(outcome, delay)
+            where u.outcome = 'retry'));
+  end if;
+
   return query
   with input as (
     select u.tenant_id, u.job_id, u.token, u.outcome,
@@ -277,6 +289,9 @@ begin
      or array_position(p_tokens, null) is not null then
     perform app.raise_invalid('tenant_id, job_id and token are required for every job');
   end if;
+
+  -- A job given back is claimable at once: its tenant is due a turn now.
+  perform app.wake_tenants(p_tenant_ids, null);
 
   return query
   with input as (

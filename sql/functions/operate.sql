@@ -38,12 +38,14 @@ as $$
 #variable_conflict use_column
 declare
   v_now timestamptz := clock_timestamp();
+  v_redriven_ids uuid[];
+  v_redriven_tenants uuid[];
+  v_redriven_kinds text[];
 begin
   perform app.check_actor(p_actor);
   perform app.check_filters(p_job_ids, p_kind, p_limit);
   perform app.check_reason(p_reason);
 
-  return query
   with victims as materialized (
     select j.id, j.attempts as previous_attempts
     from app.jobs j
@@ -73,7 +75,18 @@ begin
            v_now
     from redriven r
   )
-  select r.id, r.tenant_id, r.kind from redriven r order by r.id;
+  select array_agg(r.id order by r.id), array_agg(r.tenant_id order by r.id),
+         array_agg(r.kind order by r.id)
+  into v_redriven_ids, v_redriven_tenants, v_redriven_kinds
+  from redriven r;
+  -- Redriven jobs are claimable now: their tenants are due a turn.
+  if v_redriven_ids is not null then
+    perform app.wake_tenants(v_redriven_tenants, null);
+  end if;
+
+  return query
+  select u.id, u.tenant_id, u.kind
+  from unnest(v_redriven_ids, v_redriven_tenants, v_redriven_kinds) as u(id, tenant_id, kind);
 end;
 $$;
 revoke all on function app.redrive_jobs(text, uuid, uuid[], text, integer, text) from public, service_role;

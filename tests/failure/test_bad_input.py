@@ -100,6 +100,7 @@ def assert_worker_drains_everything(db: Database, admin: Conn) -> None:
     every job ends finished, with an event log that reads right. Jobs scheduled for
     later are brought forward first: the clock is moved, not waited for."""
     admin.execute("update app.jobs set available_at = now() where available_at > now()")
+    admin.execute("select * from app.repair_tenant_turns(10000)")  # turns follow the clock
     registry = Registry()
     registry.register("echo", lambda payload, context: {"seen": True})
     client = QueueClient(lambda: connect(db.worker_dsn))

@@ -81,7 +81,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.admin: Conn = self.database.connect(None)
-        self.admin.execute("truncate app.jobs, app.job_events")
+        self.admin.execute("truncate app.jobs, app.job_events, app.tenant_turns")
         self.worker = connect(self.database.worker_dsn)
         self.client = QueueClient(lambda: self.worker)
         self.jobs: dict[uuid.UUID, ModelJob] = {}
@@ -302,6 +302,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.admin.execute(
             "update app.jobs set available_at = available_at - %(d)s,"
             " lease_expires_at = lease_expires_at - %(d)s", {"d": timedelta(seconds=seconds)})
+        # The tenants' turns are times too (a job due later gives a turn due then).
+        self.admin.execute("update app.tenant_turns set turn_at = turn_at - %(d)s",
+                           {"d": timedelta(seconds=seconds)})
         self.now += seconds
         if then_reap:
             self.release_expired(None)

@@ -69,6 +69,7 @@ app.get_job_result(uuid,uuid)                                                   
 app.get_job_result_by_key(uuid,text)                                                             x   x   x    x     .    .    .    .    .
 app.is_blank(text)                                                                               x   .   .    .     .    .    .    .    .
 app.job_timeline(uuid,integer)                                                                   x   x   .    .     .    .    x    .    .
+app.oldest_ready_at()                                                                            x   x   .    .     x    .    x    .    .
 app.prune_jobs(interval,integer)                                                                 x   x   .    .     .    .    x    .    .
 app.prune_retained_jobs(interval,integer)                                                        x   x   .    .     .    x    .    .    .
 app.queue_status(uuid)                                                                           x   x   .    .     .    .    x    .    .
@@ -80,6 +81,8 @@ app.release_expired(uuid,integer)                                               
 app.release_expired_jobs(uuid,integer)                                                           x   x   .    .     .    x    .    .    .
 app.release_jobs(text,uuid[],uuid[],uuid[])                                                      x   x   .    .     x    .    .    .    .
 app.renew_job_lease(uuid,uuid,text,uuid,interval)                                                x   x   .    .     x    .    .    .    .
+app.repair_tenant_turns(integer)                                                                 x   x   .    .     .    x    x    .    .
+app.wake_tenants(uuid[],timestamp with time zone[])                                              x   .   .    .     .    .    .    .    .
 """  # noqa: E501
 
 # S select (every column unless listed under "columns"), I insert, U update, D delete,
@@ -93,6 +96,8 @@ app.tenant_producers  SIUDT  -   -    -     -    -    -    -    -
 app.settings          SIUDT  -   -    -     -    -    -    -    -
 app.schema_migrations SIUDT  -   -    -     -    -    -    -    -
 app.schema_functions  SIUDT  -   -    -     -    -    -    -    -
+app.tenant_turns      SIUDT  -   -    -     -    -    -    -    -
+app.tenant_turn_sweep SIUDT  -   -    -     -    -    -    -    -
 """
 
 #: Columns a role with SELECT on the table may still not read.

@@ -12,7 +12,7 @@ from typing import Any
 
 import boto3
 import pytest
-from leaseq import ConfigurationError, DatabaseError, Registry, connect
+from leaseq import ConfigurationError, DatabaseError, EnqueueRequest, Registry, connect
 from leaseq_lambda import runtime
 from leaseq_lambda.context import LambdaDeadline, owner_id
 from moto import mock_aws
@@ -176,6 +176,34 @@ def test_a_dsn_takes_precedence_and_is_used_as_given(
     reaper_app.lambda_handler({}, FakeLambdaContext())
 
     assert recording.calls == [{"dsn": db.worker_dsn, "application_name": "leaseq leaseq-test"}]
+
+
+# The oldest-ready metric ---------------------------------------------------------------------
+
+
+def test_the_oldest_ready_age_sees_a_tenant_sorting_after_10000_others(
+        lambda_env: pytest.MonkeyPatch, owner: Conn) -> None:
+    """It read the first 10,000 tenants in tenant_id order and missed the ones after."""
+    client = runtime.get().client
+    for start in range(0, 10_000, 1000):
+        client.enqueue_jobs([
+            EnqueueRequest(tenant_id=uuid.UUID(int=n + 1), operation_key="young", kind="echo",
+                           payload={})
+            for n in range(start, start + 1000)])
+    last = uuid.UUID("ffffffff-ffff-ffff-ffff-ffffffffffff")
+    client.enqueue_jobs([EnqueueRequest(tenant_id=last, operation_key="old", kind="echo",
+                                        payload={})])
+    owner.execute("update app.jobs set available_at = clock_timestamp() - interval '1 day'"
+                  " where tenant_id = %s", (last,))
+
+    age = runtime.get().oldest_ready_age()
+
+    assert 86_400 <= age < 86_400 + 60
+
+
+def test_the_oldest_ready_age_is_zero_when_nothing_is_ready(
+        lambda_env: pytest.MonkeyPatch) -> None:
+    assert runtime.get().oldest_ready_age() == 0.0
 
 
 # Handlers module ----------------------------------------------------------------------------

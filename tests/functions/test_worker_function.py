@@ -81,6 +81,7 @@ def test_a_stored_payload_python_cannot_decode_is_dead_and_its_batch_drains(
         "insert into app.jobs (tenant_id, operation_key, kind, payload, available_at)"
         " values (%s, 'poison', 'send_welcome_email', '{\"to\": 1e5000}',"
         " now() - interval '1 minute') returning id", (uuid.uuid4(),)).fetchall()
+    owner.execute("select * from app.repair_tenant_turns(10000)")  # as a reaper pass would
     read_output()
 
     summary = worker_app.lambda_handler(load_event("worker_schedule"),

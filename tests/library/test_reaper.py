@@ -194,3 +194,33 @@ def test_a_reaper_login_applies_its_retention_but_never_prunes_below_the_owners_
         reaper.close()
     assert (report.pruned_jobs, report.pruned_events) == (2, 6)
     assert states(owner) == {"succeeded": 1, "dead": 1}
+
+
+def test_a_pass_gives_a_tenant_whose_turn_was_lost_its_turn_back(
+        client: QueueClient, owner: Conn) -> None:
+    tenants = [uuid.uuid4() for _ in range(5)]
+    for tenant in tenants:
+        enqueue(client, tenant, 1)
+    owner.execute("delete from app.tenant_turns where tenant_id = %s", (tenants[0],))  # a defect
+    assert {j.tenant_id for j in client.claim_ready_jobs("w", 10, timedelta(seconds=30))} == set(
+        tenants[1:])
+
+    report = reap_once(client, FakeDeadline(60), limit=2, turn_pages=10)
+
+    assert (report.turns_checked, report.turns_repaired) == (1, 1)  # only one still waits
+    (found,) = client.claim_ready_jobs("w", 10, timedelta(seconds=30))
+    assert found.tenant_id == tenants[0]
+
+
+def test_a_pass_checks_at_most_turn_pages_pages_of_tenants(
+        client: QueueClient, owner: Conn) -> None:
+    for _ in range(7):
+        enqueue(client, uuid.uuid4(), 1)
+    owner.execute("delete from app.tenant_turns")
+
+    first = reap_once(client, FakeDeadline(60), limit=2, turn_pages=2)
+    second = reap_once(client, FakeDeadline(60), limit=2, turn_pages=2)
+
+    assert (first.turns_checked, first.turns_repaired) == (4, 4)
+    assert (second.turns_checked, second.turns_repaired) == (3, 3)  # the rest, then it wraps
+    assert len(client.claim_ready_jobs("w", 10, timedelta(seconds=30))) == 7

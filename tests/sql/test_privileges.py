@@ -25,6 +25,8 @@ SERVICE_FUNCTIONS = {
     "app.claim_jobs(uuid,text,integer,interval)",
     "app.claim_ready_jobs(text,integer,interval)",
     "app.ready_tenants(integer)",
+    "app.oldest_ready_at()",
+    "app.repair_tenant_turns(integer)",
     "app.renew_job_lease(uuid,uuid,text,uuid,interval)",
     "app.complete_job(uuid,uuid,text,uuid,jsonb)",
     "app.fail_job(uuid,uuid,text,uuid,jsonb,interval)",
@@ -34,7 +36,7 @@ SERVICE_FUNCTIONS = {
     "app.release_all_expired_jobs(integer)",
 }
 
-TABLES = ["jobs", "job_events", "tenant_readers", "schema_migrations"]
+TABLES = ["jobs", "job_events", "tenant_readers", "schema_migrations", "tenant_turns"]
 
 
 def _app_functions(conn: Conn) -> list[dict[str, Any]]:
@@ -432,4 +434,6 @@ def test_owner_is_not_a_superuser_and_does_not_bypass_rls(owner: Conn) -> None:
         "settings": (False, False),
         "tenant_producers": (False, False),
         "tenant_readers": (True, False),
+        "tenant_turn_sweep": (True, False),
+        "tenant_turns": (True, False),
     }

@@ -1,5 +1,8 @@
 """The reaper's and the fair claimer's queries stay index-backed on a large table.
 
+The jobs are written directly, so the tenants' turns are then built by
+app.repair_tenant_turns, as the reaper would.
+
 The functions are plpgsql SECURITY DEFINER, so EXPLAIN of the call shows only a
 Function Scan; auto_explain logs the plan of every statement inside them instead
 (``log_nested_statements``), returned to the calling connection as notices. Each function is
@@ -31,6 +34,7 @@ from tests.support.postgres import Cluster, Conn
 
 TENANTS = 100
 JOBS = 100_000
+LATER_TENANTS = 5_000  # tenants whose one job is due next month: a claim never reads them
 CALLS = 7  # plpgsql switches to a generic plan after five custom ones
 
 # 100 tenants x 1,000 jobs. Per tenant: 90% succeeded, 5% pending (one in seven of
@@ -61,6 +65,15 @@ cross join lateral (
 """
 
 
+_POPULATE_LATER = """
+insert into app.jobs (tenant_id, operation_key, kind, payload, available_at, created_at,
+                      updated_at)
+select ('10000000-0000-4000-8000-' || lpad(to_hex(g), 12, '0'))::uuid, 'later', 'plan.check',
+       '{}'::jsonb, clock_timestamp() + interval '30 days', clock_timestamp(), clock_timestamp()
+from generate_series(1, %(tenants)s) as g
+"""
+
+
 def tenant_uuid(n: int) -> uuid.UUID:
     return uuid.UUID(f"00000000-0000-4000-8000-{n:012x}")
 
@@ -83,8 +96,17 @@ def _nodes(node: dict[str, Any], *, follow_init_plans: bool = True) -> Iterator[
 def seq_scans_of_jobs(plans: list[Plan]) -> list[str]:
     return [
         p.query for p in plans for n in _nodes(p.root)
-        if n["Node Type"] == "Seq Scan" and n.get("Relation Name") in ("jobs", "job_events")
+        if n["Node Type"] == "Seq Scan"
+        and n.get("Relation Name") in ("jobs", "job_events", "tenant_turns")
     ]
+
+
+def turn_rows_read(plans: list[Plan]) -> int:
+    """The most index entries any one scan of app.tenant_turns returned (per loop)."""
+    return max((n["Actual Rows"] + n.get("Rows Removed by Filter", 0)
+                for p in plans for n in _nodes(p.root)
+                if n.get("Relation Name") == "tenant_turns" and "Scan" in n["Node Type"]),
+               default=0)
 
 
 def sorts(plans: list[Plan]) -> list[str]:
@@ -189,7 +211,9 @@ def build_big_queue(cluster: Cluster) -> Database:
     with connect(database.owner_dsn) as conn:
         migrate(conn)
         conn.execute(_POPULATE, {"jobs": JOBS, "tenants": TENANTS})
-        conn.execute("analyze app.jobs")
+        conn.execute(_POPULATE_LATER, {"tenants": LATER_TENANTS})
+        conn.execute("select * from app.repair_tenant_turns(10000)")
+        conn.execute("analyze app.jobs, app.tenant_turns")
     return database
 
 
@@ -206,14 +230,14 @@ def test_big_queue_has_the_intended_shape(capture: PlanCapture) -> None:
         " group by state order by state"
     )
     assert rows == [
-        {"state": "pending", "n": 5_000, "tenants": 100},
+        {"state": "pending", "n": 5_000 + LATER_TENANTS, "tenants": 100 + LATER_TENANTS},
         {"state": "running", "n": 3_000, "tenants": 100},
         {"state": "succeeded", "n": 90_000, "tenants": 100},
         {"state": "dead", "n": 2_000, "tenants": 100},
     ]
 
 
-def test_ready_tenants_probes_the_claimable_index_without_scanning_or_sorting_jobs(
+def test_ready_tenants_reads_the_due_turns_and_probes_the_claimable_index_per_tenant(
     capture: PlanCapture,
 ) -> None:
     plans: list[Plan] = []
@@ -224,8 +248,50 @@ def test_ready_tenants_probes_the_claimable_index_without_scanning_or_sorting_jo
 
     assert plans, "auto_explain captured nothing"
     assert seq_scans_of_jobs(plans) == []
+    # The one sort orders the due tenants (one row each), never jobs.
+    assert large_sorts_of_jobs(plans, max_rows=TENANTS) == []
+    assert {"tenant_turns_due_idx", "jobs_claimable_idx"} <= indexes_used(plans)
+
+
+def test_oldest_ready_at_is_the_first_entry_of_the_ready_index(capture: PlanCapture) -> None:
+    plans: list[Plan] = []
+    for _ in range(CALLS):
+        rows, captured = capture.run("select app.oldest_ready_at() as at")
+        assert rows[0]["at"] is not None
+        plans += captured
+
+    assert seq_scans_of_jobs(plans) == []
     assert sorts(plans) == []
+    assert indexes_used(plans) == {"jobs_ready_at_idx"}
+
+
+def test_repair_walks_the_claimable_index_one_probe_per_tenant(capture: PlanCapture) -> None:
+    plans: list[Plan] = []
+    left = TENANTS + LATER_TENANTS
+    for _ in range(CALLS):
+        rows, captured = capture.run("select * from app.repair_tenant_turns(1000)")
+        assert rows == [{"tenants_checked": min(left, 1000), "turns_repaired": 0}]
+        left = left - 1000 if left > 1000 else TENANTS + LATER_TENANTS  # wraps at the end
+        plans += captured
+
+    assert seq_scans_of_jobs(plans) == []
+    assert large_sorts_of_jobs(plans, max_rows=1000) == []  # at most the page itself
     assert "jobs_claimable_idx" in indexes_used(plans)
+
+
+def test_the_fair_claim_reads_only_due_turns_with_many_tenants_due_later(
+    capture: PlanCapture,
+) -> None:
+    """The 5,000 tenants whose only job is due next month add nothing a claim reads."""
+    plans: list[Plan] = []
+    for _ in range(CALLS):
+        rows, captured = capture.run("select id from app.claim_ready_jobs('plan-check', 10)")
+        assert len(rows) == 10
+        plans += captured
+
+    assert seq_scans_of_jobs(plans) == []
+    assert "tenant_turns_due_idx" in indexes_used(plans)
+    assert turn_rows_read(plans) <= TENANTS  # the due turns, not the 5,000 later ones
 
 
 def test_release_all_expired_jobs_walks_the_lease_expiry_index_without_sorting(
@@ -240,7 +306,8 @@ def test_release_all_expired_jobs_walks_the_lease_expiry_index_without_sorting(
 
     assert released == [1000, 500] + [0] * (CALLS - 2)
     assert seq_scans_of_jobs(plans) == []
-    assert sorts(plans) == []
+    # Only the woken tenants are sorted (app.wake_tenants writes turns in tenant order).
+    assert large_sorts_of_jobs(plans, max_rows=0) == []
     assert "jobs_lease_expiry_idx" in indexes_used(plans)
 
 
@@ -260,7 +327,8 @@ def test_claims_read_jobs_through_the_claimable_index_and_sort_only_a_batch(
 
     assert seq_scans_of_jobs(plans) == []
     assert large_sorts_of_jobs(plans, max_rows=2 * 10) == []
-    assert "jobs_claimable_idx" in indexes_used(plans)
+    assert {"jobs_claimable_idx", "tenant_turns_due_idx"} <= indexes_used(plans)
+    assert "jobs_ready_at_idx" not in indexes_used(plans)  # all tenants' ready jobs
 
 
 def test_finish_finds_each_job_by_its_primary_key_not_by_walking_the_running_ones(
@@ -302,12 +370,16 @@ def _markdown(cluster: Cluster) -> str:
                      "select id from app.claim_jobs(%s, 'w', 10)", (tenant_uuid(5),)),
                     ("app.claim_ready_jobs('w', 10)",
                      "select id from app.claim_ready_jobs('w', 10)", ()),
+                    ("app.oldest_ready_at()", "select app.oldest_ready_at()", ()),
+                    ("app.repair_tenant_turns(1000)",
+                     "select * from app.repair_tenant_turns(1000)", ()),
                 ]
                 for title, call, params in calls:
                     _, plans = capture.run(call, params)
                     shown = [
                         p for p in plans
-                        if "app.jobs" in p.query and "FOR KEY SHARE" not in p.query
+                        if ("app.jobs" in p.query or "app.tenant_turns" in p.query)
+                        and "FOR KEY SHARE" not in p.query
                     ]
                     out.append(f"### {title}\n")
                     for plan in shown:

@@ -165,6 +165,7 @@ def _produce(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
 
 def _work(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
     call("ready_tenants", "select * from app.ready_tenants(10)", ())
+    call("oldest_ready_at", "select app.oldest_ready_at()", ())
 
     def claim() -> dict[str, Any]:
         rows = call("claim_jobs", "select id, lease_token from app.claim_jobs(%s, 'w1', 1)",
@@ -210,6 +211,7 @@ def _reap(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
     call("release_expired_jobs", "select app.release_expired_jobs(%s, 1)", (tenant,))
     call("release_all_expired_jobs", "select app.release_all_expired_jobs(10)", ())
     call("prune_retained_jobs", "select * from app.prune_retained_jobs('1 day', 10)", ())
+    call("repair_tenant_turns", "select * from app.repair_tenant_turns(10)", ())
 
 
 def _operate(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
@@ -222,6 +224,8 @@ def _operate(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
     call("cancel_jobs", "select * from app.cancel_jobs('op', %s, null, null, 1, 'unwanted')",
          (tenant,))
     call("queue_status", "select * from app.queue_status(%s)", (tenant,))
+    call("oldest_ready_at", "select app.oldest_ready_at()", ())
+    call("repair_tenant_turns", "select * from app.repair_tenant_turns(10)", ())
     call("prune_jobs", "select * from app.prune_jobs('0 seconds', 10)", ())
 
 
