@@ -24,9 +24,9 @@ import pytest
 
 from tests.infra.template_support import (
     ROOT,
-    find_sam,
     load_sam_template,
     parameter_default,
+    require_sam,
     resources_of_type,
     sam_environment,
     schedule_expression_problem,
@@ -86,9 +86,7 @@ def test_cfn_lint_at_the_pinned_version_finds_nothing_in_the_templates() -> None
 
 
 def test_sam_validate_with_lint_accepts_the_template() -> None:
-    sam_cli = find_sam()
-    if sam_cli is None:
-        pytest.skip("SAM CLI not found (set SAM_CLI or install aws-sam-cli into .venv-sam)")
+    sam_cli = require_sam()
 
     result = subprocess.run(
         [sam_cli, "validate", "--lint", "--template-file", "template.yaml"],
@@ -124,23 +122,54 @@ def test_the_expanded_template_has_every_piece_of_the_deployment(cfn: dict[str, 
         "Dashboard": "AWS::CloudWatch::Dashboard",
     }
     assert {name: types.get(name) for name in expected} == expected
-    layers = resources_of_type(cfn, "AWS::Lambda::LayerVersion")
-    assert len(layers) == 1
+    # one per architecture (tested below)
+    assert len(resources_of_type(cfn, "AWS::Lambda::LayerVersion")) == 2
 
 
-def test_the_layer_is_built_by_sam_for_python311_on_x86_64_and_every_function_uses_it(
+LAYER_OF = {"x86_64": "LeaseqLayerX8664", "arm64": "LeaseqLayerArm64"}
+
+
+def test_functions_run_python313_on_the_chosen_architecture_with_that_architectures_layer(
     sam: dict[str, Any], cfn: dict[str, Any],
 ) -> None:
-    layer = sam["Resources"]["LeaseqLayer"]
-    assert layer["Metadata"] == {"BuildMethod": "python3.11", "BuildArchitecture": "x86_64"}
-    assert layer["Properties"]["CompatibleArchitectures"] == ["x86_64"]
-    (layer_id,) = resources_of_type(cfn, "AWS::Lambda::LayerVersion")
+    architecture = sam["Parameters"]["Architecture"]
+    assert architecture["AllowedValues"] == ["x86_64", "arm64"]
+    assert architecture["Default"] in LAYER_OF
+    for arch, name in LAYER_OF.items():
+        layer = sam["Resources"][name]
+        assert layer["Metadata"] == {"BuildMethod": "makefile", "BuildArchitecture": arch}
+        assert layer["Properties"]["CompatibleArchitectures"] == [arch]
+        assert layer["Properties"]["CompatibleRuntimes"] == ["python3.13"]
+        assert layer["Properties"]["ContentUri"] == "layer/"
+        # Only the layer of the chosen architecture is created.
+        condition = layer["Condition"]
+        assert sam["Conditions"][condition] == {
+            "Fn::Equals": [{"Ref": "Architecture"}, arch]}
+    layers = resources_of_type(cfn, "AWS::Lambda::LayerVersion")
+    by_condition = {resource["Condition"]: {"Ref": name} for name, resource in layers.items()}
+    assert len(layers) == 2
+    chosen = {"Fn::If": ["IsArm64", by_condition["IsArm64"], by_condition["IsX8664"]]}
     for name in ALL_FUNCTIONS:
         properties = function_properties(cfn, name)
-        assert properties["Runtime"] == "python3.11"
-        assert properties["Architectures"] == ["x86_64"]
+        assert properties["Runtime"] == "python3.13"
+        assert properties["Architectures"] == [{"Ref": "Architecture"}]
         assert properties["Handler"] == "app.lambda_handler"
-        assert properties["Layers"] == [{"Ref": layer_id}]
+        assert properties["Layers"][0] == chosen
+    assert cfn["Resources"]["Migrations"]["Properties"]["LayerVersionArn"] == chosen
+
+
+def test_the_layer_makefile_targets_the_functions_runtime_and_both_architectures(
+    sam: dict[str, Any],
+) -> None:
+    makefile = (ROOT / "layer" / "Makefile").read_text(encoding="utf-8")
+    runtime = sam["Globals"]["Function"]["Runtime"]
+
+    assert re.search(r"^LAMBDA_PYTHON := (\S+)$", makefile, re.M)[1] == runtime[len("python"):]
+    for name in LAYER_OF.values():
+        assert re.search(rf"^build-{name}: WHEEL_ARCH := \w+$", makefile, re.M), name
+    for flag in ("--implementation cp", "--only-binary=:all:", '--target "$(ARTIFACTS_DIR)/python"',
+                 "--python-version $(LAMBDA_PYTHON)"):
+        assert flag in makefile, flag
 
 
 # ---- schedules -------------------------------------------------------------------------------
@@ -410,7 +439,10 @@ def test_the_migrations_resource_re_runs_when_the_layer_content_changes(
     ref_before = before["Resources"]["Migrations"]["Properties"]["LayerVersionArn"]
     ref_after = after["Resources"]["Migrations"]["Properties"]["LayerVersionArn"]
     assert ref_before != ref_after
-    assert ref_after["Ref"] in resources_of_type(after, "AWS::Lambda::LayerVersion")
+    condition, arm64, x86_64 = ref_after["Fn::If"]
+    assert condition == "IsArm64"
+    assert {arm64["Ref"], x86_64["Ref"]} == set(resources_of_type(
+        after, "AWS::Lambda::LayerVersion"))
 
 
 def test_the_migrations_resource_has_a_timeout_and_runs_before_the_runtime_functions(
