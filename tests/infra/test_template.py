@@ -69,20 +69,57 @@ def function_properties(cfn: dict[str, Any], name: str) -> dict[str, Any]:
 # ---- linters ---------------------------------------------------------------------------------
 
 
-def test_cfn_lint_at_the_pinned_version_finds_nothing_in_the_templates() -> None:
+LINT_RULES = ["--include-checks", "I", "--append-rules", "cfn_lint_serverless.rules"]
+
+
+def cfn_lint(*arguments: str, cwd: Any = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", "import sys; from cfnlint.runner import main; sys.exit(main())",
+         *arguments], cwd=cwd, capture_output=True, text=True, env=sam_environment(), timeout=180)
+
+
+def test_cfn_lint_at_the_pinned_version_with_informational_and_serverless_rules_finds_nothing(
+) -> None:
     version = subprocess.run(
         [sys.executable, "-c", "import cfnlint.version as v; print(v.__version__)"],
         capture_output=True, text=True, check=True,
     ).stdout.strip()
     assert version == "1.58.0", "cfn-lint is pinned in pyproject.toml; its data drifts"
 
-    lint = subprocess.run(
-        [sys.executable, "-c", "import sys; from cfnlint.runner import main; sys.exit(main())",
-         "template.yaml", "infra/network.yaml"],
-        cwd=ROOT, capture_output=True, text=True, env=sam_environment(), timeout=120,
-    )
+    lint = cfn_lint("template.yaml", "infra/network.yaml", *LINT_RULES)
 
     assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+def ignored_checks(document: dict[str, Any]) -> dict[str, set[str]]:
+    """Where each check is switched off: "Metadata" (the template) or a resource's name."""
+    found: dict[str, set[str]] = {}
+    places = [("Metadata", document.get("Metadata", {}))] + [
+        (name, resource.get("Metadata", {})) for name, resource in document["Resources"].items()]
+    for place, metadata in places:
+        for check in metadata.get("cfn-lint", {}).get("config", {}).get("ignore_checks", []):
+            found.setdefault(check, set()).add(place)
+    return found
+
+
+def test_every_lint_exception_has_its_reason_and_still_fires_without_it(
+    sam: dict[str, Any], tmp_path: Any,
+) -> None:
+    reasons = sam["Metadata"]["LintExceptions"]
+    ignored = ignored_checks(sam)
+
+    assert set(ignored) == set(reasons), "each switched-off check has a reason, and only those"
+    assert all(isinstance(r, str) and len(r) > 40 for r in reasons.values())
+    # Without the switches every one of them is reported.
+    stripped = json.loads(json.dumps(sam))
+    for metadata in [stripped["Metadata"]] + [r.get("Metadata", {})
+                                              for r in stripped["Resources"].values()]:
+        metadata.pop("cfn-lint", None)
+    (tmp_path / "template.json").write_text(json.dumps(stripped), encoding="utf-8")
+    lint = cfn_lint(str(tmp_path / "template.json"), *LINT_RULES, "--format", "parseable")
+    reported = {fields[5] for fields in (line.split(":") for line in lint.stdout.splitlines())
+                if len(fields) >= 7}
+    assert set(reasons) <= reported, lint.stdout + lint.stderr
 
 
 def test_sam_validate_with_lint_accepts_the_template() -> None:
@@ -254,15 +291,62 @@ def test_scheduled_and_custom_resource_functions_have_no_async_retries(
     assert config["MaximumRetryAttempts"] == 0
 
 
-def test_async_enqueue_failures_land_in_the_dead_letter_queue(cfn: dict[str, Any]) -> None:
+def test_async_enqueue_failures_reach_one_queue_in_one_format(cfn: dict[str, Any]) -> None:
     config = cfn["Resources"]["EnqueueFunctionEventInvokeConfig"]["Properties"]
     rule = cfn["Resources"]["EnqueueFunctionEnqueueEvent"]["Properties"]
 
     queue_arn = {"Fn::GetAtt": ["EnqueueDeadLetterQueue", "Arn"]}
     assert config["DestinationConfig"]["OnFailure"]["Destination"] == queue_arn
-    assert rule["Targets"][0]["DeadLetterConfig"]["Arn"] == queue_arn
+    assert "OnSuccess" not in config["DestinationConfig"]
+    assert config["MaximumRetryAttempts"] >= 1
+    # The rule only hands events to Lambda's asynchronous queue; a DLQ on it would add
+    # EventBridge's own message format to the queue. It retries for as long as it may.
+    (target,) = rule["Targets"]
+    assert "DeadLetterConfig" not in target
+    assert target["RetryPolicy"] == {"MaximumRetryAttempts": 185,
+                                     "MaximumEventAgeInSeconds": 86400}
     assert rule["EventPattern"] == {"detail-type": ["leaseq.enqueue"]}
     assert rule["EventBusName"] == {"Ref": "EnqueueEventBus"}
+    # Nothing else may write to the queue: no queue policy opens it to EventBridge.
+    assert not resources_of_type(cfn, "AWS::SQS::QueuePolicy")
+    writers = [name for name, role in resources_of_type(cfn, "AWS::IAM::Role").items()
+               if "sqs:SendMessage" in json.dumps(role)]
+    assert writers == ["EnqueueFunctionRole"]
+    # Delivery retries of the rule raise an alarm on the metrics of that very rule.
+    alarm = cfn["Resources"]["EnqueueDeliveryRetriesAlarm"]["Properties"]
+    names = {m["MetricStat"]["Metric"]["MetricName"] for m in alarm["Metrics"] if "MetricStat" in m}
+    assert names == {"RetryInvocationAttempts", "FailedInvocations"}
+    for metric in (m["MetricStat"]["Metric"] for m in alarm["Metrics"] if "MetricStat" in m):
+        assert metric["Dimensions"] == [
+            {"Name": "EventBusName", "Value": {"Ref": "EnqueueEventBus"}},
+            {"Name": "RuleName", "Value": rule["Name"]}]
+
+
+def test_the_dead_letter_queue_and_the_log_groups_outlive_the_stack(cfn: dict[str, Any]) -> None:
+    kept = [*resources_of_type(cfn, "AWS::Logs::LogGroup"), "EnqueueDeadLetterQueue"]
+
+    assert len(kept) >= 5
+    for name in kept:
+        resource = cfn["Resources"][name]
+        assert resource.get("DeletionPolicy") == "Retain", name
+        assert resource.get("UpdateReplacePolicy") == "Retain", name
+
+
+def test_the_database_pins_its_major_version_only_and_takes_minor_upgrades(
+    sam: dict[str, Any], cfn: dict[str, Any],
+) -> None:
+    database = cfn["Resources"]["Database"]["Properties"]
+    parameter = sam["Parameters"]["DbEngineVersion"]
+    pattern = re.compile(parameter["AllowedPattern"])
+
+    assert database["EngineVersion"] == {"Ref": "DbEngineVersion"}
+    assert database["AutoMinorVersionUpgrade"] is True
+    assert pattern.fullmatch(parameter["Default"])
+    for refused in ("17.6", "16.4", "14", "17.", "latest"):
+        assert not pattern.fullmatch(refused), refused
+    for environment, overrides in samconfig_overrides().items():
+        if "DbEngineVersion" in overrides:
+            assert pattern.fullmatch(overrides["DbEngineVersion"]), environment
 
 
 @pytest.mark.parametrize(
