@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-
 from leaseq_lambda.handlers_config import ENVIRONMENT_VARIABLE
 
 from tests.infra.template_support import (
