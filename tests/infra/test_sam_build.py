@@ -57,7 +57,8 @@ def host_layer() -> str:
     for layer, (arch, _) in LAYERS.items():
         if arch == machine:
             return layer
-    pytest.skip(f"no layer of this machine's architecture ({machine}) to import")
+    pytest.skip(f"no layer for this machine ({machine}) to import: run the suite on x86_64 or "
+                "aarch64")
 
 
 def run_isolated(python: str, code: str, paths: list[Path],
