@@ -81,10 +81,11 @@ def _aws_failure(exc: Exception, doing: str) -> CliError:
 
 def stack_outputs(stack: str, clients: AwsClients) -> dict[str, str]:
     """OutputKey -> OutputValue of a deployed stack."""
+    cloudformation = clients.client("cloudformation")  # first: says so if boto3 is missing
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
-        answer = clients.client("cloudformation").describe_stacks(StackName=stack)
+        answer = cloudformation.describe_stacks(StackName=stack)
     except (BotoCoreError, ClientError) as exc:
         raise _aws_failure(exc, f"cannot read stack {stack!r}") from exc
     (found,) = answer["Stacks"]
@@ -116,10 +117,11 @@ class StackDatabase:
 
     def token(self) -> str:
         """A fresh RDS IAM authentication token for this login (signed locally)."""
+        rds = self.clients.client("rds")
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
-            token: str = self.clients.client("rds").generate_db_auth_token(
+            token: str = rds.generate_db_auth_token(
                 DBHostname=self.host, Port=self.port, DBUsername=self.user)
         except (BotoCoreError, ClientError) as exc:
             raise _aws_failure(exc, "cannot sign an IAM authentication token") from exc
