@@ -116,7 +116,8 @@ def test_a_database_restart_mid_drain_loses_no_job_and_records_no_false_outcome(
         reaper.stop()
 
     address_after = embedded.read_postmaster(private_server.home / "pgdata")
-    assert address_before is not None and address_after is not None
+    assert address_before is not None
+    assert address_after is not None
     assert (address_after.socket_dir, address_after.port) == (
         address_before.socket_dir, address_before.port)
     with psycopg.connect(admin_dsn, autocommit=True, row_factory=psycopg.rows.dict_row) as admin:
