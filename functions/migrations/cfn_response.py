@@ -5,6 +5,25 @@ URL). Without it the stack hangs until the resource's ServiceTimeout, so every p
 handler ends here: success, failure, Delete, and a watchdog that answers before Lambda's
 own timeout would end the process silently. Only the standard library is used, so the
 answer can still be sent when the layer itself failed to import.
+
+Why not crhelper (2.0.12, the maintained helper for this protocol), read for this module:
+
+* its watchdog and the handler's own answer are not serialised: a handler that finishes
+  while the timer fires sends both SUCCESS and FAILED, and CloudFormation takes whichever
+  arrives first; here a lock makes the first answer the only one;
+* the watchdog fires 0.5 s before Lambda's timeout, too little for a PUT to S3 through a
+  VPC endpoint on a slow start; here it is WATCHDOG_MARGIN_SECONDS (10 s) in app.py;
+* a PUT that keeps failing is retried for ever (five tries, a pause, and again), so the
+  function hangs until Lambda kills it; here three tries, then the failure is logged;
+* it reconfigures the root logger and creates Lambda, EventBridge and CloudWatch Logs
+  clients at import for its polling mode, which this resource does not use;
+* it speaks HTTPS only, so its answers cannot be checked against the loopback server
+  the tests stand in for the presigned URL with.
+
+The behaviours the tests hold this module to: one answer per request, from whichever path
+is first; no secret in it (Data carries versions and login names, never a password); the
+failure's reason, cut to CloudFormation's 4096-byte body limit; the physical id of the
+request kept on Update and Delete (app.physical_resource_id).
 """
 
 from __future__ import annotations

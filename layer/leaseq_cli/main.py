@@ -26,7 +26,9 @@ $LEASEQ_HOME/pgdata (default ./.leaseq), migrated automatically; `leaseq db stop
 stops it. With DATABASE_URL, commands use that server as its login, which needs the
 duty group of the command: leaseq_producer (enqueue), leaseq_worker and
 leaseq_operator (drain), leaseq_reaper (reap), leaseq_operator (status, jobs, dead,
-cancel, prune); `leaseq migrate` runs as the schema owner."""
+cancel, prune); `leaseq migrate` runs as the schema owner. With --stack NAME, they use
+that deployed stack's database as its operators' login, signed in with an RDS IAM
+token."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -46,6 +48,14 @@ def _common(parser: argparse.ArgumentParser) -> None:
                        help="show the Lambda handlers' logs on stderr and tracebacks")
     group.add_argument("--database-url", default=argparse.SUPPRESS, metavar="URL",
                        help="use this server instead of $DATABASE_URL or the embedded one")
+    group.add_argument("--stack", default=argparse.SUPPRESS, metavar="NAME",
+                       help="use the database of this deployed stack, as its operators' "
+                       "login with an IAM token (AWS credentials, no password)")
+    group.add_argument("--region", default=argparse.SUPPRESS,
+                       help="AWS region of --stack (default: the AWS configuration's)")
+    group.add_argument("--sslrootcert", default=argparse.SUPPRESS, metavar="FILE",
+                       help="with --stack: trusted root certificates (default: system, the "
+                       "OS store; the RDS bundle for an instance without a proxy)")
 
 
 def _command(subparsers: Any, name: str, run: Command, help_text: str,
@@ -103,6 +113,24 @@ def build_parser() -> Parser:
     enqueue.add_argument("--max-attempts", type=arguments.positive_int)
     enqueue.add_argument("--correlation-id")
     enqueue.add_argument("--file", metavar="JOBS.jsonl", help="a JSON-lines file, or - for stdin")
+    enqueue_sub = enqueue.add_subparsers(title="commands", metavar="COMMAND",
+                                         parser_class=Parser)
+    resubmit = _command(enqueue_sub, "resubmit", c.cmd_enqueue_resubmit,
+                        "send the enqueue dead-letter queue's messages to the function again",
+                        description=(
+                            "Each message of the stack's EnqueueDeadLetterQueue is an "
+                            "asynchronous enqueue that failed on every attempt. Once the cause "
+                            "is fixed, this invokes the enqueue function with each message's "
+                            "original request and deletes the message when all its jobs are "
+                            "created or existing (enqueue is idempotent). Messages whose jobs "
+                            "are rejected stay. With --stack the queue and the function come "
+                            "from the stack's outputs."))
+    resubmit.add_argument("--queue-url", help="the dead-letter queue (default: the stack's "
+                          "EnqueueDeadLetterQueueUrl)")
+    resubmit.add_argument("--function", help="the enqueue function's name or ARN (default: the "
+                          "stack's EnqueueFunctionArn)")
+    resubmit.add_argument("--limit", type=arguments.positive_int,
+                          help="at most this many messages (default: until the queue is empty)")
 
     drain = _command(sub, "drain", c.cmd_drain, "run the worker Lambda handler locally until "
                      "the queue is drained", description=(

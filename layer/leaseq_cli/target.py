@@ -1,10 +1,12 @@
 """Which database a command talks to, and as whom.
 
-With DATABASE_URL (or --database-url) every command uses that connection string; it
-must name a member of the command's duty groups (leaseq_producer to enqueue,
-leaseq_worker and leaseq_operator to drain, leaseq_reaper to reap, leaseq_operator for
+With ``--stack NAME`` the commands reach that deployed stack's database as its operators'
+login, signing in with an RDS IAM token (see leaseq_cli.aws). With DATABASE_URL (or
+--database-url) every command uses that connection string; it must name a member of
+the command's duty groups (leaseq_producer to enqueue, leaseq_worker and leaseq_operator
+to drain, leaseq_reaper to reap, leaseq_operator for
 the operator commands; a member of the deprecated service_role has all four), or the
-schema owner for ``leaseq migrate``. Without it, the embedded server is started on
+schema owner for ``leaseq migrate``. Without either, the embedded server is started on
 demand, migrated as its owner role, and commands connect as its login in all four
 groups.
 """
@@ -20,17 +22,24 @@ from leaseq.db import Connection, connect
 from psycopg.conninfo import conninfo_to_dict
 
 from leaseq_cli import embedded
+from leaseq_cli.aws import AwsClients, StackDatabase, stack_database
 from leaseq_cli.failures import UsageError
 
 
 @dataclass(frozen=True)
 class Target:
+    """The database a command uses, and how it logs in."""
+
     worker_dsn: str
     owner_dsn: str
     embedded: embedded.EmbeddedDatabase | None
+    #: A deployed stack reached with IAM tokens: every connection gets a fresh token.
+    stack: StackDatabase | None = None
 
     @property
     def description(self) -> str:
+        if self.stack is not None:
+            return self.stack.description
         if self.embedded is not None:
             return f"embedded PostgreSQL in {self.embedded.home / 'pgdata'}"
         params = conninfo_to_dict(self.worker_dsn)
@@ -39,9 +48,14 @@ class Target:
                f"{params.get('dbname') or ''})"
 
     def connect_worker(self, application_name: str = "leaseq-cli") -> Connection:
-        return connect(self.worker_dsn, application_name=application_name)
+        dsn = self.stack.dsn() if self.stack is not None else self.worker_dsn
+        return connect(dsn, application_name=application_name)
 
     def connect_owner(self, application_name: str = "leaseq-cli") -> Connection:
+        if self.stack is not None:
+            raise UsageError(
+                f"--stack logs in as the operators' login, never as the schema owner: the "
+                f"stack {self.stack.stack} applies its migrations itself at deploy time")
         return connect(self.owner_dsn, application_name=application_name)
 
 
@@ -51,7 +65,14 @@ def configured_url(override: str | None) -> str | None:
 
 
 def resolve(override: str | None = None, *, home: Path | None = None,
-            apply_migrations: bool = True) -> Target:
+            apply_migrations: bool = True, stack: str | None = None,
+            clients: AwsClients | None = None, sslrootcert: str = "system") -> Target:
+    if stack:
+        if override:
+            raise UsageError("give either --stack or --database-url, not both")
+        database = stack_database(stack, clients or AwsClients(), sslrootcert=sslrootcert)
+        dsn = database.dsn()
+        return Target(dsn, dsn, None, database)
     url = configured_url(override)
     if url is None:
         db = embedded.start(home, apply_migrations=apply_migrations)

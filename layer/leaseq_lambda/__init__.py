@@ -7,6 +7,13 @@
 * ``enqueue``   the enqueue function's per-item results;
 * ``invoker``   the Lambda client for invoking other functions (honours
   ``AWS_ENDPOINT_URL_LAMBDA``).
+* ``producer``  the producers' client: the enqueue function and the enqueue event bus;
+* ``dead_letters`` the enqueue dead-letter queue's records, and resubmitting them;
+* ``handlers_config`` the handlers' settings from the stack (``handlers_environment``).
 
 The functions in ``functions/*/app.py`` are thin handlers built from these.
 """
+
+from leaseq_lambda.handlers_config import handlers_environment
+
+__all__ = ["handlers_environment"]

@@ -443,10 +443,11 @@ def load_template(path: Path, parameter_overrides: Mapping[str, str] | None = No
             continue
         properties = _merged(globals_, resolver.resolve(resource.get("Properties") or {}))
         functions[name] = _function(name, properties, path.parent, providers)
-    layers = tuple(
+    # One folder once, however many layers build from it (one per architecture, say).
+    layers = tuple(dict.fromkeys(
         (path.parent / str(resource["Properties"]["ContentUri"])).resolve()
         for resource in document["Resources"].values()
         if resource.get("Type") == "AWS::Serverless::LayerVersion"
         and isinstance((resource.get("Properties") or {}).get("ContentUri"), str)
-        and (path.parent / str(resource["Properties"]["ContentUri"])).is_dir())
+        and (path.parent / str(resource["Properties"]["ContentUri"])).is_dir()))
     return Template(path.resolve(), functions, region, account, layers)

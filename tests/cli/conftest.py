@@ -21,6 +21,9 @@ from leaseq_cli.main import main
 
 from tests.conftest import Database
 
+# The enqueue function in this process, for `leaseq enqueue resubmit` (tests/cli/test_stack.py).
+from tests.functions.conftest import enqueue_app, lambda_env  # noqa: F401
+
 REPO = Path(__file__).resolve().parents[2]
 LEASEQ = Path(sys.executable).parent / "leaseq"
 

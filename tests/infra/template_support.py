@@ -10,6 +10,7 @@ import copy
 import os
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -122,6 +123,10 @@ def schedule_expression_problem(expression: str) -> str | None:
 
 # ---- the SAM CLI (installed in its own virtualenv: its pins clash with the project's) -------
 
+#: The one command that installs the SAM CLI where find_sam() looks (scripts/test runs it).
+INSTALL_SAM = "scripts/install-sam"
+SAM_MISSING = f"SAM CLI not installed: run {INSTALL_SAM} (./scripts/test does on first use)"
+
 
 def find_sam() -> str | None:
     """SAM_CLI if set, else .venv-sam/bin/sam in the repository, else sam on PATH."""
@@ -136,14 +141,63 @@ def find_sam() -> str | None:
     return None
 
 
+def require_sam() -> str:
+    """The SAM CLI, or skip the test saying how to install it."""
+    import pytest
+
+    sam_cli = find_sam()
+    if sam_cli is None:
+        pytest.skip(SAM_MISSING)
+    return sam_cli
+
+
+# ---- the Lambda runtime's Python --------------------------------------------------------------
+
+#: The Python of the functions' runtime (python3.13): the built layer holds extension modules
+#: for it only, so importing the layer needs that interpreter, not the one running the tests.
+LAMBDA_PYTHON = "3.13"
+
+
+def _runs(python: str) -> bool:
+    try:
+        result = subprocess.run([python, "-c", "import sys; print(sys.version_info[:2])"],
+                                capture_output=True, text=True, timeout=30)
+    except OSError:
+        return False
+    major, minor = LAMBDA_PYTHON.split(".")
+    return result.returncode == 0 and result.stdout.strip() == f"({major}, {minor})"
+
+
+def find_lambda_python() -> str | None:
+    """LEASEQ_LAMBDA_PYTHON if set, else a working python3.13 on PATH, else pyenv's."""
+    candidates = [os.environ.get("LEASEQ_LAMBDA_PYTHON"), shutil.which(f"python{LAMBDA_PYTHON}")]
+    pyenv_root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    candidates += sorted(str(p) for p in pyenv_root.glob(
+        f"versions/{LAMBDA_PYTHON}*/bin/python{LAMBDA_PYTHON}"))
+    for candidate in candidates:
+        if candidate and _runs(candidate):
+            return candidate
+    return None
+
+
+def require_lambda_python() -> str:
+    import pytest
+
+    python = find_lambda_python()
+    if python is None:
+        pytest.skip(f"no Python {LAMBDA_PYTHON} to import the built layer with: run "
+                    f"`pyenv install {LAMBDA_PYTHON}` (or set LEASEQ_LAMBDA_PYTHON)")
+    return python
+
+
 def sam_environment() -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         SAM_CLI_TELEMETRY="0",
         AWS_DEFAULT_REGION="us-east-1",
         AWS_REGION="us-east-1",
-        # The python3.11 build workflow runs pip with the first python3.11 on PATH: put the
-        # test interpreter (3.11, like the Lambda runtime) first.
+        # layer/Makefile runs pip with the first python3 on PATH: the test interpreter's
+        # environment, whatever its version (pip is told the target platform and Python).
         PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
     )
     return env

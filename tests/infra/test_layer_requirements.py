@@ -10,7 +10,7 @@ from packaging.utils import canonicalize_name
 
 from tests.infra.template_support import ROOT
 
-#: Provided by the python3.11 Lambda runtime, so not bundled.
+#: Provided by the python3.13 Lambda runtime, so not bundled.
 RUNTIME_PROVIDED = {"boto3"}
 
 

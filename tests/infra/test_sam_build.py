@@ -1,43 +1,68 @@
 """`sam build` of the real template, without Docker, and what the build produced.
 
-This is the offline stand-in for `sam local invoke`: the built layer is imported by a
-Python with nothing but the standard library and the layer on its path, as Lambda's
-python3.11 runtime would (plus the boto3 that runtime provides, for the functions).
+This is the offline stand-in for `sam local invoke`. layer/Makefile builds one layer per
+architecture for python3.13 whatever the machine's Python; the wheels' tags and the ELF
+headers of every shared object say which platform they were built for, and the layer of
+this machine's architecture is imported by a Python 3.13 that sees nothing but the
+standard library and the layer, as Lambda's runtime would (plus the boto3 that runtime
+provides, for the functions).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import platform
+import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.infra.template_support import ROOT, find_sam, load_sam_template, sam_environment
+from tests.infra.template_support import (
+    ROOT,
+    load_sam_template,
+    require_lambda_python,
+    require_sam,
+    sam_environment,
+)
 
-#: What the python3.11 Lambda runtime itself provides on its path besides the standard library.
+#: What the Lambda python runtime itself provides on its path besides the standard library.
 RUNTIME_PROVIDED = ("boto3", "botocore", "s3transfer", "jmespath", "dateutil", "six", "urllib3")
+#: layer logical id -> (wheel platform architecture, ELF e_machine of its shared objects)
+LAYERS = {"LeaseqLayerX8664": ("x86_64", 0x3E), "LeaseqLayerArm64": ("aarch64", 0xB7)}
+#: Amazon Linux 2023's glibc: the newest manylinux a wheel for python3.13 may need.
+AL2023_GLIBC_MINOR = 34
 
 
-@pytest.fixture(scope="module")
-def build_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    sam_cli = find_sam()
-    if sam_cli is None:
-        pytest.skip("SAM CLI not found (set SAM_CLI or install aws-sam-cli into .venv-sam)")
-    out = tmp_path_factory.mktemp("sam-build")
+def sam_build(template: Path, out: Path, cwd: Path) -> Path:
     result = subprocess.run(
-        [sam_cli, "build", "--template-file", "template.yaml", "--build-dir", str(out / "build"),
-         "--cache-dir", str(out / "cache"), "--no-use-container"],
-        cwd=ROOT, capture_output=True, text=True, env=sam_environment(), timeout=540,
+        [require_sam(), "build", "--template-file", str(template), "--build-dir",
+         str(out / "build"), "--cache-dir", str(out / "cache"), "--no-use-container"],
+        cwd=cwd, capture_output=True, text=True, env=sam_environment(), timeout=540,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert "Build Succeeded" in result.stdout + result.stderr
     return out / "build"
 
 
-def run_isolated(code: str, paths: list[Path], cwd: Path | None = None) -> dict[str, object]:
+@pytest.fixture(scope="module")
+def build_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return sam_build(ROOT / "template.yaml", tmp_path_factory.mktemp("sam-build"), ROOT)
+
+
+def host_layer() -> str:
+    machine = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower(),
+                                                          platform.machine().lower())
+    for layer, (arch, _) in LAYERS.items():
+        if arch == machine:
+            return layer
+    pytest.skip(f"no layer for this machine ({machine}) to import: run the suite on x86_64 or "
+                "aarch64")
+
+
+def run_isolated(python: str, code: str, paths: list[Path],
+                 cwd: Path | None = None) -> dict[str, object]:
     """Run code in a Python that sees only the stdlib and ``paths`` (no site-packages)."""
     prelude = f"import sys, json; sys.path[:0] = {[str(p) for p in paths]!r}\n"
     env = {
@@ -48,7 +73,7 @@ def run_isolated(code: str, paths: list[Path], cwd: Path | None = None) -> dict[
         "AWS_LAMBDA_FUNCTION_NAME": "leaseq-build-check",
     }
     result = subprocess.run(
-        [sys.executable, "-I", "-S", "-c", prelude + code],
+        [python, "-I", "-S", "-c", prelude + code],
         capture_output=True, text=True, env=env, cwd=cwd, timeout=120,
     )
     assert result.returncode == 0, result.stderr[-4000:]
@@ -56,44 +81,124 @@ def run_isolated(code: str, paths: list[Path], cwd: Path | None = None) -> dict[
     return document
 
 
-def test_the_built_layer_carries_every_migration_and_function_file_as_package_data(
-    build_dir: Path,
+def sql_files() -> list[Path]:
+    return sorted(p.relative_to(ROOT / "sql") for p in (ROOT / "sql").rglob("*.sql"))
+
+
+@pytest.mark.parametrize("layer", list(LAYERS))
+def test_the_built_layer_carries_every_sql_file_as_package_data(
+    build_dir: Path, layer: str,
 ) -> None:
-    built = build_dir / "LeaseqLayer" / "python" / "leaseq" / "_sql"
-    sources = sorted((ROOT / "sql").glob("*/*.sql"))
+    built = build_dir / layer / "python" / "leaseq" / "_sql"
 
     assert built.is_dir()
     assert not built.is_symlink()
-    assert {"migrations", "functions"} <= {p.parent.name for p in sources}
-    assert sorted(p.relative_to(built) for p in built.glob("*/*.sql")) == [
-        p.relative_to(ROOT / "sql") for p in sources]
-    for source in sources:
-        relative = source.relative_to(ROOT / "sql")
-        assert (built / relative).read_bytes() == source.read_bytes(), relative
+    assert len(sql_files()) > 10
+    assert sorted(p.relative_to(built) for p in built.rglob("*.sql")) == sql_files()
+    for relative in sql_files():
+        assert (built / relative).read_bytes() == (ROOT / "sql" / relative).read_bytes()
 
 
-def test_the_built_layer_alone_imports_leaseq_with_psycopgs_binary_implementation(
+_PLATFORM_TAG = re.compile(
+    r"^cp313-(cp313|abi3)-(manylinux2014_(?P<old>[a-z0-9_]+)|"
+    r"manylinux_2_(?P<minor>\d+)_(?P<arch>[a-z0-9_]+))$")
+_ABI3_TAG = re.compile(r"^cp3(?P<minor>\d+)-abi3-")
+
+
+def wheel_tags(site: Path) -> dict[str, list[str]]:
+    """Every installed distribution of the layer and the tags its WHEEL file lists."""
+    tags = {}
+    for wheel in sorted(site.glob("*.dist-info/WHEEL")):
+        lines = wheel.read_text(encoding="utf-8").splitlines()
+        tags[wheel.parent.name] = [line.split(":", 1)[1].strip() for line in lines
+                                   if line.startswith("Tag:")]
+    return tags
+
+
+def tag_problem(tag: str, arch: str) -> str | None:
+    """Why a wheel with this tag would not load on python3.13 / Amazon Linux 2023 / arch."""
+    if re.fullmatch(r"(py3|py2\.py3)-none-any", tag):
+        return None
+    abi3 = _ABI3_TAG.match(tag)
+    if abi3 and int(abi3["minor"]) <= 13:
+        tag = "cp313-abi3-" + tag.split("-", 2)[2]
+    match = _PLATFORM_TAG.match(tag)
+    if match is None:
+        return "not a CPython 3.13 manylinux wheel"
+    found = match["old"] or match["arch"]
+    if found != arch:
+        return f"built for {found}, not {arch}"
+    if match["minor"] and int(match["minor"]) > AL2023_GLIBC_MINOR:
+        return f"needs glibc 2.{match['minor']}, newer than Amazon Linux 2023's"
+    return None
+
+
+def elf_machine(path: Path) -> int:
+    header = path.read_bytes()[:20]
+    assert header[:4] == b"\x7fELF", f"{path.name} is not an ELF file"
+    return int.from_bytes(header[18:20], "little" if header[5] == 1 else "big")
+
+
+@pytest.mark.parametrize("layer", list(LAYERS))
+def test_every_wheel_in_the_layer_is_for_python313_on_the_layers_architecture(
+    build_dir: Path, layer: str,
+) -> None:
+    arch, machine = LAYERS[layer]
+    site = build_dir / layer / "python"
+    tags = wheel_tags(site)
+
+    assert {"psycopg_binary", "pydantic_core", "psycopg", "pydantic"} <= {
+        name.split("-")[0] for name in tags}
+    # A wheel loads when one of its tags fits (a universal wheel lists py2 and py3).
+    problems = {dist: [tag_problem(tag, arch) for tag in dist_tags]
+                for dist, dist_tags in tags.items()}
+    assert {dist: found for dist, found in problems.items() if None not in found} == {}
+    # A platform wheel is only as good as what it holds: every shared object is an ELF file
+    # for this machine type, and each extension module is named for CPython 3.13 on it.
+    shared = [p for p in site.rglob("*.so*") if p.is_file()]
+    assert any(p.parent.name == "psycopg_binary.libs" for p in shared), "no bundled libpq"
+    assert {p.name: elf_machine(p) for p in shared if elf_machine(p) != machine} == {}
+    for extension in (p for p in shared if p.name.endswith(".so") and ".cpython-" in p.name):
+        assert extension.name.endswith(f".cpython-313-{arch}-linux-gnu.so"), extension.name
+
+
+def test_tag_problem_refuses_what_lambda_could_not_load() -> None:
+    """The checker above must be able to fail: wheels for another Python, OS or machine."""
+    assert tag_problem("cp313-cp313-manylinux_2_17_x86_64", "x86_64") is None
+    assert tag_problem("cp313-cp313-manylinux2014_aarch64", "aarch64") is None
+    assert tag_problem("cp39-abi3-manylinux_2_28_aarch64", "aarch64") is None
+    assert tag_problem("py3-none-any", "aarch64") is None
+    assert tag_problem("cp311-cp311-manylinux_2_17_x86_64", "x86_64")
+    assert tag_problem("cp313-cp313-manylinux_2_17_x86_64", "aarch64")
+    assert tag_problem("cp313-cp313-manylinux_2_39_x86_64", "x86_64")
+    assert tag_problem("cp313-cp313-musllinux_1_2_x86_64", "x86_64")
+    assert tag_problem("cp313-cp313-macosx_11_0_arm64", "aarch64")
+
+
+def test_the_built_layer_alone_imports_leaseq_on_python313_with_psycopgs_binary_libpq(
     build_dir: Path,
 ) -> None:
-    layer = build_dir / "LeaseqLayer" / "python"
+    layer = build_dir / host_layer() / "python"
 
     found = run_isolated(
+        require_lambda_python(),
         "import importlib, psycopg, leaseq, pydantic_core, aws_lambda_powertools\n"
         "migrate = importlib.import_module('leaseq.migrate')\n"
         "print(json.dumps({'impl': psycopg.pq.__impl__, 'libpq': psycopg.pq.version(),"
         " 'psycopg': psycopg.__file__, 'leaseq': leaseq.__file__,"
+        " 'python': list(sys.version_info[:2]),"
         " 'migrations': [m.version for m in migrate.load_migrations()]}))",
         [layer],
     )
 
+    assert found["python"] == [3, 13]
     assert found["impl"] == "binary"
     assert isinstance(found["libpq"], int)
     assert found["libpq"] >= 150000
     assert str(found["psycopg"]).startswith(str(layer))
     assert str(found["leaseq"]).startswith(str(layer))
-    migrations = list((ROOT / "sql" / "migrations").glob("*.sql"))
-    assert migrations
-    assert found["migrations"] == list(range(1, len(migrations) + 1))
+    migrations = sorted((ROOT / "sql" / "migrations").glob("*.sql"))
+    assert found["migrations"] == [int(p.name[:4]) for p in migrations]
 
 
 def runtime_provided_dir(tmp_path: Path) -> Path:
@@ -124,10 +229,11 @@ def test_each_built_function_imports_its_handler_against_the_layer(
     assert (code_dir / "app.py").is_file(), f"{function}: app.py missing from the build"
 
     found = run_isolated(
+        require_lambda_python(),
         "import app\n"
         "print(json.dumps({'handler': callable(getattr(app, 'lambda_handler', None)),"
         " 'file': app.__file__}))",
-        [code_dir, build_dir / "LeaseqLayer" / "python", runtime_provided_dir(tmp_path)],
+        [code_dir, build_dir / host_layer() / "python", runtime_provided_dir(tmp_path)],
         cwd=tmp_path,
     )
 
@@ -135,8 +241,11 @@ def test_each_built_function_imports_its_handler_against_the_layer(
     assert str(found["file"]).startswith(str(code_dir))
 
 
-def test_the_built_layer_leaves_out_the_local_lambda_service(build_dir: Path) -> None:
-    layer = build_dir / "LeaseqLayer" / "python"
+@pytest.mark.parametrize("layer_id", list(LAYERS))
+def test_the_built_layer_leaves_out_the_local_lambda_service(
+    build_dir: Path, layer_id: str,
+) -> None:
+    layer = build_dir / layer_id / "python"
 
     assert (layer / "leaseq_cli").is_dir()
     assert not (layer / "leaseq_lambda_local").exists()  # local/ is a root of its own

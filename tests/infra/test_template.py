@@ -21,12 +21,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from leaseq_lambda.handlers_config import ENVIRONMENT_VARIABLE
 
 from tests.infra.template_support import (
     ROOT,
-    find_sam,
     load_sam_template,
     parameter_default,
+    require_sam,
     resources_of_type,
     sam_environment,
     schedule_expression_problem,
@@ -34,7 +35,9 @@ from tests.infra.template_support import (
 )
 
 RUNTIME_FUNCTIONS = ("WorkerFunction", "ReaperFunction", "EnqueueFunction")
-ALL_FUNCTIONS = (*RUNTIME_FUNCTIONS, "MigrationsFunction")
+ALL_FUNCTIONS = (*RUNTIME_FUNCTIONS, "SlowWorkerFunction", "MigrationsFunction")
+#: The workers: they run your handlers, so they get your layer, policies and settings.
+WORKERS = ("WorkerFunction", "SlowWorkerFunction")
 #: function -> (its login parameter, its secret parameter); the operators' login has no
 #: function of this stack.
 LOGIN_OF = {
@@ -69,26 +72,61 @@ def function_properties(cfn: dict[str, Any], name: str) -> dict[str, Any]:
 # ---- linters ---------------------------------------------------------------------------------
 
 
-def test_cfn_lint_at_the_pinned_version_finds_nothing_in_the_templates() -> None:
+LINT_RULES = ["--include-checks", "I", "--append-rules", "cfn_lint_serverless.rules"]
+
+
+def cfn_lint(*arguments: str, cwd: Any = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", "import sys; from cfnlint.runner import main; sys.exit(main())",
+         *arguments], cwd=cwd, capture_output=True, text=True, env=sam_environment(), timeout=180)
+
+
+def test_cfn_lint_at_the_pinned_version_with_informational_and_serverless_rules_finds_nothing(
+) -> None:
     version = subprocess.run(
         [sys.executable, "-c", "import cfnlint.version as v; print(v.__version__)"],
         capture_output=True, text=True, check=True,
     ).stdout.strip()
     assert version == "1.58.0", "cfn-lint is pinned in pyproject.toml; its data drifts"
 
-    lint = subprocess.run(
-        [sys.executable, "-c", "import sys; from cfnlint.runner import main; sys.exit(main())",
-         "template.yaml", "infra/network.yaml"],
-        cwd=ROOT, capture_output=True, text=True, env=sam_environment(), timeout=120,
-    )
+    lint = cfn_lint("template.yaml", "infra/network.yaml", *LINT_RULES)
 
     assert lint.returncode == 0, lint.stdout + lint.stderr
 
 
+def ignored_checks(document: dict[str, Any]) -> dict[str, set[str]]:
+    """Where each check is switched off: "Metadata" (the template) or a resource's name."""
+    found: dict[str, set[str]] = {}
+    places = [("Metadata", document.get("Metadata", {}))] + [
+        (name, resource.get("Metadata", {})) for name, resource in document["Resources"].items()]
+    for place, metadata in places:
+        for check in metadata.get("cfn-lint", {}).get("config", {}).get("ignore_checks", []):
+            found.setdefault(check, set()).add(place)
+    return found
+
+
+def test_every_lint_exception_has_its_reason_and_still_fires_without_it(
+    sam: dict[str, Any], tmp_path: Any,
+) -> None:
+    reasons = sam["Metadata"]["LintExceptions"]
+    ignored = ignored_checks(sam)
+
+    assert set(ignored) == set(reasons), "each switched-off check has a reason, and only those"
+    assert all(isinstance(r, str) and len(r) > 40 for r in reasons.values())
+    # Without the switches every one of them is reported.
+    stripped = json.loads(json.dumps(sam))
+    for metadata in [stripped["Metadata"]] + [r.get("Metadata", {})
+                                              for r in stripped["Resources"].values()]:
+        metadata.pop("cfn-lint", None)
+    (tmp_path / "template.json").write_text(json.dumps(stripped), encoding="utf-8")
+    lint = cfn_lint(str(tmp_path / "template.json"), *LINT_RULES, "--format", "parseable")
+    reported = {fields[5] for fields in (line.split(":") for line in lint.stdout.splitlines())
+                if len(fields) >= 7}
+    assert set(reasons) <= reported, lint.stdout + lint.stderr
+
+
 def test_sam_validate_with_lint_accepts_the_template() -> None:
-    sam_cli = find_sam()
-    if sam_cli is None:
-        pytest.skip("SAM CLI not found (set SAM_CLI or install aws-sam-cli into .venv-sam)")
+    sam_cli = require_sam()
 
     result = subprocess.run(
         [sam_cli, "validate", "--lint", "--template-file", "template.yaml"],
@@ -124,23 +162,54 @@ def test_the_expanded_template_has_every_piece_of_the_deployment(cfn: dict[str, 
         "Dashboard": "AWS::CloudWatch::Dashboard",
     }
     assert {name: types.get(name) for name in expected} == expected
-    layers = resources_of_type(cfn, "AWS::Lambda::LayerVersion")
-    assert len(layers) == 1
+    # one per architecture (tested below)
+    assert len(resources_of_type(cfn, "AWS::Lambda::LayerVersion")) == 2
 
 
-def test_the_layer_is_built_by_sam_for_python311_on_x86_64_and_every_function_uses_it(
+LAYER_OF = {"x86_64": "LeaseqLayerX8664", "arm64": "LeaseqLayerArm64"}
+
+
+def test_functions_run_python313_on_the_chosen_architecture_with_that_architectures_layer(
     sam: dict[str, Any], cfn: dict[str, Any],
 ) -> None:
-    layer = sam["Resources"]["LeaseqLayer"]
-    assert layer["Metadata"] == {"BuildMethod": "python3.11", "BuildArchitecture": "x86_64"}
-    assert layer["Properties"]["CompatibleArchitectures"] == ["x86_64"]
-    (layer_id,) = resources_of_type(cfn, "AWS::Lambda::LayerVersion")
+    architecture = sam["Parameters"]["Architecture"]
+    assert architecture["AllowedValues"] == ["x86_64", "arm64"]
+    assert architecture["Default"] in LAYER_OF
+    for arch, name in LAYER_OF.items():
+        layer = sam["Resources"][name]
+        assert layer["Metadata"] == {"BuildMethod": "makefile", "BuildArchitecture": arch}
+        assert layer["Properties"]["CompatibleArchitectures"] == [arch]
+        assert layer["Properties"]["CompatibleRuntimes"] == ["python3.13"]
+        assert layer["Properties"]["ContentUri"] == "layer/"
+        # Only the layer of the chosen architecture is created.
+        condition = layer["Condition"]
+        assert sam["Conditions"][condition] == {
+            "Fn::Equals": [{"Ref": "Architecture"}, arch]}
+    layers = resources_of_type(cfn, "AWS::Lambda::LayerVersion")
+    by_condition = {resource["Condition"]: {"Ref": name} for name, resource in layers.items()}
+    assert len(layers) == 2
+    chosen = {"Fn::If": ["IsArm64", by_condition["IsArm64"], by_condition["IsX8664"]]}
     for name in ALL_FUNCTIONS:
         properties = function_properties(cfn, name)
-        assert properties["Runtime"] == "python3.11"
-        assert properties["Architectures"] == ["x86_64"]
+        assert properties["Runtime"] == "python3.13"
+        assert properties["Architectures"] == [{"Ref": "Architecture"}]
         assert properties["Handler"] == "app.lambda_handler"
-        assert properties["Layers"] == [{"Ref": layer_id}]
+        assert properties["Layers"][0] == chosen
+    assert cfn["Resources"]["Migrations"]["Properties"]["LayerVersionArn"] == chosen
+
+
+def test_the_layer_makefile_targets_the_functions_runtime_and_both_architectures(
+    sam: dict[str, Any],
+) -> None:
+    makefile = (ROOT / "layer" / "Makefile").read_text(encoding="utf-8")
+    runtime = sam["Globals"]["Function"]["Runtime"]
+
+    assert re.search(r"^LAMBDA_PYTHON := (\S+)$", makefile, re.M)[1] == runtime[len("python"):]
+    for name in LAYER_OF.values():
+        assert re.search(rf"^build-{name}: WHEEL_ARCH := \w+$", makefile, re.M), name
+    for flag in ("--implementation cp", "--only-binary=:all:", '--target "$(ARTIFACTS_DIR)/python"',
+                 "--python-version $(LAMBDA_PYTHON)"):
+        assert flag in makefile, flag
 
 
 # ---- schedules -------------------------------------------------------------------------------
@@ -183,7 +252,7 @@ def test_every_deployed_schedule_has_a_valid_expression_including_samconfig_over
     sam: dict[str, Any], cfn: dict[str, Any],
 ) -> None:
     schedules = resources_of_type(cfn, "AWS::Scheduler::Schedule")
-    assert len(schedules) == 2
+    assert len(schedules) == 3  # the slow worker's only with SlowKinds
     for schedule in schedules.values():
         expression = parameter_default(sam, schedule["Properties"]["ScheduleExpression"])
         assert schedule_expression_problem(expression) is None, expression
@@ -225,15 +294,62 @@ def test_scheduled_and_custom_resource_functions_have_no_async_retries(
     assert config["MaximumRetryAttempts"] == 0
 
 
-def test_async_enqueue_failures_land_in_the_dead_letter_queue(cfn: dict[str, Any]) -> None:
+def test_async_enqueue_failures_reach_one_queue_in_one_format(cfn: dict[str, Any]) -> None:
     config = cfn["Resources"]["EnqueueFunctionEventInvokeConfig"]["Properties"]
     rule = cfn["Resources"]["EnqueueFunctionEnqueueEvent"]["Properties"]
 
     queue_arn = {"Fn::GetAtt": ["EnqueueDeadLetterQueue", "Arn"]}
     assert config["DestinationConfig"]["OnFailure"]["Destination"] == queue_arn
-    assert rule["Targets"][0]["DeadLetterConfig"]["Arn"] == queue_arn
+    assert "OnSuccess" not in config["DestinationConfig"]
+    assert config["MaximumRetryAttempts"] >= 1
+    # The rule only hands events to Lambda's asynchronous queue; a DLQ on it would add
+    # EventBridge's own message format to the queue. It retries for as long as it may.
+    (target,) = rule["Targets"]
+    assert "DeadLetterConfig" not in target
+    assert target["RetryPolicy"] == {"MaximumRetryAttempts": 185,
+                                     "MaximumEventAgeInSeconds": 86400}
     assert rule["EventPattern"] == {"detail-type": ["leaseq.enqueue"]}
     assert rule["EventBusName"] == {"Ref": "EnqueueEventBus"}
+    # Nothing else may write to the queue: no queue policy opens it to EventBridge.
+    assert not resources_of_type(cfn, "AWS::SQS::QueuePolicy")
+    writers = [name for name, role in resources_of_type(cfn, "AWS::IAM::Role").items()
+               if "sqs:SendMessage" in json.dumps(role)]
+    assert writers == ["EnqueueFunctionRole"]
+    # Delivery retries of the rule raise an alarm on the metrics of that very rule.
+    alarm = cfn["Resources"]["EnqueueDeliveryRetriesAlarm"]["Properties"]
+    names = {m["MetricStat"]["Metric"]["MetricName"] for m in alarm["Metrics"] if "MetricStat" in m}
+    assert names == {"RetryInvocationAttempts", "FailedInvocations"}
+    for metric in (m["MetricStat"]["Metric"] for m in alarm["Metrics"] if "MetricStat" in m):
+        assert metric["Dimensions"] == [
+            {"Name": "EventBusName", "Value": {"Ref": "EnqueueEventBus"}},
+            {"Name": "RuleName", "Value": rule["Name"]}]
+
+
+def test_the_dead_letter_queue_and_the_log_groups_outlive_the_stack(cfn: dict[str, Any]) -> None:
+    kept = [*resources_of_type(cfn, "AWS::Logs::LogGroup"), "EnqueueDeadLetterQueue"]
+
+    assert len(kept) >= 5
+    for name in kept:
+        resource = cfn["Resources"][name]
+        assert resource.get("DeletionPolicy") == "Retain", name
+        assert resource.get("UpdateReplacePolicy") == "Retain", name
+
+
+def test_the_database_pins_its_major_version_only_and_takes_minor_upgrades(
+    sam: dict[str, Any], cfn: dict[str, Any],
+) -> None:
+    database = cfn["Resources"]["Database"]["Properties"]
+    parameter = sam["Parameters"]["DbEngineVersion"]
+    pattern = re.compile(parameter["AllowedPattern"])
+
+    assert database["EngineVersion"] == {"Ref": "DbEngineVersion"}
+    assert database["AutoMinorVersionUpgrade"] is True
+    assert pattern.fullmatch(parameter["Default"])
+    for refused in ("17.6", "16.4", "14", "17.", "latest"):
+        assert not pattern.fullmatch(refused), refused
+    for environment, overrides in samconfig_overrides().items():
+        if "DbEngineVersion" in overrides:
+            assert pattern.fullmatch(overrides["DbEngineVersion"]), environment
 
 
 @pytest.mark.parametrize(
@@ -277,7 +393,8 @@ def settings_variables() -> set[str]:
 def test_runtime_functions_share_the_database_and_each_logs_in_as_its_own_user(
     cfn: dict[str, Any],
 ) -> None:
-    declared = settings_variables() | {"POWERTOOLS_SERVICE_NAME", "POWERTOOLS_METRICS_NAMESPACE"}
+    declared = settings_variables() | {"POWERTOOLS_SERVICE_NAME", "POWERTOOLS_METRICS_NAMESPACE",
+                                       ENVIRONMENT_VARIABLE, *KIND_FILTER_VARIABLES}
     databases = []
     for name, (user, secret) in LOGIN_OF.items():
         variables = function_properties(cfn, name)["Environment"]["Variables"]
@@ -332,7 +449,119 @@ def test_each_function_may_connect_only_as_its_own_login(
     assert role["Properties"]["ManagedPolicyArns"] == [
         "arn:aws:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole",
         "arn:aws:iam::aws:policy/service-role/AWSLambdaVPCAccessExecutionRole",
+        *(handler_policies() if function in WORKERS else []),
     ]
+
+
+# ---- your handlers, and a worker for slow kinds --------------------------------------------
+
+#: Read by the worker once the library's claim filters kinds; the slow worker waits for it.
+KIND_FILTER_VARIABLES = ("LEASEQ_KINDS", "LEASEQ_EXCLUDE_KINDS")
+
+
+def handler_policies() -> list[dict[str, Any]]:
+    """The three optional managed policies of WorkerManagedPolicyArns, as SAM expands them."""
+    padded = {"Fn::Split": [",", {"Fn::Sub": "${WorkerManagedPolicyArns},,,"}]}
+    return [{"Fn::If": [f"HasWorkerPolicy{n + 1}", {"Fn::Select": [n, padded]},
+                        {"Ref": "AWS::NoValue"}]} for n in range(3)]
+
+
+def chosen_policies(value: str) -> list[str]:
+    """What CloudFormation makes of those conditions and selects for a parameter value."""
+    fields = f"{value},,,".split(",")
+    return [fields[n] for n in range(3) if fields[n] != ""]
+
+
+def test_your_handlers_layer_policies_and_settings_reach_the_workers_and_only_them(
+    sam: dict[str, Any], cfn: dict[str, Any],
+) -> None:
+    for name in WORKERS:
+        properties = function_properties(cfn, name)
+        assert properties["Layers"][1:] == [
+            {"Fn::If": ["HasHandlersLayer", {"Ref": "HandlersLayerArn"}, {"Ref": "AWS::NoValue"}]}]
+        variables = properties["Environment"]["Variables"]
+        assert variables["LEASEQ_HANDLERS"] == {
+            "Fn::If": ["HasHandlersModule", {"Ref": "HandlersModule"}, {"Ref": "AWS::NoValue"}]}
+        assert variables[ENVIRONMENT_VARIABLE] == {"Ref": "HandlersEnvironment"}
+    for name in ("ReaperFunction", "EnqueueFunction", "MigrationsFunction"):
+        properties = function_properties(cfn, name)
+        assert len(properties["Layers"]) == 1, name
+        assert ENVIRONMENT_VARIABLE not in properties["Environment"]["Variables"], name
+        assert "WorkerManagedPolicyArns" not in json.dumps(cfn["Resources"][f"{name}Role"])
+    for n in range(3):
+        condition = sam["Conditions"][f"HasWorkerPolicy{n + 1}"]
+        assert condition == {"Fn::Not": [{"Fn::Equals": [handler_policies()[n]["Fn::If"][1], ""]}]}
+    one = "arn:aws:iam::123456789012:policy/leaseq-invoices"
+    two = "arn:aws:iam::123456789012:policy/leaseq-mail"
+    assert chosen_policies("") == []
+    assert chosen_policies(one) == [one]
+    assert chosen_policies(f"{one},{two},{one}") == [one, two, one]
+    parameters = sam["Parameters"]
+    policies = re.compile(parameters["WorkerManagedPolicyArns"]["AllowedPattern"])
+    layer = re.compile(parameters["HandlersLayerArn"]["AllowedPattern"])
+    for accepted in ("", one, f"{one},{two}", f"{one},{two},{one}"):
+        assert policies.fullmatch(accepted), accepted
+    # The deployer may attach leaseq-* policies and use leaseq-* layers only.
+    for refused in (f"{one},{two},{one},{two}", "arn:aws:iam::aws:policy/AdministratorAccess",
+                    "arn:aws:iam::123456789012:policy/other", f"{one},"):
+        assert not policies.fullmatch(refused), refused
+    assert layer.fullmatch("arn:aws:lambda:eu-west-1:123456789012:layer:leaseq-dev-handlers:7")
+    assert not layer.fullmatch("arn:aws:lambda:eu-west-1:123456789012:layer:handlers:7")
+    assert not layer.fullmatch("arn:aws:lambda:eu-west-1:123456789012:layer:leaseq-dev-handlers")
+    assert parameters["HandlersEnvironment"]["Default"] == "{}"
+
+
+def test_a_slow_worker_has_its_own_limits_schedule_and_kinds_and_the_worker_leaves_them(
+    sam: dict[str, Any], cfn: dict[str, Any],
+) -> None:
+    slow = function_properties(cfn, "SlowWorkerFunction")
+    worker = function_properties(cfn, "WorkerFunction")
+
+    assert sam["Conditions"]["HasSlowWorker"] == {
+        "Fn::Not": [{"Fn::Equals": [{"Ref": "SlowKinds"}, ""]}]}
+    assert sam["Parameters"]["SlowKinds"]["Default"] == ""
+    for name in ("SlowWorkerFunction", "SlowWorkerFunctionRole", "SlowWorkerFunctionSchedule",
+                 "SlowWorkerFunctionScheduleRole", "SlowWorkerFunctionEventInvokeConfig",
+                 "SlowWorkerLogGroup", "SlowWorkerErrorsAlarm"):
+        assert cfn["Resources"][name]["Condition"] == "HasSlowWorker", name
+    assert slow["Timeout"] == {"Ref": "SlowWorkerTimeoutSeconds"}
+    assert slow["MemorySize"] == {"Ref": "SlowWorkerMemorySize"}
+    reserved = slow["ReservedConcurrentExecutions"]["Fn::If"]
+    assert reserved[1] == {"Ref": "SlowWorkerReservedConcurrency"}
+    schedule = cfn["Resources"]["SlowWorkerFunctionSchedule"]["Properties"]
+    assert schedule["ScheduleExpression"] == {"Ref": "SlowWorkerScheduleExpression"}
+    assert schedule_expression_problem(sam["Parameters"]["SlowWorkerScheduleExpression"][
+        "Default"]) is None
+    assert cfn["Resources"]["SlowWorkerFunctionEventInvokeConfig"]["Properties"][
+        "MaximumRetryAttempts"] == 0
+    variables, worker_variables = slow["Environment"]["Variables"], worker["Environment"][
+        "Variables"]
+    assert variables["LEASEQ_KINDS"] == {"Ref": "SlowKinds"}
+    assert variables["LEASEQ_JOB_TIMEOUT_SECONDS"] == {"Ref": "SlowJobTimeoutSeconds"}
+    assert worker_variables["LEASEQ_EXCLUDE_KINDS"] == {
+        "Fn::If": ["HasSlowWorker", {"Ref": "SlowKinds"}, {"Ref": "AWS::NoValue"}]}
+    assert "LEASEQ_KINDS" not in worker_variables
+    # The same duty, so the same login; the rest of the database settings as the worker's.
+    for key in ("LEASEQ_DB_USER", "LEASEQ_DB_HOST", "LEASEQ_DB_PORT", "LEASEQ_DB_IAM_AUTH",
+                "LEASEQ_DATABASE_SECRET_ARN", "LEASEQ_HANDLERS", "LEASEQ_BATCH_SIZE"):
+        assert variables[key] == worker_variables[key], key
+    assert statements_of(cfn["Resources"]["SlowWorkerFunctionRole"]) == statements_of(
+        cfn["Resources"]["WorkerFunctionRole"])
+    # A slow job's budget fits the slowest the function may be given.
+    assert sam["Parameters"]["SlowJobTimeoutSeconds"]["MaxValue"] < sam["Parameters"][
+        "SlowWorkerTimeoutSeconds"]["MaxValue"]
+
+
+def test_the_kind_filter_is_documented_as_pending_exactly_while_the_library_lacks_it() -> None:
+    """The template sets LEASEQ_KINDS / LEASEQ_EXCLUDE_KINDS for the workers; until the
+    library's settings declare them, the docs must say that SlowKinds has no effect yet."""
+    supported = set(KIND_FILTER_VARIABLES) <= settings_variables()
+    deploy = (ROOT / "docs" / "deploy.md").read_text(encoding="utf-8")
+    template = (ROOT / "template.yaml").read_text(encoding="utf-8")
+    caveat = "until then leave it empty"
+
+    assert (caveat in deploy) is not supported
+    assert (caveat in template) is not supported
 
 
 def test_the_proxy_role_may_connect_as_each_login_and_no_other(cfn: dict[str, Any]) -> None:
@@ -410,7 +639,10 @@ def test_the_migrations_resource_re_runs_when_the_layer_content_changes(
     ref_before = before["Resources"]["Migrations"]["Properties"]["LayerVersionArn"]
     ref_after = after["Resources"]["Migrations"]["Properties"]["LayerVersionArn"]
     assert ref_before != ref_after
-    assert ref_after["Ref"] in resources_of_type(after, "AWS::Lambda::LayerVersion")
+    condition, arm64, x86_64 = ref_after["Fn::If"]
+    assert condition == "IsArm64"
+    assert {arm64["Ref"], x86_64["Ref"]} == set(resources_of_type(
+        after, "AWS::Lambda::LayerVersion"))
 
 
 def test_the_migrations_resource_has_a_timeout_and_runs_before_the_runtime_functions(
@@ -612,8 +844,8 @@ def test_every_role_the_stack_creates_has_the_permissions_boundary(
                            {"Fn::Sub": BOUNDARY_DEFAULT}]}
     roles = resources_of_type(cfn, "AWS::IAM::Role")
 
-    # the four functions' roles, the two schedules' roles (SAM makes them) and the proxy's
-    assert len(roles) == 7, sorted(roles)
+    # the five functions' roles, the three schedules' roles (SAM makes them), the proxy's
+    assert len(roles) == 9, sorted(roles)
     for name, role in roles.items():
         assert role["Properties"].get("PermissionsBoundary") == expected, name
     # No other kind of principal is made, and no role outside what SAM expands.

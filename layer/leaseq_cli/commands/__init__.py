@@ -7,7 +7,7 @@ from leaseq_cli.commands.database import (
     cmd_db_url,
     cmd_migrate,
 )
-from leaseq_cli.commands.enqueue import cmd_enqueue
+from leaseq_cli.commands.enqueue import cmd_enqueue, cmd_enqueue_resubmit
 from leaseq_cli.commands.operate import cmd_cancel, cmd_dead_retry, cmd_prune
 from leaseq_cli.commands.run import cmd_demo, cmd_drain, cmd_reap
 from leaseq_cli.commands.views import cmd_dead_list, cmd_jobs_show, cmd_status
@@ -23,6 +23,7 @@ __all__ = [
     "cmd_demo",
     "cmd_drain",
     "cmd_enqueue",
+    "cmd_enqueue_resubmit",
     "cmd_jobs_show",
     "cmd_migrate",
     "cmd_prune",

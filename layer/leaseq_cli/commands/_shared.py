@@ -6,11 +6,12 @@ import argparse
 import getpass
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from leaseq_cli import demo, embedded
+from leaseq_cli.aws import AwsClients
 from leaseq_cli.operator import Operator
 from leaseq_cli.render import Ui
 from leaseq_cli.target import Target, configured_url, resolve
@@ -22,7 +23,20 @@ def local_home() -> Path:
     return embedded.leaseq_home()
 
 
+def aws_clients(args: argparse.Namespace) -> AwsClients:
+    """The AWS clients of this run (``--region``; tests replace ``AWS_CLIENTS``)."""
+    return AWS_CLIENTS(getattr(args, "region", None))
+
+
+#: Makes the AWS clients; tests put a factory here that serves moto or in-process doubles.
+AWS_CLIENTS: Callable[[str | None], AwsClients] = lambda region: AwsClients(region)  # noqa: E731
+
+
 def target_for(args: argparse.Namespace, ui: Ui) -> Target:
+    stack = getattr(args, "stack", None)
+    if stack:
+        return resolve(args.database_url, stack=stack, clients=aws_clients(args),
+                       sslrootcert=getattr(args, "sslrootcert", None) or "system")
     home = local_home()
     was_running = embedded.state(home).running if configured_url(args.database_url) is None \
         else True

@@ -9,6 +9,7 @@ from rich.console import Console
 
 from leaseq_cli import embedded
 from leaseq_cli.commands._shared import local_home
+from leaseq_cli.failures import UsageError
 from leaseq_cli.render import Ui, table
 from leaseq_cli.target import configured_url, resolve
 
@@ -16,6 +17,10 @@ from leaseq_cli.target import configured_url, resolve
 
 
 def cmd_migrate(args: argparse.Namespace, ui: Ui) -> int:
+    if getattr(args, "stack", None):
+        raise UsageError(
+            "--stack logs in as the operators' login, never as the schema owner: a deployed "
+            "stack applies its migrations itself at deploy time (sam deploy)")
     if configured_url(args.database_url) is None:
         db = embedded.start(local_home())
         assert db.migrations is not None

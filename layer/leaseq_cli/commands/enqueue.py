@@ -1,4 +1,5 @@
-"""leaseq enqueue: one job from options, or many from a JSON-lines file."""
+"""leaseq enqueue: one job from options, or many from a JSON-lines file; and
+``leaseq enqueue resubmit``, the enqueue dead-letter queue sent to the function again."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from leaseq_cli.commands._shared import operator_for
-from leaseq_cli.failures import ConflictError, UsageError
+from leaseq_cli.failures import CliError, ConflictError, UsageError
 from leaseq_cli.render import Ui, table
 
 # enqueue --------------------------------------------------------------------------------
@@ -125,4 +126,55 @@ def cmd_enqueue(args: argparse.Namespace, ui: Ui) -> int:
             f"{counts['conflict']} operation keys already name a job with another kind or "
             f"payload (first: {first['operation_key']!r}, job {first['job_id']}); use new keys "
             "for new jobs")
+    return 0
+
+
+# enqueue resubmit -----------------------------------------------------------------------
+
+
+def cmd_enqueue_resubmit(args: argparse.Namespace, ui: Ui) -> int:
+    """Resubmit the enqueue dead-letter queue's messages to the enqueue function."""
+    from leaseq_lambda.dead_letters import MessageOutcome, resubmit
+    from leaseq_lambda.producer import EnqueueFunction
+
+    from leaseq_cli.aws import required, stack_outputs
+    from leaseq_cli.commands._shared import aws_clients
+
+    clients = aws_clients(args)
+    queue_url, function = args.queue_url, args.function
+    stack = getattr(args, "stack", None)
+    if stack:
+        outputs = stack_outputs(stack, clients)
+        if not queue_url:
+            (queue_url,) = required(outputs, stack, "EnqueueDeadLetterQueueUrl")
+        if not function:
+            (function,) = required(outputs, stack, "EnqueueFunctionArn")
+    if not queue_url or not function:
+        raise UsageError("say which queue and function: --stack NAME, or --queue-url URL "
+                         "--function NAME")
+    style = {"resubmitted": "green", "rejected": "bold red", "unreadable": "bold red",
+             "failed": "bold red"}
+
+    def show(outcome: MessageOutcome) -> None:
+        if not ui.json_output:
+            ui.note(f"[{style[outcome.outcome]}]{outcome.outcome}[/] {outcome.message_id}: "
+                    f"{outcome.created} created, {outcome.existing} existing. "
+                    f"{outcome.detail}")
+
+    report = resubmit(queue_url, EnqueueFunction(function, client=clients.client("lambda")),
+                      sqs=clients.client("sqs"), limit=args.limit, on_message=show)
+    counts = {name: report.count(name)
+              for name in ("resubmitted", "rejected", "unreadable", "failed")}
+    ui.emit({"counts": counts, "messages": [vars(m) for m in report.messages]},
+            lambda out: out.print(
+                f"{counts['resubmitted']} resubmitted and deleted, {counts['rejected']} "
+                f"rejected, {counts['unreadable']} unreadable (both left in the queue)"))
+    if report.stopped_on_failure:
+        raise CliError(f"the enqueue function failed again, so the cause is not fixed; "
+                       f"stopped with the message left in the queue ({report.messages[-1].detail})")
+    if counts["rejected"] or counts["unreadable"]:
+        raise ConflictError(
+            f"{counts['rejected'] + counts['unreadable']} messages cannot be resubmitted as "
+            "they are (see above); they stay in the queue: correct the jobs and enqueue them "
+            "anew, then delete the messages")
     return 0

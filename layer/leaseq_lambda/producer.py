@@ -1,0 +1,281 @@
+"""Enqueue from another Lambda or a script: the enqueue function and the enqueue event bus.
+
+Both AWS calls can fail without raising, which is why a client of its own exists:
+
+* ``lambda:Invoke`` answers HTTP 200 even when the function failed (an unreachable
+  database, a timeout): the failure is only in ``FunctionError`` and the payload is
+  Lambda's error document. :class:`EnqueueFunction` raises :class:`EnqueueFunctionError`
+  then, and :class:`JobsRejected` when the function answered but refused some items
+  (bad input, an idempotency conflict), with every item's result on the exception.
+* ``events:PutEvents`` answers HTTP 200 when some entries were not accepted; only
+  ``FailedEntryCount`` says so. :class:`EnqueueEventBus` raises :class:`EventsNotAccepted`
+  naming them, after the accepted ones are on the bus.
+
+Jobs are :class:`leaseq.EnqueueRequest` objects or plain dicts of the same fields. The
+calls are split to fit the services' limits (1,000 jobs and about 6 MB per invoke,
+10 entries and 256 KB per PutEvents) so a caller never has to.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from leaseq import EnqueueRequest
+
+__all__ = [
+    "ENQUEUE_DETAIL_TYPE",
+    "EnqueueAnswer",
+    "EnqueueError",
+    "EnqueueEventBus",
+    "EnqueueFunction",
+    "EnqueueFunctionError",
+    "EventsNotAccepted",
+    "ItemAnswer",
+    "JobsRejected",
+    "job_document",
+]
+
+#: The detail-type the stack's rule routes to the enqueue function.
+ENQUEUE_DETAIL_TYPE = "leaseq.enqueue"
+#: The SQL contract's bound on one enqueue call (and so on one invocation).
+MAX_JOBS_PER_CALL = 1000
+#: Lambda's synchronous payload limit is 6 MB; keep room for the envelope.
+MAX_INVOKE_BYTES = 5_500_000
+#: PutEvents takes 10 entries and 256 KB per call; one entry may be at most 256 KB.
+MAX_ENTRIES_PER_PUT = 10
+MAX_PUT_BYTES = 250_000
+
+Job = EnqueueRequest | Mapping[str, Any]
+
+
+class EnqueueError(Exception):
+    """Jobs were not (all) enqueued; the subclass says how far it got."""
+
+
+@dataclass(frozen=True)
+class ItemAnswer:
+    """The function's answer for one job: created, existing (enqueued before) or rejected."""
+
+    index: int
+    status: Literal["created", "existing", "rejected"]
+    job_id: str | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class EnqueueAnswer:
+    """Every job's answer, in the order the jobs were given, across all invocations."""
+
+    items: list[ItemAnswer] = field(default_factory=list)
+
+    def count(self, status: str) -> int:
+        return sum(1 for item in self.items if item.status == status)
+
+    @property
+    def created(self) -> int:
+        return self.count("created")
+
+    @property
+    def existing(self) -> int:
+        return self.count("existing")
+
+    @property
+    def rejected(self) -> list[ItemAnswer]:
+        return [item for item in self.items if item.status == "rejected"]
+
+
+class EnqueueFunctionError(EnqueueError):
+    """The function failed (Lambda's FunctionError): none of this call's jobs is known to be
+    enqueued. Retrying the same jobs is safe, because enqueue is idempotent."""
+
+    def __init__(self, function: str, kind: str, document: Any, answered: EnqueueAnswer) -> None:
+        detail = document.get("errorMessage") if isinstance(document, dict) else document
+        error_type = document.get("errorType") if isinstance(document, dict) else None
+        super().__init__(f"the enqueue function {function} failed ({kind}"
+                         f"{', ' + str(error_type) if error_type else ''}): {detail}")
+        self.function = function
+        self.kind = kind
+        self.document = document
+        #: Answers of the invocations that succeeded before this one (earlier chunks).
+        self.answered = answered
+
+
+class JobsRejected(EnqueueError):
+    """The function answered, and refused some jobs; the others are enqueued."""
+
+    def __init__(self, answer: EnqueueAnswer) -> None:
+        first = answer.rejected[0]
+        super().__init__(f"{len(answer.rejected)} of {len(answer.items)} jobs were rejected "
+                         f"(first: job {first.index}: {first.reason})")
+        self.answer = answer
+
+
+class EventsNotAccepted(EnqueueError):
+    """PutEvents accepted some entries and not others (FailedEntryCount)."""
+
+    def __init__(self, failed: list[dict[str, Any]], accepted: list[str]) -> None:
+        first = failed[0]
+        super().__init__(
+            f"EventBridge did not accept {len(failed)} of {len(failed) + len(accepted)} "
+            f"events (first: {first.get('ErrorCode')}: {first.get('ErrorMessage')}); their "
+            "jobs are not enqueued, the accepted events' jobs will be")
+        #: The failed entries as PutEvents answered them, plus the jobs each one carried.
+        self.failed = failed
+        #: Event ids of the accepted entries.
+        self.accepted = accepted
+
+
+def job_document(job: Job) -> dict[str, Any]:
+    """A job as the enqueue function takes it; validated here when it is a model."""
+    if isinstance(job, EnqueueRequest):
+        document: dict[str, Any] = job.model_dump(mode="json", exclude_none=True)
+        return document
+    return dict(job)
+
+
+def _size(document: Any) -> int:
+    return len(json.dumps(document, separators=(",", ":")).encode("utf-8"))
+
+
+def _chunks(documents: list[dict[str, Any]], max_bytes: int) -> Iterator[list[dict[str, Any]]]:
+    chunk: list[dict[str, Any]] = []
+    used = 0
+    for document in documents:
+        size = _size(document) + 1
+        if chunk and (len(chunk) == MAX_JOBS_PER_CALL or used + size > max_bytes):
+            yield chunk
+            chunk, used = [], 0
+        chunk.append(document)
+        used += size
+    if chunk:
+        yield chunk
+
+
+def _lambda_client() -> Any:
+    import boto3
+
+    return boto3.client("lambda")
+
+
+def _events_client() -> Any:
+    import boto3
+
+    return boto3.client("events")
+
+
+class EnqueueFunction:
+    """The stack's enqueue function (output EnqueueFunctionArn), invoked synchronously.
+
+    Needs ``lambda:InvokeFunction`` on it (the stack's EnqueueProducerPolicy grants it).
+    """
+
+    def __init__(self, function: str, *, client: Any = None) -> None:
+        self.function = function
+        self._client = client if client is not None else _lambda_client()
+
+    def enqueue(self, jobs: Iterable[Job], *, raise_on_rejected: bool = True) -> EnqueueAnswer:
+        """Enqueue ``jobs``; their answers in order. Raises :class:`EnqueueFunctionError`
+        when an invocation failed and :class:`JobsRejected` when the function refused
+        items (unless ``raise_on_rejected`` is False)."""
+        documents = [job_document(job) for job in jobs]
+        if not documents:
+            return EnqueueAnswer()
+        items: list[ItemAnswer] = []
+        for chunk in _chunks(documents, MAX_INVOKE_BYTES):
+            answer = self.invoke({"jobs": chunk}, answered=EnqueueAnswer(list(items)))
+            offset = len(items)
+            items.extend(ItemAnswer(offset + item.index, item.status, item.job_id, item.reason)
+                         for item in answer.items)
+        result = EnqueueAnswer(items)
+        if raise_on_rejected and result.rejected:
+            raise JobsRejected(result)
+        return result
+
+    def invoke(self, event: Mapping[str, Any], *,
+               answered: EnqueueAnswer | None = None) -> EnqueueAnswer:
+        """One synchronous invocation with ``event`` as it is (a job, a batch or an
+        EventBridge envelope); raises :class:`EnqueueFunctionError` on a function error."""
+        response = self._client.invoke(FunctionName=self.function,
+                                       InvocationType="RequestResponse",
+                                       Payload=json.dumps(event).encode("utf-8"))
+        raw = response["Payload"].read()
+        try:
+            document: Any = json.loads(raw) if raw else None
+        except json.JSONDecodeError:
+            document = raw.decode("utf-8", "replace")
+        error = response.get("FunctionError")
+        if error:
+            raise EnqueueFunctionError(self.function, str(error), document,
+                                       answered or EnqueueAnswer())
+        if not isinstance(document, dict) or not isinstance(document.get("results"), list):
+            raise EnqueueFunctionError(self.function, "unexpected answer", document,
+                                       answered or EnqueueAnswer())
+        return EnqueueAnswer([
+            ItemAnswer(int(r["index"]), r["status"], r.get("job_id"), r.get("reason"))
+            for r in document["results"]])
+
+    def enqueue_async(self, jobs: Iterable[Job]) -> int:
+        """Hand ``jobs`` to Lambda's asynchronous queue (InvocationType Event) and return
+        the number of invocations. Nothing comes back: failures after Lambda's retries land
+        in the stack's dead-letter queue (see ``leaseq enqueue resubmit``)."""
+        calls = 0
+        for chunk in _chunks([job_document(job) for job in jobs], 250_000):
+            response = self._client.invoke(FunctionName=self.function, InvocationType="Event",
+                                           Payload=json.dumps({"jobs": chunk}).encode("utf-8"))
+            if response.get("StatusCode") != 202:
+                raise EnqueueError(f"Lambda did not queue the invocation of {self.function} "
+                                   f"(HTTP {response.get('StatusCode')})")
+            calls += 1
+        return calls
+
+
+class EnqueueEventBus:
+    """The stack's enqueue bus (output EnqueueEventBusName), one PutEvents call per batch.
+
+    Needs ``events:PutEvents`` on the bus (EnqueueProducerPolicy grants it).
+    """
+
+    def __init__(self, bus: str, source: str, *, client: Any = None) -> None:
+        if not source or source.startswith("aws."):
+            raise ValueError("source names your producer, such as 'billing'; 'aws.' is reserved")
+        self.bus = bus
+        self.source = source
+        self._client = client if client is not None else _events_client()
+
+    def _entries(self, jobs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{"EventBusName": self.bus, "Source": self.source,
+                 "DetailType": ENQUEUE_DETAIL_TYPE,
+                 "Detail": json.dumps({"jobs": chunk}, separators=(",", ":"))}
+                for chunk in _chunks(list(jobs), MAX_PUT_BYTES)]
+
+    def put(self, jobs: Iterable[Job]) -> list[str]:
+        """Put ``jobs`` on the bus; the accepted event ids. Raises
+        :class:`EventsNotAccepted` when some entries were refused (the others went on)."""
+        entries = self._entries([job_document(job) for job in jobs])
+        accepted: list[str] = []
+        failed: list[dict[str, Any]] = []
+        batch: list[dict[str, Any]] = []
+        used = 0
+        for entry in [*entries, None]:
+            size = 0 if entry is None else _size(entry)
+            if batch and (entry is None or len(batch) == MAX_ENTRIES_PER_PUT
+                          or used + size > MAX_PUT_BYTES):
+                response = self._client.put_events(Entries=batch)
+                for sent, result in zip(batch, response["Entries"], strict=True):
+                    if result.get("EventId") and not result.get("ErrorCode"):
+                        accepted.append(str(result["EventId"]))
+                    else:
+                        failed.append({**result, "Detail": sent["Detail"]})
+                if response.get("FailedEntryCount", 0) and not failed:
+                    failed.append({"ErrorCode": "Unknown", "ErrorMessage":
+                                   f"FailedEntryCount {response['FailedEntryCount']}"})
+                batch, used = [], 0
+            if entry is not None:
+                batch.append(entry)
+                used += size
+        if failed:
+            raise EventsNotAccepted(failed, accepted)
+        return accepted
