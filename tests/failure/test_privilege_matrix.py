@@ -54,10 +54,18 @@ app.fail_job(uuid,uuid,text,uuid,jsonb,interval)                                
 app.finish_and_claim_jobs(text,uuid[],uuid[],uuid[],text[],jsonb[],interval[],integer,interval)  x     x      .      .
 app.finish_jobs(text,uuid[],uuid[],uuid[],text[],jsonb[],interval[])                             x     x      .      .
 app.get_job(uuid)                                                                                x     x      .      .
+app.job_activity(uuid,text,interval,integer,integer)                                             x     x      .      .
 app.job_timeline(uuid,integer)                                                                   x     x      .      .
+app.list_jobs(app.job_state,uuid,text,timestamp with time zone,timestamp with time zone,timestamp with time zone,uuid,integer) x     x      .      .
 app.prune_jobs(interval,integer)                                                                 x     x      .      .
+app.queue_depth(uuid,text,integer)                                                               x     x      .      .
 app.queue_status(uuid)                                                                           x     x      .      .
 app.raise_invalid(text)                                                                          x     .      .      .
+app.reader_get_job(uuid)                                                                         x     .      x      .
+app.reader_job_activity(uuid,text,interval,integer,integer)                                      x     .      x      .
+app.reader_job_timeline(uuid,integer)                                                            x     .      x      .
+app.reader_list_jobs(app.job_state,uuid,text,timestamp with time zone,timestamp with time zone,timestamp with time zone,uuid,integer) x     .      x      .
+app.reader_queue_depth(uuid,text,integer)                                                        x     .      x      .
 app.ready_tenants(integer)                                                                       x     x      .      .
 app.redrive_jobs(text,uuid,uuid[],text,integer,text)                                             x     x      .      .
 app.release_all_expired_jobs(integer)                                                            x     x      .      .
