@@ -152,14 +152,16 @@ def test_list_jobs_pages_by_keyset_through_every_job_once_in_order(
     ids = [enqueue(worker, tenant, f"j{i}")["id"] for i in range(8)]
     # Two jobs share an available_at: the id breaks the tie, so none is lost or repeated.
     owner.execute("update app.jobs set available_at = now() - (interval '1 minute' * ("
-                  "  select count(*) from app.jobs k where k.operation_key > app.jobs.operation_key))")
+                  "  select count(*) from app.jobs k"
+                  "  where k.operation_key > app.jobs.operation_key))")
     owner.execute("update app.jobs set available_at = (select available_at from app.jobs"
                   " where operation_key = 'j3') where operation_key = 'j4'")
 
     pages = _page_through(worker, "pending")
     seen = [r["id"] for page in pages for r in page]
 
-    assert sorted(seen) == sorted(ids) and len(seen) == len(set(seen))
+    assert sorted(seen) == sorted(ids)
+    assert len(seen) == len(set(seen))
     keys = [(r["sort_at"], r["id"]) for page in pages for r in page]
     assert keys == sorted(keys)
     assert [len(p) for p in pages] == [3, 3, 2]
@@ -177,7 +179,8 @@ def test_list_jobs_dead_newest_first_with_last_error_and_filters(worker: Conn) -
     rows = pages[0]
     assert [r["error_summary"] for r in rows] == ["error 3", "error 2", "error 1", "error 0"]
     only_a = _page_through(worker, "dead", tenant=tenant, kind="a", limit=10)[0]
-    assert {r["kind"] for r in only_a} == {"a"} and len(only_a) == 2
+    assert {r["kind"] for r in only_a} == {"a"}
+    assert len(only_a) == 2
     everyone = _page_through(worker, "dead", limit=2)
     assert sum(len(p) for p in everyone) == 5
 
@@ -230,7 +233,8 @@ def test_job_activity_buckets_outcomes_and_enqueue_to_start_latency(
 
     assert len(rows) == 6
     assert [r["succeeded"] for r in rows] == [0, 0, 0, 0, 0, 1]
-    assert sum(r["dead"] for r in rows) == 1 and rows[2]["dead"] == 1
+    assert sum(r["dead"] for r in rows) == 1
+    assert rows[2]["dead"] == 1
     last = rows[-1]
     assert last["latency_samples"] == 1
     assert timedelta(seconds=89) < last["latency_max"] < timedelta(seconds=100)
@@ -252,12 +256,8 @@ def test_dashboard_reads_refuse_bad_arguments_with_22023(
     worker: Conn, owner: Conn, query: str, params: tuple[Any, ...], message: str
 ) -> None:
     conn = owner if "reader_" in query else worker
-    with raises_sqlstate("22023"):
-        try:
-            conn.execute(query, params)
-        except Exception as exc:
-            assert message in str(exc)
-            raise
+    with raises_sqlstate("22023", match=message):
+        conn.execute(query, params)
 
 
 def test_hostile_kinds_and_errors_come_back_byte_for_byte(worker: Conn) -> None:
