@@ -35,7 +35,7 @@ MAX_BODY = 1 << 20
 
 
 class ConnectionViewSource:
-    """Views over two lazily opened connections, reopened when one has gone bad.
+    """Views over two lazily opened connections, reopened when one has gone bad or idle.
 
     ``operator_connect`` opens a service_role connection; ``reader_connect`` a tenant
     reader's (None when no tenant viewer is configured: asking for tenant views then
@@ -43,12 +43,21 @@ class ConnectionViewSource:
     """
 
     def __init__(self, operator_connect: Callable[[], Connection],
-                 reader_connect: Callable[[], Connection] | None = None) -> None:
+                 reader_connect: Callable[[], Connection] | None = None, *,
+                 max_idle_seconds: float = 240.0) -> None:
         self._connect = {"operator": operator_connect, "reader": reader_connect}
         self._open: dict[str, Connection] = {}
+        self._used: dict[str, float] = {}
+        self.max_idle_seconds = max_idle_seconds
 
     def _connection(self, which: str) -> Connection:
         conn = self._open.get(which)
+        now = time.monotonic()
+        # A connection idle for long may have been cut while a Lambda environment was
+        # frozen: open a new one rather than fail the next page.
+        if conn is not None and now - self._used.get(which, now) > self.max_idle_seconds:
+            conn.close()
+        self._used[which] = now
         if conn is None or conn.closed or conn.broken:
             opener = self._connect[which]
             if opener is None:
