@@ -17,12 +17,12 @@ import os
 from dataclasses import dataclass
 
 from aws_lambda_powertools.event_handler import LambdaFunctionUrlResolver
-
 from leaseq import ConfigurationError, DatabaseSettings, LeaseqSettings
+from leaseq_lambda.runtime import Dependencies, connection_factory
+
 from leaseq_dashboard.app import build
 from leaseq_dashboard.local import ConnectionViewSource
 from leaseq_dashboard.settings import DashboardSettings
-from leaseq_lambda.runtime import Dependencies, connection_factory
 
 
 @dataclass

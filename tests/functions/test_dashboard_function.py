@@ -80,7 +80,9 @@ def test_tenant_viewers_read_through_the_reader_login(
     finally:
         dashboard_runtime.reset()
     own_dead, other_dead = seeded.jobs["dead"]
-    assert str(own_dead) in body and str(other_dead) not in body and str(other) not in body
+    assert str(own_dead) in body
+    assert str(other_dead) not in body
+    assert str(other) not in body
 
 
 def test_tenant_viewers_without_a_reader_login_fail_at_cold_start(
