@@ -61,7 +61,7 @@ class QueueViews(Protocol):
 
     def job_activity(self, tenant_id: UUID | None = None, kind: str | None = None, *,
                      window: timedelta = timedelta(hours=24), buckets: int = 24,
-                     samples: int = 50) -> list[Row]:
+                     samples: int = 20) -> list[Row]:
         """Finished jobs and start latency per time bucket (app.job_activity)."""
         ...
 
@@ -110,7 +110,7 @@ class OperatorViews:
 
     def job_activity(self, tenant_id: UUID | None = None, kind: str | None = None, *,
                      window: timedelta = timedelta(hours=24), buckets: int = 24,
-                     samples: int = 50) -> list[Row]:
+                     samples: int = 20) -> list[Row]:
         """See :meth:`QueueViews.job_activity`."""
         return self._rows(queries.JOB_ACTIVITY,
                           _activity_params(tenant_id, kind, window, buckets, samples))
@@ -168,7 +168,7 @@ class TenantViews:
 
     def job_activity(self, tenant_id: UUID | None = None, kind: str | None = None, *,
                      window: timedelta = timedelta(hours=24), buckets: int = 24,
-                     samples: int = 50) -> list[Row]:
+                     samples: int = 20) -> list[Row]:
         """See :meth:`QueueViews.job_activity` (only this reader's tenant)."""
         return self._rows(queries.READER_JOB_ACTIVITY,
                           _activity_params(tenant_id, kind, window, buckets, samples))

@@ -179,9 +179,9 @@ grant execute on function app.dead_jobs(uuid, text, integer) to service_role;
 -- (pending, of which ready now; running, of which past their lease expiry; retry_wait)
 -- and the dead ones still kept, with the oldest ready job's available_at. Tenants come
 -- longest-waiting first (then deepest), at most p_limit of them; kinds at most 200.
--- Each of the three branches matches one partial index (jobs_claimable_idx,
--- jobs_lease_expiry_idx, jobs_dead_idx), so the cost is the number of unfinished and
--- dead jobs, never the finished history (docs/benchmarks.md, "Dashboard").
+-- Each of the three branches matches one partial index (jobs_waiting_idx,
+-- jobs_lease_expiry_idx, jobs_dead_tenant_idx), so the cost is the number of unfinished
+-- and dead jobs, never the finished history (docs/benchmarks.md, "Dashboard").
 create or replace function app.reader_queue_depth(
   p_tenant_id uuid default null,
   p_kind text default null,
@@ -219,7 +219,9 @@ begin
   end if;
   return query
   with live as (
-    select j.tenant_id, j.kind, j.state, j.available_at, j.lease_expires_at
+    -- Each branch reads only columns of its index (0010's INCLUDE lists), so the counts
+    -- are index-only scans; the running jobs are few and read from the heap.
+    select j.tenant_id, j.kind, j.state, j.available_at, null::timestamptz as lease_expires_at
     from app.jobs j
     where j.state in ('pending', 'retry_wait')
       and (p_tenant_id is null or j.tenant_id = p_tenant_id)
@@ -231,7 +233,7 @@ begin
       and (p_tenant_id is null or j.tenant_id = p_tenant_id)
       and (p_kind is null or j.kind = p_kind)
     union all
-    select j.tenant_id, j.kind, j.state, j.available_at, j.lease_expires_at
+    select j.tenant_id, j.kind, 'dead'::app.job_state, null::timestamptz, null::timestamptz
     from app.jobs j
     where j.state = 'dead'
       and (p_tenant_id is null or j.tenant_id = p_tenant_id)
@@ -304,19 +306,24 @@ grant execute on function app.queue_depth(uuid, text, integer) to service_role;
 
 -- Finished work over the last p_window, in p_buckets equal buckets of completion time
 -- (the first bucket starts p_window ago, the last ends now): how many jobs succeeded,
--- died or were cancelled, how many of the finished ones needed more than one attempt,
--- and the enqueue-to-start latency of up to p_samples of the latest jobs finished in
--- each bucket: their first claim minus the time they became available at enqueue (a job
+-- died or were cancelled, and, from up to p_samples of the latest jobs finished in each
+-- bucket, how many of them needed more than one attempt and their enqueue-to-start
+-- latency: the first claim minus the time the job became available at enqueue (a job
 -- scheduled for later is not counted as waiting before its time). Buckets without jobs
--- are returned with zeros. The counts walk jobs_completed_idx over the window, so their
--- cost grows with the jobs finished in it; the latencies read at most p_samples x
--- p_buckets jobs' first events, by the events' primary key.
+-- come back with zeros.
+--
+-- Without a tenant or kind filter the counts are index-only scans: all finished jobs from
+-- jobs_completed_idx, dead and cancelled from jobs_unsuccessful_idx, succeeded the
+-- difference (completed_at is set exactly for the finished states). With a filter they
+-- read the matching jobs' rows, found by the filter's own index when it has one (a
+-- tenant's jobs through jobs_operation_key_unique). The samples read at most p_samples x
+-- p_buckets jobs and their first events, by primary key.
 create or replace function app.reader_job_activity(
   p_tenant_id uuid default null,
   p_kind text default null,
   p_window interval default '24 hours',
   p_buckets integer default 24,
-  p_samples integer default 50
+  p_samples integer default 20
 )
 returns table (
   bucket_start timestamptz,
@@ -324,8 +331,8 @@ returns table (
   succeeded bigint,
   dead bigint,
   cancelled bigint,
-  retried bigint,
-  latency_samples bigint,
+  samples bigint,
+  samples_retried bigint,
   latency_p50 interval,
   latency_p95 interval,
   latency_max interval
@@ -340,6 +347,8 @@ declare
   v_now timestamptz := clock_timestamp();
   v_start timestamptz;
   v_width interval;
+  v_counts jsonb;
+  v_sql text;
 begin
   if p_kind is not null and (p_kind ~ '^\s*$' or length(p_kind) > 128) then
     raise exception using errcode = '22023',
@@ -362,37 +371,69 @@ begin
   end if;
   v_start := v_now - p_window;
   v_width := p_window / p_buckets;
+
+  -- Counts per bucket as {"i": [finished, dead, cancelled]}; bucket i covers
+  -- [v_start + i * v_width, v_start + (i + 1) * v_width).
+  if p_tenant_id is null and p_kind is null then
+    select coalesce(jsonb_object_agg(c.i, jsonb_build_array(c.finished, c.dead, c.cancelled)),
+                    '{}')
+    into v_counts
+    from (
+      select a.i, sum(a.finished) as finished, sum(a.dead) as dead,
+             sum(a.cancelled) as cancelled
+      from (
+        select least(width_bucket(extract(epoch from j.completed_at),
+                                  extract(epoch from v_start), extract(epoch from v_now),
+                                  p_buckets), p_buckets) - 1 as i,
+               count(*) as finished, 0 as dead, 0 as cancelled
+        from app.jobs j
+        where j.completed_at is not null and j.completed_at >= v_start
+        group by 1
+        union all
+        select least(width_bucket(extract(epoch from j.completed_at),
+                                  extract(epoch from v_start), extract(epoch from v_now),
+                                  p_buckets), p_buckets) - 1,
+               0, count(*) filter (where j.state = 'dead'),
+               count(*) filter (where j.state = 'cancelled')
+        from app.jobs j
+        where j.state in ('dead', 'cancelled') and j.completed_at >= v_start
+        group by 1
+      ) a
+      group by a.i
+    ) c;
+  else
+    -- Built from fixed fragments for the filters given (values bound), so it is planned
+    -- for them: a tenant's jobs by its index, not a walk of the whole window.
+    v_sql := 'select coalesce(jsonb_object_agg(c.i, jsonb_build_array(c.finished, c.dead,'
+      || ' c.cancelled)), ''{}'') from (select least(width_bucket(extract(epoch from'
+      || ' j.completed_at), extract(epoch from $3), extract(epoch from $4), $5), $5) - 1'
+      || ' as i, count(*) as finished, count(*) filter (where j.state = ''dead'') as dead,'
+      || ' count(*) filter (where j.state = ''cancelled'') as cancelled from app.jobs j'
+      || ' where j.completed_at is not null and j.completed_at >= $3';
+    if p_tenant_id is not null then
+      v_sql := v_sql || ' and j.tenant_id = $1';
+    end if;
+    if p_kind is not null then
+      v_sql := v_sql || ' and j.kind = $2';
+    end if;
+    v_sql := v_sql || ' group by 1) c';
+    execute v_sql into v_counts using p_tenant_id, p_kind, v_start, v_now, p_buckets;
+  end if;
+
   return query
   with buckets as (
     select b.i, v_start + v_width * b.i as lo, v_start + v_width * (b.i + 1) as hi
     from generate_series(0, p_buckets - 1) as b(i)
-  ), finished as (
-    select least(floor(extract(epoch from j.completed_at - v_start)
-                       / extract(epoch from v_width))::integer, p_buckets - 1) as i,
-           j.state, j.attempts
-    from app.jobs j
-    where j.completed_at is not null
-      and j.completed_at >= v_start
-      and (p_tenant_id is null or j.tenant_id = p_tenant_id)
-      and (p_kind is null or j.kind = p_kind)
-  ), counts as (
-    select f.i,
-           count(*) filter (where f.state = 'succeeded') as succeeded,
-           count(*) filter (where f.state = 'dead') as dead,
-           count(*) filter (where f.state = 'cancelled') as cancelled,
-           count(*) filter (where f.attempts > 1) as retried
-    from finished f
-    group by f.i
   ), waits as (
-    select b.i, greatest(ev.claimed_at - greatest(s.created_at, ev.available_at),
-                         interval '0') as wait
+    select b.i, s.attempts,
+           greatest(ev.claimed_at - greatest(s.created_at, ev.available_at),
+                    interval '0') as wait
     from buckets b
     cross join lateral (
-      select j.id, j.tenant_id, j.created_at
+      select j.id, j.tenant_id, j.created_at, j.attempts
       from app.jobs j
       where j.completed_at is not null
         and j.completed_at >= b.lo and j.completed_at < b.hi
-        and j.state in ('succeeded', 'dead')
         and (p_tenant_id is null or j.tenant_id = p_tenant_id)
         and (p_kind is null or j.kind = p_kind)
       order by j.completed_at desc
@@ -412,7 +453,7 @@ begin
     ) ev
     where ev.claimed_at is not null
   ), latency as (
-    select w.i, count(*) as samples,
+    select w.i, count(*) as samples, count(*) filter (where w.attempts > 1) as retried,
            percentile_cont(0.5) within group (order by w.wait) as p50,
            percentile_cont(0.95) within group (order by w.wait) as p95,
            max(w.wait) as longest
@@ -420,10 +461,13 @@ begin
     group by w.i
   )
   select b.lo, b.hi,
-         coalesce(c.succeeded, 0), coalesce(c.dead, 0), coalesce(c.cancelled, 0),
-         coalesce(c.retried, 0), coalesce(l.samples, 0), l.p50, l.p95, l.longest
+         coalesce((v_counts -> b.i::text ->> 0)::bigint, 0)
+           - coalesce((v_counts -> b.i::text ->> 1)::bigint, 0)
+           - coalesce((v_counts -> b.i::text ->> 2)::bigint, 0),
+         coalesce((v_counts -> b.i::text ->> 1)::bigint, 0),
+         coalesce((v_counts -> b.i::text ->> 2)::bigint, 0),
+         coalesce(l.samples, 0), coalesce(l.retried, 0), l.p50, l.p95, l.longest
   from buckets b
-  left join counts c on c.i = b.i
   left join latency l on l.i = b.i
   order by b.i;
 end;
@@ -437,7 +481,7 @@ create or replace function app.job_activity(
   p_kind text default null,
   p_window interval default '24 hours',
   p_buckets integer default 24,
-  p_samples integer default 50
+  p_samples integer default 20
 )
 returns table (
   bucket_start timestamptz,
@@ -445,8 +489,8 @@ returns table (
   succeeded bigint,
   dead bigint,
   cancelled bigint,
-  retried bigint,
-  latency_samples bigint,
+  samples bigint,
+  samples_retried bigint,
   latency_p50 interval,
   latency_p95 interval,
   latency_max interval

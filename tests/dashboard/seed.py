@@ -98,3 +98,54 @@ def seed(worker: Conn, owner: Conn, *, extra_pending: int = 0) -> Seeded:
     owner.execute("update app.jobs set completed_at = completed_at - (interval '37 minutes'"
                   " * (abs(hashtext(id::text)) % 20)) where completed_at is not null")
     return seeded
+
+
+def seed_history(worker: Conn, owner: Conn, tenants: list[uuid.UUID], *, jobs: int = 400,
+                 hours: int = 24) -> None:
+    """Finished jobs over the last ``hours`` (a few dead, some after retries, waits of a
+    few seconds to minutes), so the overview's charts have something to draw."""
+    kinds = ["email.send", "report.build", "invoice.render", "webhook.deliver"]
+    for t, tenant in enumerate(tenants):
+        count = jobs // len(tenants)
+        worker.execute("select * from app.enqueue_jobs(%s, %s, %s, %s)", (
+            [tenant] * count, [f"hist-{t}-{i}" for i in range(count)],
+            [kinds[(i + t) % len(kinds)] for i in range(count)],
+            [Jsonb({"i": i}) for i in range(count)]))
+        while True:
+            claimed = worker.execute(
+                "select id, lease_token from app.claim_jobs(%s, 'seed-worker', 100,"
+                " '10 minutes')", (tenant,)).fetchall()
+            if not claimed:
+                break
+            outcomes = ["dead" if i % 23 == 0 else "succeeded" for i in range(len(claimed))]
+            worker.execute(
+                "select * from app.finish_jobs('seed-worker', %s, %s, %s, %s, %s, %s)", (
+                    [tenant] * len(claimed), [c["id"] for c in claimed],
+                    [c["lease_token"] for c in claimed], outcomes,
+                    [Jsonb({"message": "upstream 503"} if o == "dead" else {"ok": True})
+                     for o in outcomes], [None] * len(claimed)))
+    # Spread completions over the window, more of them recently, with waits that grow
+    # in the busy hours; some needed a second attempt.
+    owner.execute("""
+        with spread as (
+          select id, tenant_id, (abs(hashtext(id::text)) %% 1000) / 1000.0 as f
+          from app.jobs where operation_key like 'hist-%%'
+        ), moved as (
+          update app.jobs j set
+            completed_at = now() - make_interval(secs => %s * 3600 * power(s.f, 1.4)),
+            created_at = now() - make_interval(secs => %s * 3600 * power(s.f, 1.4))
+                         - make_interval(secs => 2 + 240 * (1 - s.f) * (s.f * 7 - floor(s.f * 7))),
+            attempts = case when abs(hashtext(j.id::text)) %% 9 = 0 then 2 else j.attempts end
+          from spread s where j.id = s.id
+          returning j.id, j.tenant_id, j.created_at, j.completed_at
+        )
+        update app.job_events e set
+          created_at = case e.event_type
+                         when 'created' then m.created_at
+                         when 'claimed' then m.completed_at - interval '1 second'
+                         else m.completed_at end,
+          details = case when e.event_type = 'created'
+                         then jsonb_set(e.details, '{availableAt}', to_jsonb(m.created_at))
+                         else e.details end
+        from moved m where e.tenant_id = m.tenant_id and e.job_id = m.id
+    """, (hours, hours))

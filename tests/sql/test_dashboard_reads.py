@@ -236,7 +236,7 @@ def test_job_activity_buckets_outcomes_and_enqueue_to_start_latency(
     assert sum(r["dead"] for r in rows) == 1
     assert rows[2]["dead"] == 1
     last = rows[-1]
-    assert last["latency_samples"] == 1
+    assert last["samples"] == 1
     assert timedelta(seconds=89) < last["latency_max"] < timedelta(seconds=100)
     assert rows[0]["bucket_end"] == rows[1]["bucket_start"]
 
@@ -268,3 +268,27 @@ def test_hostile_kinds_and_errors_come_back_byte_for_byte(worker: Conn) -> None:
     (row,) = worker.execute(LIST, ("retry_wait", None, kind, None, None, None, None, 5))
     assert row["kind"] == kind
     assert row["error_summary"] == "</td><script>alert(\"e\")</script> ünïcødé"
+
+
+def test_job_activity_counts_agree_between_the_index_only_and_the_filtered_paths(
+    worker: Conn, owner: Conn
+) -> None:
+    tenant = new_tenant()
+    for i in range(5):
+        enqueue(worker, tenant, f"s{i}")
+        _succeed(worker, tenant)
+    for i in range(2):
+        enqueue(worker, tenant, f"d{i}")
+        _fail(worker, tenant, message="x", retry=False)
+    enqueue(worker, tenant, "c")
+    worker.execute("select * from app.cancel_jobs('op', %s, null, null, 1, null)", (tenant,))
+    owner.execute("update app.jobs set completed_at = now() - interval '90 minutes'"
+                  " where operation_key in ('s0', 'd0')")
+
+    query = "select * from app.job_activity(%s, null, '3 hours', 3, 0)"
+    unfiltered = worker.execute(query, (None,)).fetchall()
+    filtered = worker.execute(query, (tenant,)).fetchall()
+
+    counts = [(r["succeeded"], r["dead"], r["cancelled"]) for r in unfiltered]
+    assert counts == [(0, 0, 0), (1, 1, 0), (4, 1, 1)]
+    assert counts == [(r["succeeded"], r["dead"], r["cancelled"]) for r in filtered]
