@@ -505,6 +505,7 @@ CREATE_ACTION = {
     "AWS::Lambda::Function": "lambda:CreateFunction",
     "AWS::Lambda::LayerVersion": "lambda:PublishLayerVersion",
     "AWS::Lambda::Permission": "lambda:AddPermission",
+    "AWS::Lambda::Url": "lambda:CreateFunctionUrlConfig",
     "AWS::Logs::LogGroup": "logs:CreateLogGroup",
     "AWS::RDS::DBInstance": "rds:CreateDBInstance",
     "AWS::RDS::DBProxy": "rds:CreateDBProxy",
@@ -558,3 +559,54 @@ def test_the_sample_events_have_the_shape_the_schedules_send(
     assert set(sample) == set(sent)
     assert {k: v for k, v in sample.items() if k != "scheduled_time"} == {
         k: v for k, v in sent.items() if k != "scheduled_time"}
+
+
+# ---- the web dashboard ---------------------------------------------------------------------
+
+
+def test_the_dashboard_is_off_by_default_and_behind_a_function_url_with_iam_auth(
+    sam: dict[str, Any], cfn: dict[str, Any],
+) -> None:
+    assert parameter_default(sam, {"Ref": "DashboardEnabled"}) == "false"
+    assert sam["Conditions"]["DashboardOn"] == {"Fn::Equals": [{"Ref": "DashboardEnabled"},
+                                                               "true"]}
+    (url_name,) = resources_of_type(cfn, "AWS::Lambda::Url")
+    url = cfn["Resources"][url_name]
+    assert url["Properties"]["AuthType"] == "AWS_IAM"
+    assert url["Properties"]["TargetFunctionArn"] == {"Ref": "DashboardFunction"}
+    for name in ("DashboardFunction", "DashboardFunctionRole", url_name, "DashboardLogGroup"):
+        assert cfn["Resources"][name]["Condition"] == "DashboardOn", name
+    assert cfn["Outputs"]["DashboardUrl"]["Condition"] == "DashboardOn"
+    # AWS_IAM: no public invoke permission is created for the URL.
+    assert not [r for r in cfn["Resources"].values() if r["Type"] == "AWS::Lambda::Permission"
+                and r["Properties"].get("FunctionUrlAuthType") == "NONE"]
+
+
+def test_the_dashboard_logs_in_like_the_runtime_functions_and_reads_its_access_lists(
+    cfn: dict[str, Any],
+) -> None:
+    declared = settings_variables() | {"POWERTOOLS_SERVICE_NAME", "POWERTOOLS_METRICS_NAMESPACE"}
+    dashboard = function_properties(cfn, "DashboardFunction")
+    variables = dashboard["Environment"]["Variables"]
+    worker = function_properties(cfn, "WorkerFunction")["Environment"]["Variables"]
+    login = ("LEASEQ_DB_HOST", "LEASEQ_DB_PORT", "LEASEQ_DB_NAME", "LEASEQ_DB_USER",
+             "LEASEQ_DB_IAM_AUTH", "LEASEQ_DATABASE_SECRET_ARN", "LEASEQ_DB_SSLMODE")
+    assert {k: variables[k] for k in login} == {k: worker[k] for k in login}
+    assert variables["LEASEQ_DASHBOARD_OPERATORS"] == {"Ref": "DashboardOperators"}
+    assert variables["LEASEQ_DASHBOARD_TENANT_VIEWERS"] == {"Ref": "DashboardTenantViewers"}
+    dashboard_variables = {"LEASEQ_DASHBOARD_OPERATORS", "LEASEQ_DASHBOARD_VIEWERS",
+                           "LEASEQ_DASHBOARD_TENANT_VIEWERS",
+                           "LEASEQ_DASHBOARD_READER_SECRET_ARN"}
+    assert set(variables) <= declared | dashboard_variables, set(variables) - declared
+    group = dashboard["LoggingConfig"]["LogGroup"]["Ref"]
+    assert cfn["Resources"][group]["Properties"]["RetentionInDays"] == {"Ref": "LogRetentionDays"}
+    role = cfn["Resources"]["DashboardFunctionRole"]["Properties"]
+    assert {"Ref": "RuntimeDatabaseAccessPolicy"} in role["ManagedPolicyArns"]
+
+
+def test_the_dashboard_settings_declare_every_variable_the_template_sets() -> None:
+    from leaseq_dashboard.settings import DashboardSettings
+
+    aliases = {f.alias for f in DashboardSettings.model_fields.values()}
+    assert {"LEASEQ_DASHBOARD_OPERATORS", "LEASEQ_DASHBOARD_VIEWERS",
+            "LEASEQ_DASHBOARD_TENANT_VIEWERS", "LEASEQ_DASHBOARD_READER_SECRET_ARN"} <= aliases
