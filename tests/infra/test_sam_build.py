@@ -86,7 +86,25 @@ def test_the_built_layer_alone_imports_leaseq_with_psycopgs_binary_implementatio
     assert found["libpq"] >= 150000
     assert str(found["psycopg"]).startswith(str(layer))
     assert str(found["leaseq"]).startswith(str(layer))
-    assert found["migrations"] == list(range(1, len(list((ROOT / "sql").glob("*.sql"))) + 1))
+    assert found["migrations"] == list(
+        range(1, len(list((ROOT / "sql" / "migrations").glob("*.sql"))) + 1))
+
+
+def test_the_built_layer_carries_the_dashboards_templates(build_dir: Path) -> None:
+    layer = build_dir / "LeaseqLayer" / "python"
+
+    found = run_isolated(
+        "from leaseq_dashboard import app\n"
+        "env = app._environment()\n"
+        "names = ['base.html', 'overview.html', 'jobs.html', 'job.html', 'confirm.html',"
+        " 'error.html', 'dashboard.css']\n"
+        "print(json.dumps({'found': [n for n in names if env.get_template(n)],"
+        " 'file': app.__file__}))",
+        [layer],
+    )
+
+    assert len(found["found"]) == 7
+    assert str(found["file"]).startswith(str(layer))
 
 
 def runtime_provided_dir(tmp_path: Path) -> Path:
