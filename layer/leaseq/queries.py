@@ -102,3 +102,43 @@ PRUNE_RETAINED_JOBS: Final[LiteralString] = (
 )
 
 PING: Final[LiteralString] = "select 1"
+
+# Dashboard reads (sql/functions/read.sql). The operator forms (app.*) see every tenant;
+# the reader forms (app.reader_*) run with a tenant reader's rights, so row-level
+# security picks the rows, after SET_READER_TENANT in the same transaction.
+
+QUEUE_DEPTH: Final[LiteralString] = (
+    "select dimension, tenant_id, kind, pending, ready, running, expired, retry_wait, dead,"
+    " oldest_ready_at from app.queue_depth(%(tenant_id)s, %(kind)s, %(limit)s)"
+)
+READER_QUEUE_DEPTH: Final[LiteralString] = (
+    "select dimension, tenant_id, kind, pending, ready, running, expired, retry_wait, dead,"
+    " oldest_ready_at from app.reader_queue_depth(%(tenant_id)s, %(kind)s, %(limit)s)"
+)
+JOB_ACTIVITY: Final[LiteralString] = (
+    "select * from app.job_activity(%(tenant_id)s, %(kind)s, %(window)s::interval,"
+    " %(buckets)s, %(samples)s)"
+)
+READER_JOB_ACTIVITY: Final[LiteralString] = (
+    "select * from app.reader_job_activity(%(tenant_id)s, %(kind)s, %(window)s::interval,"
+    " %(buckets)s, %(samples)s)"
+)
+LIST_JOBS: Final[LiteralString] = (
+    "select * from app.list_jobs(%(state)s::app.job_state,"
+    " %(tenant_id)s, %(kind)s, %(since)s, %(until)s, %(after_at)s, %(after_id)s, %(limit)s)"
+)
+READER_LIST_JOBS: Final[LiteralString] = (
+    "select * from app.reader_list_jobs(%(state)s::app.job_state,"
+    " %(tenant_id)s, %(kind)s, %(since)s, %(until)s, %(after_at)s, %(after_id)s, %(limit)s)"
+)
+READER_GET_JOB: Final[LiteralString] = (
+    "select * from app.reader_get_job(%(job_id)s)"
+)
+READER_JOB_TIMELINE: Final[LiteralString] = (
+    "select sequence, event_type, actor, details, created_at"
+    " from app.reader_job_timeline(%(job_id)s, %(limit)s)"
+)
+#: Selects the tenant a reader session sees, for the current transaction only.
+SET_READER_TENANT: Final[LiteralString] = (
+    "select set_config('app.tenant_id', %(tenant_id)s, true)"
+)

@@ -192,6 +192,25 @@ def build_parser() -> Parser:
     prune.add_argument("--max-batches", type=arguments.positive_int,
                        help="stop after this many batches (default: until done)")
 
+    dashboard = _command(sub, "dashboard", c.cmd_dashboard, "the web dashboard on "
+                         "127.0.0.1: queue depth, stuck jobs, timelines, redrive and cancel",
+                         description=(
+                             "Serve the dashboard Lambda's pages locally: each request "
+                             "becomes a function URL event with the IAM principal "
+                             "local:$USER, who gets the role of --as."))
+    dashboard.add_argument("--port", type=int, default=8050,
+                           help="port on 127.0.0.1 (default 8050; 0 picks a free one)")
+    dashboard.add_argument("--as", dest="role", choices=("operator", "viewer", "tenant"),
+                           default="operator",
+                           help="operator (default) may redrive and cancel; viewer reads "
+                           "every tenant; tenant reads one tenant through --reader-url")
+    dashboard.add_argument("--tenant", type=arguments.uuid_value,
+                           help="with --as tenant: the tenant to view")
+    dashboard.add_argument("--reader-url", metavar="URL",
+                           help="with --as tenant: a tenant reader's connection string")
+    dashboard.add_argument("--log-requests", dest="verbose_http", action="store_true",
+                           help="one line per request on stderr, with its time")
+
     db = _command(sub, "db", _needs_subcommand, "the embedded PostgreSQL")
     db_sub = db.add_subparsers(title="commands", metavar="COMMAND", parser_class=Parser)
     db_sub.required = True

@@ -160,3 +160,579 @@ end;
 $$;
 revoke all on function app.dead_jobs(uuid, text, integer) from public, service_role;
 grant execute on function app.dead_jobs(uuid, text, integer) to leaseq_operator;
+
+-- Dashboard reads --------------------------------------------------------------------
+--
+-- Each read has two forms with one body:
+--   * app.reader_<name> runs with the caller's rights (SECURITY INVOKER) and is granted
+--     to authenticated: called by a tenant reader (a role bound in app.tenant_readers,
+--     with app.tenant_id set for the transaction), row-level security picks that
+--     tenant's rows, and a reader bound to nothing sees nothing. The filtering is the
+--     policies', not this code's, so a wrong p_tenant_id can never widen what it sees.
+--   * app.<name> (SECURITY DEFINER, granted to leaseq_operator) calls the
+--     reader form as the schema owner, who is not subject to RLS: every tenant.
+-- The reader forms check their own arguments (22023) instead of calling app.check_*,
+-- which only the owner may execute. None of them reads lease_token, which readers are
+-- not granted and an operator never needs.
+
+-- Queue depth now: per tenant, per kind and in total, the jobs that are not finished
+-- (pending, of which ready now; running, of which past their lease expiry; retry_wait)
+-- and the dead ones still kept, with the oldest ready job's available_at. Tenants come
+-- longest-waiting first (then deepest), at most p_limit of them; kinds at most 200.
+-- Each of the three branches matches one partial index (jobs_waiting_idx,
+-- jobs_lease_expiry_idx, jobs_dead_tenant_idx), so the cost is the number of unfinished
+-- and dead jobs, never the finished history (docs/benchmarks.md, "Dashboard").
+create or replace function app.reader_queue_depth(
+  p_tenant_id uuid default null,
+  p_kind text default null,
+  p_limit integer default 20
+)
+returns table (
+  dimension text,
+  tenant_id uuid,
+  kind text,
+  pending bigint,
+  ready bigint,
+  running bigint,
+  expired bigint,
+  retry_wait bigint,
+  dead bigint,
+  oldest_ready_at timestamptz
+)
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+#variable_conflict use_column
+declare
+  v_now timestamptz := clock_timestamp();
+begin
+  if p_kind is not null and (p_kind ~ '^\s*$' or length(p_kind) > 128) then
+    raise exception using errcode = '22023',
+      message = 'p_kind must be a non-blank text of at most 128 characters';
+  end if;
+  if p_limit is null or p_limit < 1 or p_limit > 1000 then
+    raise exception using errcode = '22023',
+      message = format('p_limit must be between 1 and 1000 (got %s)',
+                       coalesce(p_limit::text, 'NULL'));
+  end if;
+  return query
+  with live as (
+    -- Each branch reads only columns of its index (0013's INCLUDE lists), so the counts
+    -- are index-only scans; the running jobs are few and read from the heap.
+    select j.tenant_id, j.kind, j.state, j.available_at, null::timestamptz as lease_expires_at
+    from app.jobs j
+    where j.state in ('pending', 'retry_wait')
+      and (p_tenant_id is null or j.tenant_id = p_tenant_id)
+      and (p_kind is null or j.kind = p_kind)
+    union all
+    select j.tenant_id, j.kind, j.state, j.available_at, j.lease_expires_at
+    from app.jobs j
+    where j.state = 'running'
+      and (p_tenant_id is null or j.tenant_id = p_tenant_id)
+      and (p_kind is null or j.kind = p_kind)
+    union all
+    select j.tenant_id, j.kind, 'dead'::app.job_state, null::timestamptz, null::timestamptz
+    from app.jobs j
+    where j.state = 'dead'
+      and (p_tenant_id is null or j.tenant_id = p_tenant_id)
+      and (p_kind is null or j.kind = p_kind)
+  ), grouped as (
+    select case when grouping(l.tenant_id) = 0 then 'tenant'
+                when grouping(l.kind) = 0 then 'kind'
+                else 'total' end as dimension,
+           l.tenant_id,
+           l.kind,
+           count(*) filter (where l.state = 'pending') as pending,
+           count(*) filter (where l.state in ('pending', 'retry_wait')
+                              and l.available_at <= v_now) as ready,
+           count(*) filter (where l.state = 'running') as running,
+           count(*) filter (where l.state = 'running' and l.lease_expires_at < v_now)
+             as expired,
+           count(*) filter (where l.state = 'retry_wait') as retry_wait,
+           count(*) filter (where l.state = 'dead') as dead,
+           min(l.available_at) filter (where l.state in ('pending', 'retry_wait')
+                                         and l.available_at <= v_now) as oldest_ready_at
+    from live l
+    group by grouping sets ((l.tenant_id), (l.kind), ())
+  ), ranked as (
+    select g.*,
+           row_number() over (
+             partition by g.dimension
+             order by g.oldest_ready_at nulls last,
+                      g.pending + g.running + g.retry_wait + g.dead desc,
+                      g.tenant_id, g.kind) as position
+    from grouped g
+  )
+  select r.dimension, r.tenant_id, r.kind, r.pending, r.ready, r.running, r.expired,
+         r.retry_wait, r.dead, r.oldest_ready_at
+  from ranked r
+  where r.dimension = 'total'
+     or (r.dimension = 'kind' and r.position <= 200)
+     or (r.dimension = 'tenant' and r.position <= p_limit)
+  order by r.dimension, r.position;
+end;
+$$;
+revoke all on function app.reader_queue_depth(uuid, text, integer) from public;
+grant execute on function app.reader_queue_depth(uuid, text, integer) to authenticated;
+
+create or replace function app.queue_depth(
+  p_tenant_id uuid default null,
+  p_kind text default null,
+  p_limit integer default 20
+)
+returns table (
+  dimension text,
+  tenant_id uuid,
+  kind text,
+  pending bigint,
+  ready bigint,
+  running bigint,
+  expired bigint,
+  retry_wait bigint,
+  dead bigint,
+  oldest_ready_at timestamptz
+)
+language sql
+stable
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+  select * from app.reader_queue_depth(p_tenant_id, p_kind, p_limit)
+$$;
+revoke all on function app.queue_depth(uuid, text, integer) from public, service_role;
+grant execute on function app.queue_depth(uuid, text, integer) to leaseq_operator;
+
+-- Finished work over the last p_window, in p_buckets equal buckets of completion time
+-- (the first bucket starts p_window ago, the last ends now): how many jobs succeeded,
+-- died or were cancelled, and, from up to p_samples of the latest jobs finished in each
+-- bucket, how many of them needed more than one attempt and their enqueue-to-start
+-- latency: the first claim minus the time the job became available at enqueue (a job
+-- scheduled for later is not counted as waiting before its time). Buckets without jobs
+-- come back with zeros.
+--
+-- Without a tenant or kind filter the counts are index-only scans: all finished jobs from
+-- jobs_completed_idx, dead and cancelled from jobs_unsuccessful_idx, succeeded the
+-- difference (completed_at is set exactly for the finished states). With a filter they
+-- read the matching jobs' rows, found by the filter's own index when it has one (a
+-- tenant's jobs through jobs_operation_key_unique). The samples read at most p_samples x
+-- p_buckets jobs and their first events, by primary key.
+create or replace function app.reader_job_activity(
+  p_tenant_id uuid default null,
+  p_kind text default null,
+  p_window interval default '24 hours',
+  p_buckets integer default 24,
+  p_samples integer default 20
+)
+returns table (
+  bucket_start timestamptz,
+  bucket_end timestamptz,
+  succeeded bigint,
+  dead bigint,
+  cancelled bigint,
+  samples bigint,
+  samples_retried bigint,
+  latency_p50 interval,
+  latency_p95 interval,
+  latency_max interval
+)
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+#variable_conflict use_column
+declare
+  v_now timestamptz := clock_timestamp();
+  v_start timestamptz;
+  v_width interval;
+  v_counts jsonb;
+  v_sql text;
+begin
+  if p_kind is not null and (p_kind ~ '^\s*$' or length(p_kind) > 128) then
+    raise exception using errcode = '22023',
+      message = 'p_kind must be a non-blank text of at most 128 characters';
+  end if;
+  if p_window is null or p_window < interval '1 minute' or p_window > interval '31 days' then
+    raise exception using errcode = '22023',
+      message = format('p_window must be between 00:01:00 and 31 days (got %s)',
+                       coalesce(p_window::text, 'NULL'));
+  end if;
+  if p_buckets is null or p_buckets < 1 or p_buckets > 240 then
+    raise exception using errcode = '22023',
+      message = format('p_buckets must be between 1 and 240 (got %s)',
+                       coalesce(p_buckets::text, 'NULL'));
+  end if;
+  if p_samples is null or p_samples < 0 or p_samples > 500 then
+    raise exception using errcode = '22023',
+      message = format('p_samples must be between 0 and 500 (got %s)',
+                       coalesce(p_samples::text, 'NULL'));
+  end if;
+  v_start := v_now - p_window;
+  v_width := p_window / p_buckets;
+
+  -- Counts per bucket as {"i": [finished, dead, cancelled]}; bucket i covers
+  -- [v_start + i * v_width, v_start + (i + 1) * v_width).
+  if p_tenant_id is null and p_kind is null then
+    select coalesce(jsonb_object_agg(c.i, jsonb_build_array(c.finished, c.dead, c.cancelled)),
+                    '{}')
+    into v_counts
+    from (
+      select a.i, sum(a.finished) as finished, sum(a.dead) as dead,
+             sum(a.cancelled) as cancelled
+      from (
+        select least(width_bucket(extract(epoch from j.completed_at),
+                                  extract(epoch from v_start), extract(epoch from v_now),
+                                  p_buckets), p_buckets) - 1 as i,
+               count(*) as finished, 0 as dead, 0 as cancelled
+        from app.jobs j
+        where j.completed_at is not null and j.completed_at >= v_start
+        group by 1
+        union all
+        select least(width_bucket(extract(epoch from j.completed_at),
+                                  extract(epoch from v_start), extract(epoch from v_now),
+                                  p_buckets), p_buckets) - 1,
+               0, count(*) filter (where j.state = 'dead'),
+               count(*) filter (where j.state = 'cancelled')
+        from app.jobs j
+        where j.state in ('dead', 'cancelled') and j.completed_at >= v_start
+        group by 1
+      ) a
+      group by a.i
+    ) c;
+  else
+    -- Built from fixed fragments for the filters given (values bound), so it is planned
+    -- for them: a tenant's jobs by its index, not a walk of the whole window.
+    v_sql := 'select coalesce(jsonb_object_agg(c.i, jsonb_build_array(c.finished, c.dead,'
+      || ' c.cancelled)), ''{}'') from (select least(width_bucket(extract(epoch from'
+      || ' j.completed_at), extract(epoch from $3), extract(epoch from $4), $5), $5) - 1'
+      || ' as i, count(*) as finished, count(*) filter (where j.state = ''dead'') as dead,'
+      || ' count(*) filter (where j.state = ''cancelled'') as cancelled from app.jobs j'
+      || ' where j.completed_at is not null and j.completed_at >= $3';
+    if p_tenant_id is not null then
+      v_sql := v_sql || ' and j.tenant_id = $1';
+    end if;
+    if p_kind is not null then
+      v_sql := v_sql || ' and j.kind = $2';
+    end if;
+    v_sql := v_sql || ' group by 1) c';
+    execute v_sql into v_counts using p_tenant_id, p_kind, v_start, v_now, p_buckets;
+  end if;
+
+  return query
+  with buckets as (
+    select b.i, v_start + v_width * b.i as lo, v_start + v_width * (b.i + 1) as hi
+    from generate_series(0, p_buckets - 1) as b(i)
+  ), waits as (
+    select b.i, s.attempts,
+           greatest(ev.claimed_at - greatest(s.created_at, ev.available_at),
+                    interval '0') as wait
+    from buckets b
+    cross join lateral (
+      select j.id, j.tenant_id, j.created_at, j.attempts
+      from app.jobs j
+      where j.completed_at is not null
+        and j.completed_at >= b.lo and j.completed_at < b.hi
+        and (p_tenant_id is null or j.tenant_id = p_tenant_id)
+        and (p_kind is null or j.kind = p_kind)
+      order by j.completed_at desc
+      limit p_samples
+    ) s
+    cross join lateral (
+      select min(e.created_at) filter (where e.event_type = 'claimed') as claimed_at,
+             min((e.details ->> 'availableAt')::timestamptz)
+               filter (where e.event_type = 'created') as available_at
+      from (
+        select e.event_type, e.created_at, e.details
+        from app.job_events e
+        where e.tenant_id = s.tenant_id and e.job_id = s.id
+        order by e.sequence
+        limit 4
+      ) e
+    ) ev
+    where ev.claimed_at is not null
+  ), latency as (
+    select w.i, count(*) as samples, count(*) filter (where w.attempts > 1) as retried,
+           percentile_cont(0.5) within group (order by w.wait) as p50,
+           percentile_cont(0.95) within group (order by w.wait) as p95,
+           max(w.wait) as longest
+    from waits w
+    group by w.i
+  )
+  select b.lo, b.hi,
+         coalesce((v_counts -> b.i::text ->> 0)::bigint, 0)
+           - coalesce((v_counts -> b.i::text ->> 1)::bigint, 0)
+           - coalesce((v_counts -> b.i::text ->> 2)::bigint, 0),
+         coalesce((v_counts -> b.i::text ->> 1)::bigint, 0),
+         coalesce((v_counts -> b.i::text ->> 2)::bigint, 0),
+         coalesce(l.samples, 0), coalesce(l.retried, 0), l.p50, l.p95, l.longest
+  from buckets b
+  left join latency l on l.i = b.i
+  order by b.i;
+end;
+$$;
+revoke all on function app.reader_job_activity(uuid, text, interval, integer, integer) from public;
+grant execute on function app.reader_job_activity(uuid, text, interval, integer, integer)
+  to authenticated;
+
+create or replace function app.job_activity(
+  p_tenant_id uuid default null,
+  p_kind text default null,
+  p_window interval default '24 hours',
+  p_buckets integer default 24,
+  p_samples integer default 20
+)
+returns table (
+  bucket_start timestamptz,
+  bucket_end timestamptz,
+  succeeded bigint,
+  dead bigint,
+  cancelled bigint,
+  samples bigint,
+  samples_retried bigint,
+  latency_p50 interval,
+  latency_p95 interval,
+  latency_max interval
+)
+language sql
+stable
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+  select * from app.reader_job_activity(p_tenant_id, p_kind, p_window, p_buckets, p_samples)
+$$;
+revoke all on function app.job_activity(uuid, text, interval, integer, integer)
+  from public, service_role;
+grant execute on function app.job_activity(uuid, text, interval, integer, integer)
+  to leaseq_operator;
+
+-- One page of the jobs in p_state, in that state's own order, which is also what is
+-- most likely stuck first: pending and retry_wait by available_at (longest ready first),
+-- running by lease expiry (expired first), finished states by completion, newest first.
+-- Filters (NULL = any): tenant, kind, and a time range [p_from, p_to) on that same sort
+-- time. Keyset paging: pass the last row's sort_at and id as p_after_at and p_after_id
+-- to get the next page, so page 1000 costs what page 1 does (OFFSET would read every
+-- row before it). The statement is built from fixed fragments for the filters given
+-- (values are bound, never spliced), so each call is planned for its own filters and
+-- walks one index range (sql/migrations/0010 lists which). error_summary is the error's
+-- message (or the document) cut to 300 characters; the job page shows all of it.
+create or replace function app.reader_list_jobs(
+  p_state app.job_state,
+  p_tenant_id uuid default null,
+  p_kind text default null,
+  p_from timestamptz default null,
+  p_to timestamptz default null,
+  p_after_at timestamptz default null,
+  p_after_id uuid default null,
+  p_limit integer default 50
+)
+returns table (
+  id uuid,
+  tenant_id uuid,
+  kind text,
+  state app.job_state,
+  attempts integer,
+  max_attempts integer,
+  available_at timestamptz,
+  lease_owner text,
+  lease_expires_at timestamptz,
+  error_summary text,
+  created_at timestamptz,
+  completed_at timestamptz,
+  sort_at timestamptz
+)
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+  v_column text;
+  v_descending boolean;
+  v_sql text;
+begin
+  if p_state is null then
+    raise exception using errcode = '22023', message = 'p_state is required (got NULL)';
+  end if;
+  if p_kind is not null and (p_kind ~ '^\s*$' or length(p_kind) > 128) then
+    raise exception using errcode = '22023',
+      message = 'p_kind must be a non-blank text of at most 128 characters';
+  end if;
+  if p_limit is null or p_limit < 1 or p_limit > 500 then
+    raise exception using errcode = '22023',
+      message = format('p_limit must be between 1 and 500 (got %s)',
+                       coalesce(p_limit::text, 'NULL'));
+  end if;
+  if (p_after_at is null) <> (p_after_id is null) then
+    raise exception using errcode = '22023',
+      message = 'p_after_at and p_after_id go together: give both or neither';
+  end if;
+  if p_from is not null and p_to is not null and p_from > p_to then
+    raise exception using errcode = '22023',
+      message = format('p_from must not be after p_to (got %s > %s)', p_from, p_to);
+  end if;
+
+  v_column := case p_state
+                when 'running' then 'lease_expires_at'
+                when 'pending' then 'available_at'
+                when 'retry_wait' then 'available_at'
+                else 'completed_at' end;
+  v_descending := p_state in ('succeeded', 'dead', 'cancelled');
+
+  v_sql := format(
+    'select j.id, j.tenant_id, j.kind, j.state, j.attempts, j.max_attempts, j.available_at,'
+    ' j.lease_owner, j.lease_expires_at,'
+    ' left(coalesce(j.last_error ->> ''message'', j.last_error::text), 300),'
+    ' j.created_at, j.completed_at, j.%1$I'
+    ' from app.jobs j where j.state = %2$L::app.job_state', v_column, p_state);
+  if v_descending then
+    v_sql := v_sql || ' and j.completed_at is not null';
+  end if;
+  if p_tenant_id is not null then
+    v_sql := v_sql || ' and j.tenant_id = $1';
+  end if;
+  if p_kind is not null then
+    v_sql := v_sql || ' and j.kind = $2';
+  end if;
+  if p_from is not null then
+    v_sql := v_sql || format(' and j.%I >= $3', v_column);
+  end if;
+  if p_to is not null then
+    v_sql := v_sql || format(' and j.%I < $4', v_column);
+  end if;
+  if p_after_at is not null then
+    v_sql := v_sql || case when v_descending
+      then format(' and j.%1$I <= $5 and (j.%1$I, j.id) < ($5, $6)', v_column)
+      else format(' and j.%1$I >= $5 and (j.%1$I, j.id) > ($5, $6)', v_column) end;
+  end if;
+  v_sql := v_sql || case when v_descending
+    then format(' order by j.%1$I desc, j.id desc limit $7', v_column)
+    else format(' order by j.%1$I, j.id limit $7', v_column) end;
+
+  return query execute v_sql
+    using p_tenant_id, p_kind, p_from, p_to, p_after_at, p_after_id, p_limit;
+end;
+$$;
+revoke all on function app.reader_list_jobs(app.job_state, uuid, text, timestamptz, timestamptz,
+  timestamptz, uuid, integer) from public;
+grant execute on function app.reader_list_jobs(app.job_state, uuid, text, timestamptz,
+  timestamptz, timestamptz, uuid, integer) to authenticated;
+
+create or replace function app.list_jobs(
+  p_state app.job_state,
+  p_tenant_id uuid default null,
+  p_kind text default null,
+  p_from timestamptz default null,
+  p_to timestamptz default null,
+  p_after_at timestamptz default null,
+  p_after_id uuid default null,
+  p_limit integer default 50
+)
+returns table (
+  id uuid,
+  tenant_id uuid,
+  kind text,
+  state app.job_state,
+  attempts integer,
+  max_attempts integer,
+  available_at timestamptz,
+  lease_owner text,
+  lease_expires_at timestamptz,
+  error_summary text,
+  created_at timestamptz,
+  completed_at timestamptz,
+  sort_at timestamptz
+)
+language sql
+stable
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+  select * from app.reader_list_jobs(p_state, p_tenant_id, p_kind, p_from, p_to,
+                                     p_after_at, p_after_id, p_limit)
+$$;
+revoke all on function app.list_jobs(app.job_state, uuid, text, timestamptz, timestamptz,
+  timestamptz, uuid, integer) from public, service_role;
+grant execute on function app.list_jobs(app.job_state, uuid, text, timestamptz, timestamptz,
+  timestamptz, uuid, integer) to leaseq_operator;
+
+-- A reader's form of app.get_job: one job of the reader's tenant, without its lease
+-- token; no row for an unknown id or another tenant's job (RLS hides it).
+create or replace function app.reader_get_job(p_job_id uuid)
+returns table (
+  id uuid,
+  tenant_id uuid,
+  operation_key text,
+  kind text,
+  payload jsonb,
+  state app.job_state,
+  attempts integer,
+  max_attempts integer,
+  available_at timestamptz,
+  lease_owner text,
+  lease_expires_at timestamptz,
+  last_error jsonb,
+  result jsonb,
+  correlation_id text,
+  created_at timestamptz,
+  updated_at timestamptz,
+  completed_at timestamptz
+)
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+#variable_conflict use_column
+begin
+  if p_job_id is null then
+    raise exception using errcode = '22023', message = 'p_job_id is required (got NULL)';
+  end if;
+  return query
+  select j.id, j.tenant_id, j.operation_key, j.kind, j.payload::jsonb, j.state, j.attempts,
+         j.max_attempts, j.available_at, j.lease_owner, j.lease_expires_at, j.last_error,
+         j.result, j.correlation_id, j.created_at, j.updated_at, j.completed_at
+  from app.jobs j
+  where j.id = p_job_id;
+end;
+$$;
+revoke all on function app.reader_get_job(uuid) from public;
+grant execute on function app.reader_get_job(uuid) to authenticated;
+
+-- A reader's form of app.job_timeline: the job's events in order, for a job of the
+-- reader's tenant (none otherwise), without lease tokens.
+create or replace function app.reader_job_timeline(p_job_id uuid, p_limit integer default 1000)
+returns table (
+  sequence bigint,
+  event_type text,
+  actor text,
+  details jsonb,
+  created_at timestamptz
+)
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+#variable_conflict use_column
+begin
+  if p_job_id is null then
+    raise exception using errcode = '22023', message = 'p_job_id is required (got NULL)';
+  end if;
+  if p_limit is null or p_limit < 1 or p_limit > 10000 then
+    raise exception using errcode = '22023',
+      message = format('p_limit must be between 1 and 10000 (got %s)',
+                       coalesce(p_limit::text, 'NULL'));
+  end if;
+  return query
+  select e.sequence, e.event_type, e.actor, e.details, e.created_at
+  from app.jobs j
+  join app.job_events e on e.tenant_id = j.tenant_id and e.job_id = j.id
+  where j.id = p_job_id
+  order by e.sequence
+  limit p_limit;
+end;
+$$;
+revoke all on function app.reader_job_timeline(uuid, integer) from public;
+grant execute on function app.reader_job_timeline(uuid, integer) to authenticated;

@@ -68,12 +68,20 @@ app.get_job(uuid)                                                               
 app.get_job_result(uuid,uuid)                                                                    x   x   x    x     .    .    .    .    .
 app.get_job_result_by_key(uuid,text)                                                             x   x   x    x     .    .    .    .    .
 app.is_blank(text)                                                                               x   .   .    .     .    .    .    .    .
+app.job_activity(uuid,text,interval,integer,integer)                                             x   x   .    .     .    .    x    .    .
 app.job_timeline(uuid,integer)                                                                   x   x   .    .     .    .    x    .    .
+app.list_jobs(app.job_state,uuid,text,timestamp with time zone,timestamp with time zone,timestamp with time zone,uuid,integer)  x   x   .    .     .    .    x    .    .
 app.oldest_ready_at()                                                                            x   x   .    .     x    .    x    .    .
 app.prune_jobs(interval,integer)                                                                 x   x   .    .     .    .    x    .    .
 app.prune_retained_jobs(interval,integer)                                                        x   x   .    .     .    x    .    .    .
+app.queue_depth(uuid,text,integer)                                                               x   x   .    .     .    .    x    .    .
 app.queue_status(uuid)                                                                           x   x   .    .     .    .    x    .    .
 app.raise_invalid(text)                                                                          x   .   .    .     .    .    .    .    .
+app.reader_get_job(uuid)                                                                         x   .   .    .     .    .    .    x    .
+app.reader_job_activity(uuid,text,interval,integer,integer)                                      x   .   .    .     .    .    .    x    .
+app.reader_job_timeline(uuid,integer)                                                            x   .   .    .     .    .    .    x    .
+app.reader_list_jobs(app.job_state,uuid,text,timestamp with time zone,timestamp with time zone,timestamp with time zone,uuid,integer)  x   .   .    .     .    .    .    x    .
+app.reader_queue_depth(uuid,text,integer)                                                        x   .   .    .     .    .    .    x    .
 app.ready_tenants(integer)                                                                       x   x   .    .     x    .    .    .    .
 app.redrive_jobs(text,uuid,uuid[],text,integer,text)                                             x   x   .    .     .    .    x    .    .
 app.release_all_expired_jobs(integer)                                                            x   x   .    .     .    x    .    .    .

@@ -201,6 +201,24 @@ def test_the_built_layer_alone_imports_leaseq_on_python313_with_psycopgs_binary_
     assert found["migrations"] == [int(p.name[:4]) for p in migrations]
 
 
+def test_the_built_layer_carries_the_dashboards_templates(build_dir: Path) -> None:
+    layer = build_dir / host_layer() / "python"
+
+    found = run_isolated(
+        require_lambda_python(),
+        "from leaseq_dashboard import app\n"
+        "env = app._environment()\n"
+        "names = ['base.html', 'overview.html', 'jobs.html', 'job.html', 'confirm.html',"
+        " 'error.html', 'dashboard.css']\n"
+        "print(json.dumps({'found': [n for n in names if env.get_template(n)],"
+        " 'file': app.__file__}))",
+        [layer],
+    )
+
+    assert len(found["found"]) == 7
+    assert str(found["file"]).startswith(str(layer))
+
+
 def runtime_provided_dir(tmp_path: Path) -> Path:
     """A folder standing in for the runtime's own boto3 (links into this environment)."""
     import importlib.util

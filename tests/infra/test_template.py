@@ -44,6 +44,7 @@ LOGIN_OF = {
     "WorkerFunction": ("WorkerDbUser", "WorkerDbSecretArn"),
     "ReaperFunction": ("ReaperDbUser", "ReaperDbSecretArn"),
     "EnqueueFunction": ("EnqueueDbUser", "EnqueueDbSecretArn"),
+    "DashboardFunction": ("OperatorDbUser", "OperatorDbSecretArn"),
 }
 LOGIN_PARAMETERS = ("WorkerDbUser", "ReaperDbUser", "EnqueueDbUser", "OperatorDbUser")
 SECRET_PARAMETERS = ("WorkerDbSecretArn", "ReaperDbSecretArn", "EnqueueDbSecretArn",
@@ -395,10 +396,14 @@ def test_runtime_functions_share_the_database_and_each_logs_in_as_its_own_user(
 ) -> None:
     declared = settings_variables() | {"POWERTOOLS_SERVICE_NAME", "POWERTOOLS_METRICS_NAMESPACE",
                                        ENVIRONMENT_VARIABLE, *KIND_FILTER_VARIABLES}
+    from leaseq_dashboard.settings import DashboardSettings
+
+    dashboard = {f.alias for f in DashboardSettings.model_fields.values() if f.alias}
     databases = []
     for name, (user, secret) in LOGIN_OF.items():
         variables = function_properties(cfn, name)["Environment"]["Variables"]
-        assert set(variables) <= declared, set(variables) - declared
+        own = dashboard if name == "DashboardFunction" else set()
+        assert set(variables) <= declared | own, set(variables) - declared - own
         assert variables["POWERTOOLS_SERVICE_NAME"] == "leaseq"
         assert variables["POWERTOOLS_METRICS_NAMESPACE"] == "Leaseq"
         assert variables["LEASEQ_DB_USER"] == {"Ref": user}
@@ -407,7 +412,7 @@ def test_runtime_functions_share_the_database_and_each_logs_in_as_its_own_user(
         databases.append({key: variables[key] for key in (
             "LEASEQ_DB_HOST", "LEASEQ_DB_PORT", "LEASEQ_DB_NAME", "LEASEQ_DB_IAM_AUTH",
             "LEASEQ_DB_SSLMODE")})
-    assert databases[0] == databases[1] == databases[2]
+    assert all(database == databases[0] for database in databases)
     assert databases[0]["LEASEQ_DB_HOST"]["Fn::If"][1] == {
         "Fn::GetAtt": ["DatabaseProxy", "Endpoint"]}
     # The proxy listens on 5432 even when the database itself uses another port.
@@ -415,8 +420,12 @@ def test_runtime_functions_share_the_database_and_each_logs_in_as_its_own_user(
 
 
 def statements_of(role: dict[str, Any]) -> list[dict[str, Any]]:
-    return [statement for policy in role["Properties"].get("Policies", [])
-            for statement in policy["PolicyDocument"]["Statement"]]
+    """The role's inline statements; a policy behind a condition counts with its branch."""
+    policies = []
+    for policy in role["Properties"].get("Policies", []):
+        branches = policy["Fn::If"][1:] if "Fn::If" in policy else [policy]
+        policies += [b for b in branches if isinstance(b, dict) and "PolicyDocument" in b]
+    return [statement for policy in policies for statement in policy["PolicyDocument"]["Statement"]]
 
 
 @pytest.mark.parametrize("function", list(LOGIN_OF))
@@ -443,9 +452,13 @@ def test_each_function_may_connect_only_as_its_own_login(
     others = [p for p in (*LOGIN_PARAMETERS, *SECRET_PARAMETERS) if p not in (user, secret)]
     text = json.dumps(role)
     assert [p for p in others if p in text] == []
-    # Besides: only what SAM adds for the enqueue failure destination, and the two AWS
-    # managed policies SAM attaches to a function in a VPC.
-    assert {s["Action"] for s in statements if "Fn::If" not in s} <= {"sqs:SendMessage"}
+    # Besides: only what SAM adds for the enqueue failure destination, the dashboard's
+    # tenant-reader secret (DashboardReaderSecretArn), and the two AWS managed policies SAM
+    # attaches to a function in a VPC.
+    extra = [s for s in statements if "Fn::If" not in s]
+    assert {s["Action"] for s in extra} <= {"sqs:SendMessage", "secretsmanager:GetSecretValue"}
+    assert [s["Resource"] for s in extra if s["Action"] == "secretsmanager:GetSecretValue"] == (
+        [{"Ref": "DashboardReaderSecretArn"}] if function == "DashboardFunction" else [])
     assert role["Properties"]["ManagedPolicyArns"] == [
         "arn:aws:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole",
         "arn:aws:iam::aws:policy/service-role/AWSLambdaVPCAccessExecutionRole",
@@ -844,8 +857,8 @@ def test_every_role_the_stack_creates_has_the_permissions_boundary(
                            {"Fn::Sub": BOUNDARY_DEFAULT}]}
     roles = resources_of_type(cfn, "AWS::IAM::Role")
 
-    # the five functions' roles, the three schedules' roles (SAM makes them), the proxy's
-    assert len(roles) == 9, sorted(roles)
+    # the six functions' roles, the three schedules' roles (SAM makes them), the proxy's
+    assert len(roles) == 10, sorted(roles)
     for name, role in roles.items():
         assert role["Properties"].get("PermissionsBoundary") == expected, name
     # No other kind of principal is made, and no role outside what SAM expands.
@@ -1170,3 +1183,56 @@ def test_the_sample_events_have_the_shape_the_schedules_send(
     assert set(sample) == set(sent)
     assert {k: v for k, v in sample.items() if k != "scheduled_time"} == {
         k: v for k, v in sent.items() if k != "scheduled_time"}
+
+
+# ---- the web dashboard ---------------------------------------------------------------------
+
+
+def test_the_dashboard_is_off_by_default_and_behind_a_function_url_with_iam_auth(
+    sam: dict[str, Any], cfn: dict[str, Any],
+) -> None:
+    assert parameter_default(sam, {"Ref": "DashboardEnabled"}) == "false"
+    assert sam["Conditions"]["DashboardOn"] == {"Fn::Equals": [{"Ref": "DashboardEnabled"},
+                                                               "true"]}
+    (url_name,) = resources_of_type(cfn, "AWS::Lambda::Url")
+    url = cfn["Resources"][url_name]
+    assert url["Properties"]["AuthType"] == "AWS_IAM"
+    assert url["Properties"]["TargetFunctionArn"] == {"Ref": "DashboardFunction"}
+    for name in ("DashboardFunction", "DashboardFunctionRole", url_name, "DashboardLogGroup"):
+        assert cfn["Resources"][name]["Condition"] == "DashboardOn", name
+    assert cfn["Outputs"]["DashboardUrl"]["Condition"] == "DashboardOn"
+    # AWS_IAM: no public invoke permission is created for the URL.
+    assert not [r for r in cfn["Resources"].values() if r["Type"] == "AWS::Lambda::Permission"
+                and r["Properties"].get("FunctionUrlAuthType") == "NONE"]
+
+
+def test_the_dashboard_logs_in_as_the_operators_login_and_reads_its_access_lists(
+    cfn: dict[str, Any],
+) -> None:
+    declared = settings_variables() | {"POWERTOOLS_SERVICE_NAME", "POWERTOOLS_METRICS_NAMESPACE"}
+    dashboard = function_properties(cfn, "DashboardFunction")
+    variables = dashboard["Environment"]["Variables"]
+    worker = function_properties(cfn, "WorkerFunction")["Environment"]["Variables"]
+    login = ("LEASEQ_DB_HOST", "LEASEQ_DB_PORT", "LEASEQ_DB_NAME", "LEASEQ_DB_USER",
+             "LEASEQ_DB_IAM_AUTH", "LEASEQ_DATABASE_SECRET_ARN", "LEASEQ_DB_SSLMODE")
+    operator = {**worker, "LEASEQ_DB_USER": {"Ref": "OperatorDbUser"},
+                "LEASEQ_DATABASE_SECRET_ARN": {"Fn::If": [
+                    "UsePasswordAuth", {"Ref": "OperatorDbSecretArn"}, {"Ref": "AWS::NoValue"}]}}
+    assert {k: variables.get(k) for k in login} == {k: operator.get(k) for k in login}
+    assert variables["LEASEQ_DASHBOARD_OPERATORS"] == {"Ref": "DashboardOperators"}
+    assert variables["LEASEQ_DASHBOARD_TENANT_VIEWERS"] == {"Ref": "DashboardTenantViewers"}
+    dashboard_variables = {"LEASEQ_DASHBOARD_OPERATORS", "LEASEQ_DASHBOARD_VIEWERS",
+                           "LEASEQ_DASHBOARD_TENANT_VIEWERS",
+                           "LEASEQ_DASHBOARD_READER_SECRET_ARN"}
+    assert set(variables) <= declared | dashboard_variables, set(variables) - declared
+    group = dashboard["LoggingConfig"]["LogGroup"]["Ref"]
+    assert cfn["Resources"][group]["Properties"]["RetentionInDays"] == {"Ref": "LogRetentionDays"}
+    assert cfn["Resources"][group]["DeletionPolicy"] == "Retain"
+
+
+def test_the_dashboard_settings_declare_every_variable_the_template_sets() -> None:
+    from leaseq_dashboard.settings import DashboardSettings
+
+    aliases = {f.alias for f in DashboardSettings.model_fields.values()}
+    assert {"LEASEQ_DASHBOARD_OPERATORS", "LEASEQ_DASHBOARD_VIEWERS",
+            "LEASEQ_DASHBOARD_TENANT_VIEWERS", "LEASEQ_DASHBOARD_READER_SECRET_ARN"} <= aliases

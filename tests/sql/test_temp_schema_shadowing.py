@@ -226,6 +226,12 @@ def _operate(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
     call("queue_status", "select * from app.queue_status(%s)", (tenant,))
     call("oldest_ready_at", "select app.oldest_ready_at()", ())
     call("repair_tenant_turns", "select * from app.repair_tenant_turns(10)", ())
+    call("queue_depth", "select * from app.queue_depth(%s, 'email.send', 5)", (tenant,))
+    call("job_activity", "select * from app.job_activity(%s, 'email.send', '1 hour', 6, 5)",
+         (tenant,))
+    for state in ("pending", "retry_wait", "running", "succeeded", "dead", "cancelled"):
+        call("list_jobs", "select * from app.list_jobs(%s, %s, 'email.send', null, null,"
+             " null, null, 5)", (state, tenant))
     call("prune_jobs", "select * from app.prune_jobs('0 seconds', 10)", ())
 
 
@@ -293,6 +299,12 @@ def test_a_reader_session_with_shadow_types_sees_only_its_tenant(
 
     row = _one(reader, "select app.current_tenant_id() as tenant")
     reader.execute("select id, state from app.jobs")
+    # The dashboard's reader forms run with the reader's own rights: a shadow type
+    # there can do nothing the reader could not do anyway.
+    reader.execute("select * from app.reader_queue_depth(null, null, 5)")
+    reader.execute("select * from app.reader_job_activity(null, null, '1 hour', 6, 5)")
+    reader.execute("select * from app.reader_list_jobs('pending', null, null, null, null,"
+                   " null, null, 5)")
 
     assert row["tenant"] == tenant
     assert postgres.OWNER not in _ran_as(reader)

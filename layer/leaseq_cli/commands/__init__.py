@@ -1,5 +1,6 @@
 """What each ``leaseq`` subcommand does. Parsing lives in main.py, output in render.py."""
 
+from leaseq_cli.commands.dashboard import cmd_dashboard
 from leaseq_cli.commands.database import (
     cmd_db_start,
     cmd_db_status,
@@ -14,6 +15,7 @@ from leaseq_cli.commands.views import cmd_dead_list, cmd_jobs_show, cmd_status
 
 __all__ = [
     "cmd_cancel",
+    "cmd_dashboard",
     "cmd_db_start",
     "cmd_db_status",
     "cmd_db_stop",

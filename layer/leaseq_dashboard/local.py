@@ -1,0 +1,196 @@
+"""Serve the dashboard on this machine: local HTTP requests become function URL events.
+
+So the local page runs exactly the code that runs behind the Lambda function URL: the
+same resolver, the same access policy, the same CSRF checks. What Lambda would put in
+the request context (the caller's IAM principal) is filled in from the local identity
+the server was started with.
+
+The server listens on 127.0.0.1 only and answers one request at a time, like one Lambda
+execution environment: the connections a :class:`ConnectionViewSource` holds are never
+used by two requests at once. Written on the standard library's ``http.server`` (no web
+framework needed: all it does is translate a request and write the response back).
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+from uuid import UUID
+
+from aws_lambda_powertools.event_handler import LambdaFunctionUrlResolver
+from leaseq.db import Connection
+from leaseq.views import OperatorViews, TenantViews
+
+from leaseq_dashboard.app import handle
+
+LOOPBACK = "127.0.0.1"
+MAX_BODY = 1 << 20
+
+
+class ConnectionViewSource:
+    """Views over two lazily opened connections, reopened when one has gone bad or idle.
+
+    ``operator_connect`` opens an operator (leaseq_operator) connection; ``reader_connect`` a tenant
+    reader's (None when no tenant viewer is configured: asking for tenant views then
+    fails, since a tenant's viewer must never be served through the operator's rights).
+    """
+
+    def __init__(self, operator_connect: Callable[[], Connection],
+                 reader_connect: Callable[[], Connection] | None = None, *,
+                 max_idle_seconds: float = 240.0) -> None:
+        self._connect = {"operator": operator_connect, "reader": reader_connect}
+        self._open: dict[str, Connection] = {}
+        self._used: dict[str, float] = {}
+        self.max_idle_seconds = max_idle_seconds
+
+    def _connection(self, which: str) -> Connection:
+        conn = self._open.get(which)
+        now = time.monotonic()
+        # A connection idle for long may have been cut while a Lambda environment was
+        # frozen: open a new one rather than fail the next page.
+        if conn is not None and now - self._used.get(which, now) > self.max_idle_seconds:
+            conn.close()
+        self._used[which] = now
+        if conn is None or conn.closed or conn.broken:
+            opener = self._connect[which]
+            if opener is None:
+                raise RuntimeError("no tenant reader connection is configured "
+                                   "(LEASEQ_DASHBOARD_READER_URL or _SECRET_ARN)")
+            conn = opener()
+            self._open[which] = conn
+        return conn
+
+    def operator(self) -> OperatorViews:
+        """Views over the operator connection."""
+        return OperatorViews(self._connection("operator"))
+
+    def tenant(self, tenant_id: UUID) -> TenantViews:
+        """Views over the tenant reader connection, for ``tenant_id``."""
+        return TenantViews(self._connection("reader"), tenant_id)
+
+    def close(self) -> None:
+        """Close whatever is open."""
+        for conn in self._open.values():
+            conn.close()
+        self._open.clear()
+
+
+def function_url_event(method: str, target: str, headers: dict[str, str], body: bytes,
+                       principal: str | None, *, source_ip: str = LOOPBACK) -> dict[str, Any]:
+    """The Lambda function URL event (payload 2.0) for one HTTP request."""
+    parts = urlsplit(target)
+    lowered = {k.lower(): v for k, v in headers.items()}
+    cookies = [c.strip() for c in lowered.pop("cookie", "").split(";") if c.strip()]
+    query: dict[str, str] = {}
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        query[key] = f"{query[key]},{value}" if key in query else value
+    now = datetime.now(UTC)
+    text_body = body.decode("utf-8", errors="replace")
+    authorizer = {"iam": {"userArn": principal, "accessKey": None, "accountId": None,
+                          "callerId": None, "userId": None}} if principal else None
+    return {
+        "version": "2.0",
+        "routeKey": "$default",
+        "rawPath": parts.path or "/",
+        "rawQueryString": parts.query,
+        "cookies": cookies,
+        "headers": lowered,
+        "queryStringParameters": query or None,
+        "requestContext": {
+            "accountId": "anonymous",
+            "apiId": "local",
+            "authorizer": authorizer,
+            "domainName": lowered.get("host", LOOPBACK),
+            "domainPrefix": "local",
+            "http": {"method": method, "path": parts.path or "/", "protocol": "HTTP/1.1",
+                     "sourceIp": source_ip, "userAgent": lowered.get("user-agent", "")},
+            "requestId": str(uuid.uuid4()),
+            "routeKey": "$default",
+            "stage": "$default",
+            "time": now.strftime("%d/%b/%Y:%H:%M:%S +0000"),
+            "timeEpoch": int(now.timestamp() * 1000),
+        },
+        "body": text_body or None,
+        "isBase64Encoded": False,
+    }
+
+
+def _handler_class(app: LambdaFunctionUrlResolver, principal: str | None,
+                   log: Callable[[str], None]) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        """Translate, resolve, write back."""
+
+        server_version = "leaseq-dashboard"
+
+        def _serve(self) -> None:
+            length = int(self.headers.get("content-length") or 0)
+            if length > MAX_BODY:
+                self.send_error(413, "request body too large")
+                return
+            body = self.rfile.read(length) if length else b""
+            event = function_url_event(self.command, self.path, dict(self.headers.items()),
+                                       body, principal, source_ip=self.client_address[0])
+            started = time.perf_counter()
+            response = handle(app, event, None)
+            elapsed = (time.perf_counter() - started) * 1000
+            payload = response.get("body") or ""
+            data = base64.b64decode(payload) if response.get("isBase64Encoded") \
+                else str(payload).encode()
+            self.send_response(int(response.get("statusCode", 500)))
+            for name, value in (response.get("headers") or {}).items():
+                self.send_header(name, str(value))
+            for name, values in (response.get("multiValueHeaders") or {}).items():
+                for value in values:
+                    self.send_header(name, str(value))
+            for cookie in response.get("cookies") or []:
+                self.send_header("Set-Cookie", cookie)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            log(f"{self.command} {self.path} {response.get('statusCode')} {elapsed:.0f} ms")
+
+        do_GET = _serve
+        do_POST = _serve
+
+        def log_message(self, format: str, *args: Any) -> None:
+            """Requests are logged once, by _serve, with their time."""
+
+    return Handler
+
+
+class LocalServer:
+    """The dashboard on http://127.0.0.1:PORT (port 0 picks a free one)."""
+
+    def __init__(self, app: LambdaFunctionUrlResolver, *, principal: str | None,
+                 port: int = 0, log: Callable[[str], None] = lambda line: None) -> None:
+        self.httpd = HTTPServer((LOOPBACK, port), _handler_class(app, principal, log))
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        """Where the dashboard answers."""
+        return f"http://{LOOPBACK}:{self.httpd.server_address[1]}"
+
+    def serve_forever(self) -> None:
+        """Answer requests until interrupted (the command's foreground loop)."""
+        self.httpd.serve_forever()
+
+    def start(self) -> LocalServer:
+        """Answer requests on a background thread (tests, benchmarks)."""
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop answering and release the port."""
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)

@@ -1,0 +1,177 @@
+"""The dashboard in a real headless Chromium, against a real database with jobs in every
+state: pages render, filters narrow the lists, a redrive from the page changes the job
+and writes its event, hostile text shows as text and runs nothing.
+
+Set LEASEQ_TEST_SCREENSHOTS=DIR to keep the screenshots (docs/ holds the ones the
+README shows); they are always taken, into the test's temporary directory otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.dashboard import browser
+from tests.dashboard.conftest import OPERATOR, TENANT_VIEWER, Served
+from tests.dashboard.seed import HOSTILE_ERROR, HOSTILE_KIND, seed_history
+from tests.sql.calls import events, job
+from tests.support.postgres import Conn
+
+Serve = Callable[[str], Served]
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Iterator[Any]:
+    yield from browser.launch()
+
+
+@pytest.fixture
+def page(chromium: Any) -> Iterator[Any]:
+    context = chromium.new_context(viewport={"width": 1360, "height": 900})
+    opened = context.new_page()
+    dialogs: list[str] = []
+    opened.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    opened.dialogs = dialogs
+    yield opened
+    context.close()
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Callable[[Any, str], Path]:
+    target = Path(os.environ.get("LEASEQ_TEST_SCREENSHOTS") or tmp_path)
+    target.mkdir(parents=True, exist_ok=True)
+
+    def take(page: Any, name: str) -> Path:
+        path = target / f"dashboard-{name}.png"
+        page.screenshot(path=str(path), full_page=True)
+        assert path.stat().st_size > 10_000
+        return path
+
+    return take
+
+
+def test_the_overview_draws_depth_tiles_tables_and_charts(
+    serve: Serve, page: Any, worker: Conn, owner: Conn, shots: Callable[[Any, str], Path]
+) -> None:
+    served = serve(OPERATOR)
+    seed_history(worker, owner, [uuid.UUID(int=0xB0B << 96 | i) for i in range(1, 6)])
+    page.goto(served.url + "/")
+    assert page.title() == "Overview · leaseq"
+    row = owner.execute("select count(*) filter (where state = 'dead') as dead,"
+                        " count(*) filter (where state = 'running') as running"
+                        " from app.jobs").fetchone()
+    assert row is not None
+    tiles = page.locator(".tile").all_inner_texts()
+    assert f"{row['dead']}\ndead" in tiles
+    assert any(t.startswith(f"{row['running']}\nrunning") for t in tiles)
+    assert any("ready now" in t for t in tiles)
+    assert page.locator("figure.chart").count() == 3
+    assert page.locator("figure.chart rect.bar.succeeded").count() > 5
+    assert page.locator("figure.chart polyline.line.p95").count() == 1
+    kinds = page.locator("table.depth-table").first.inner_text()
+    assert HOSTILE_KIND in kinds
+    assert "report.build" in kinds
+    assert page.dialogs == []
+    shots(page, "overview")
+    page.goto(served.url + "/jobs?state=dead")
+    assert page.locator("table.jobs tbody tr").count() > 10
+    shots(page, "dead")
+
+
+def test_the_dead_list_filters_by_tenant_and_kind(serve: Serve, page: Any) -> None:
+    served = serve(OPERATOR)
+    third = served.seeded.tenants[2]
+    page.goto(served.url + "/jobs?state=dead")
+    rows = page.locator("table.jobs tbody tr")
+    assert rows.count() == 2
+    assert HOSTILE_ERROR in page.locator("table.jobs").inner_text()
+
+    page.fill("input[name=tenant]", str(third))
+    page.click("form.filters button[type=submit]")
+    page.wait_for_url("**/jobs?state=dead&tenant=*")
+    assert rows.count() == 1
+    assert "report source missing" in rows.first.inner_text()
+
+    page.fill("input[name=tenant]", "")
+    page.fill("input[name=kind]", HOSTILE_KIND)
+    page.click("form.filters button[type=submit]")
+    assert rows.count() == 1
+    assert HOSTILE_KIND in rows.first.inner_text()
+    assert page.dialogs == []
+
+
+def test_the_running_list_shows_lease_owner_and_the_expired_lease(
+    serve: Serve, page: Any
+) -> None:
+    served = serve(OPERATOR)
+    page.goto(served.url + "/jobs?state=running")
+    text = page.locator("table.jobs").inner_text()
+    assert text.count("seed-worker") == 2
+    assert "expired" in text
+
+
+def test_a_redrive_from_the_job_page_is_confirmed_changes_the_job_and_is_audited(
+    serve: Serve, page: Any, owner: Conn, shots: Callable[[Any, str], Path]
+) -> None:
+    served = serve(OPERATOR)
+    dead = served.seeded.jobs["dead"][0]
+    page.goto(f"{served.url}/jobs/{dead}")
+    assert page.locator("h1 .badge").inner_text() == "dead"
+    # The error document is shown as JSON: the hostile message, quotes escaped JSON's way.
+    assert json.dumps(HOSTILE_ERROR, ensure_ascii=False) in page.locator("pre.error").inner_text()
+    assert "</pre><script>" in page.locator("pre").nth(1).inner_text()
+    shots(page, "job")
+
+    page.fill("form.act input[name=reason]", "fixed the template")
+    page.click("text=Redrive this job…")
+    assert page.locator("h1").inner_text() == "Redrive 1 job?", page.content()
+    assert job(owner, dead)["state"] == "dead"  # nothing happens before the confirmation
+    shots(page, "confirm")
+    page.click("#confirm")
+
+    page.wait_for_url(f"**/jobs/{dead}?done=*")
+    assert "redrive: 1 job(s)" in page.locator(".notice").inner_text()
+    assert page.locator("h1 .badge").inner_text() == "pending"
+    timeline = page.locator("table.timeline").inner_text()
+    assert "redriven" in timeline
+    assert f"dashboard:{OPERATOR}" in timeline
+    assert job(owner, dead)["state"] == "pending"
+    (event,) = [e for e in events(owner, dead) if e["event_type"] == "redriven"]
+    assert event["actor"] == f"dashboard:{OPERATOR}"
+    assert event["details"]["reason"] == "fixed the template"
+    assert page.dialogs == []
+
+
+def test_cancel_selected_jobs_from_the_ready_list(
+    serve: Serve, page: Any, owner: Conn
+) -> None:
+    served = serve(OPERATOR)
+    chosen, kept, *_ = served.seeded.jobs["pending"]
+    page.goto(served.url + "/jobs?state=pending")
+    page.check(f"input[name=job][value='{chosen}']")
+    page.click("text=Cancel selected…")
+    page.click("#confirm")
+    page.wait_for_url("**/jobs?state=pending*done=*")
+    assert "cancel: 1 job(s)" in page.locator(".notice").inner_text()
+    assert str(chosen) not in page.locator("table.jobs").inner_text()
+    assert job(owner, chosen)["state"] == "cancelled"
+    assert job(owner, kept)["state"] == "pending"
+
+
+def test_a_tenant_viewer_sees_its_tenant_and_no_action(serve: Serve, page: Any) -> None:
+    served = serve(TENANT_VIEWER)
+    own_dead, other_dead = served.seeded.jobs["dead"]
+    page.goto(served.url + "/jobs?state=dead")
+    text = page.locator("table.jobs").inner_text()
+    assert str(own_dead) in text
+    assert str(other_dead) not in text
+    assert page.locator("input[name=job]").count() == 0
+    page.goto(f"{served.url}/jobs/{own_dead}")
+    assert page.locator("text=Redrive this job…").count() == 0
+    assert "tenant" in page.locator(".who").inner_text()
