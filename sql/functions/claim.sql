@@ -105,7 +105,7 @@ $$;
 revoke all on function app.claim_jobs(uuid, text, integer, interval) from public, service_role;
 grant execute on function app.claim_jobs(uuid, text, integer, interval) to leaseq_worker;
 
--- Tenants' turns (app.tenant_turns, migration 0010_tenant_turns) --------------------------
+-- Tenants' turns (app.tenant_turns, migration 0012_tenant_turns) --------------------------
 --
 -- turn_at is when a tenant is next due a turn in the fair claim. It is never later than
 -- the tenant's next claimable job, or than the moment the tenant was last served while it
@@ -223,7 +223,7 @@ grant execute on function app.ready_tenants(integer) to leaseq_worker;
 -- The available_at of the oldest job ready now, of any tenant (NULL when none): the
 -- first live entry of jobs_ready_at_idx, one index probe whatever the number of tenants
 -- or of future jobs. The Lambda runtime's oldest-ready-age metric. The index is on
--- available_at at time zone 'UTC' (see 0010_tenant_turns), so this query names that
+-- available_at at time zone 'UTC' (see 0012_tenant_turns), so this query names that
 -- expression.
 create or replace function app.oldest_ready_at()
 returns timestamptz
