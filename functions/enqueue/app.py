@@ -3,6 +3,9 @@
 Answers for every item: created, existing (the same job was enqueued before), or
 rejected with the reason. Bad input is never an unstructured error; an unreachable
 database or bad settings are, so that the caller retries and the Errors alarm fires.
+An asynchronous invocation (EventBridge, or a batch marked ``"asynchronous": true``)
+has nobody to answer: with rejected jobs it raises :class:`EnqueueRejectedError` after
+enqueueing the others, so the rejections reach the on-failure destination.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from typing import Any
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from leaseq import LeaseqError, QueueClient
 from leaseq_lambda import runtime, telemetry
-from leaseq_lambda.enqueue import response, submit
+from leaseq_lambda.enqueue import rejection_error, response, submit
 from leaseq_lambda.events import parse_enqueue
 
 logger = telemetry.make_logger()
@@ -56,4 +59,9 @@ def lambda_handler(event: Any, context: LambdaContext) -> dict[str, Any]:
     telemetry.record_enqueue(metrics, answer["created"], answer["existing"], answer["rejected"])
     counts = {f"jobs_{status}": answer[status] for status in ("created", "existing", "rejected")}
     logger.info("enqueue finished", extra={"origin": batch.origin, **counts})
+    if batch.asynchronous and answer["rejected"]:
+        error = rejection_error(results)
+        logger.error("asynchronous enqueue failed: jobs rejected",
+                     extra={"origin": batch.origin, "error": error.message, **counts})
+        raise error
     return answer

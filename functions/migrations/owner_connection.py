@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, get_args
 
 from leaseq.errors import ConfigurationError
+from leaseq.tls import SslMode, choose_tls
 from psycopg.conninfo import make_conninfo
 
 #: Reads a Secrets Manager secret (JSON) by ARN.
@@ -61,11 +62,31 @@ def owner_dsn_from_environment(environ: Mapping[str, str], read_secret: SecretRe
             "dbname in the secret)"
         )
     port = environ.get("LEASEQ_DB_PORT") or secret.get("port") or 5432
+    # The runtime's rules (leaseq.tls): an empty setting is unset, a CA file alone means
+    # verify-full, nothing at all means require (a direct connection to an RDS instance).
+    tls = choose_tls(
+        host=str(host),
+        sslmode=ssl_mode(environ.get("LEASEQ_DB_SSLMODE") or None),
+        sslrootcert=environ.get("LEASEQ_DB_SSLROOTCERT") or None,
+        environ=environ,
+    )
     return make_conninfo(
         host=str(host),
         port=str(port),
         dbname=str(dbname),
         user=str(secret["username"]),
         password=str(secret["password"]),
-        sslmode=environ.get("LEASEQ_DB_SSLMODE") or "require",
+        **tls.params(),
     )
+
+
+def ssl_mode(value: str | None) -> SslMode | None:
+    """``LEASEQ_DB_SSLMODE`` as libpq's mode, refused by name when it is none of them."""
+    if value is None:
+        return None
+    modes: tuple[SslMode, ...] = get_args(SslMode)
+    for mode in modes:
+        if value == mode:
+            return mode
+    raise ConfigurationError(
+        f"LEASEQ_DB_SSLMODE={value} is not a libpq sslmode: use one of {', '.join(modes)}")

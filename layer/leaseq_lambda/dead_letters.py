@@ -82,7 +82,10 @@ class FailedInvocation(BaseModel):
         if not isinstance(payload, dict):
             raise ValueError("requestPayload is not a JSON object")
         if payload.get("detail-type") != ENQUEUE_DETAIL_TYPE:
-            return payload
+            if "jobs" not in payload:
+                return payload
+            # Sent synchronously, so the function answers for each job instead of raising.
+            return {k: v for k, v in payload.items() if k != "asynchronous"}
         detail = payload.get("detail")
         if not isinstance(detail, dict):
             raise ValueError(f"the {ENQUEUE_DETAIL_TYPE} event has no detail object")
@@ -94,7 +97,8 @@ class FailedInvocation(BaseModel):
             return job
 
         if isinstance(detail.get("jobs"), list):
-            return {**detail, "jobs": [traced(job) for job in detail["jobs"]]}
+            batch = {k: v for k, v in detail.items() if k != "asynchronous"}
+            return {**batch, "jobs": [traced(job) for job in detail["jobs"]]}
         traced_detail: dict[str, Any] = traced(detail)
         return traced_detail
 

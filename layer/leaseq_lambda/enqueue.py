@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 from uuid import UUID
 
-from leaseq import EnqueueRequest, EnqueueResult, InvalidRequestError, QueueClient
+from leaseq import EnqueueRequest, EnqueueResult, InvalidRequestError, LeaseqError, QueueClient
 
 from leaseq_lambda.events import EnqueueBatch, FieldProblem, Rejection
 
@@ -99,3 +99,31 @@ def response(results: list[ItemResult]) -> dict[str, Any]:
     counts = {status: sum(1 for r in results if r.status == status)
               for status in ("created", "existing", "rejected")}
     return {"results": [r.as_dict() for r in results], **counts}
+
+
+#: The most of the reasons an asynchronous failure carries: Lambda's invocation record
+#: must fit an SQS message (256 KiB) beside the request payload.
+MAX_REJECTION_MESSAGE = 32_000
+
+
+class EnqueueRejectedError(LeaseqError):
+    """Raised by an asynchronous invocation after enqueueing its valid jobs when some were
+    rejected, so that Lambda's on-failure destination gets the reasons. Resubmitting the
+    record finds the enqueued jobs again (idempotent on tenant and operation key)."""
+
+
+def rejection_error(results: list[ItemResult]) -> EnqueueRejectedError:
+    """The error for an asynchronous invocation with rejected jobs, one reason per job."""
+    rejected = [r for r in results if r.status == "rejected"]
+    head = (f"{len(rejected)} of {len(results)} jobs rejected (the other "
+            f"{len(results) - len(rejected)} were enqueued): ")
+    reasons: list[str] = []
+    size = len(head)
+    for shown, item in enumerate(rejected):
+        reason = f"job {item.index}: {item.reason}"
+        if size + len(reason) > MAX_REJECTION_MESSAGE:
+            reasons.append(f"... and {len(rejected) - shown} more")
+            break
+        reasons.append(reason)
+        size += len(reason) + 2
+    return EnqueueRejectedError(head + "; ".join(reasons))

@@ -132,10 +132,18 @@ class EnqueueBatch:
 
     items: list[EnqueueRequest | Rejection] = field(default_factory=list)
     origin: Literal["direct", "eventbridge"] = "direct"
+    #: Invoked asynchronously (EventBridge, or a batch marked ``"asynchronous": true``):
+    #: nobody reads the answer, so rejections must fail the invocation to be seen.
+    asynchronous: bool = False
 
     @property
     def requests(self) -> list[tuple[int, EnqueueRequest]]:
         return [(i, item) for i, item in enumerate(self.items) if isinstance(item, EnqueueRequest)]
+
+
+#: The batch key an asynchronous caller sets (``enqueue_async`` does): Lambda does not tell
+#: a function how it was invoked, and an answer to an ``InvocationType=Event`` call is lost.
+ASYNCHRONOUS = "asynchronous"
 
 
 def _rejected_envelope(reason: str, count: int = 1) -> list[EnqueueRequest | Rejection]:
@@ -167,13 +175,17 @@ def _body(body: Any, correlation_id: str) -> list[EnqueueRequest | Rejection]:
     if "jobs" not in body:
         return [_item(body, correlation_id)]
     jobs = body["jobs"]
-    extra = sorted(set(body) - {"jobs"})
+    extra = sorted(set(body) - {"jobs", ASYNCHRONOUS})
     if extra:
         return _rejected_envelope(
             f"a batch has only the key \"jobs\" (unexpected: {', '.join(extra)})",
             len(jobs) if isinstance(jobs, list) else 1)
     if not isinstance(jobs, list):
         return _rejected_envelope(f"\"jobs\" must be an array (got {_type_name(jobs)})")
+    if not isinstance(body.get(ASYNCHRONOUS, False), bool):
+        return _rejected_envelope(
+            f"\"{ASYNCHRONOUS}\" must be true or false "
+            f"(got {_type_name(body[ASYNCHRONOUS])})", len(jobs))
     if not 1 <= len(jobs) <= MAX_BATCH:
         return _rejected_envelope(
             f"a batch holds 1 to {MAX_BATCH} jobs (got {len(jobs)}); split it", len(jobs))
@@ -191,10 +203,11 @@ def parse_enqueue(event: Any, request_id: str) -> EnqueueBatch:
             envelope = parse(event=event, model=EventBridgeModel)
         except ValidationError as exc:
             return EnqueueBatch(_rejected_envelope(f"invalid EventBridge event: {describe(exc)}"),
-                                "eventbridge")
+                                "eventbridge", True)
         if envelope.detail_type != ENQUEUE_DETAIL_TYPE:
             return EnqueueBatch(_rejected_envelope(
                 f"EventBridge detail-type must be {ENQUEUE_DETAIL_TYPE!r} "
-                f"(got {envelope.detail_type!r})"), "eventbridge")
-        return EnqueueBatch(_body(envelope.detail, envelope.id), "eventbridge")
-    return EnqueueBatch(_body(event, request_id), "direct")
+                f"(got {envelope.detail_type!r})"), "eventbridge", True)
+        return EnqueueBatch(_body(envelope.detail, envelope.id), "eventbridge", True)
+    marked = isinstance(event, dict) and "jobs" in event and event.get(ASYNCHRONOUS) is True
+    return EnqueueBatch(_body(event, request_id), "direct", marked)

@@ -224,7 +224,8 @@ class EnqueueFunction:
         calls = 0
         for chunk in _chunks([job_document(job) for job in jobs], 250_000):
             response = self._client.invoke(FunctionName=self.function, InvocationType="Event",
-                                           Payload=json.dumps({"jobs": chunk}).encode("utf-8"))
+                                           Payload=json.dumps({"jobs": chunk, "asynchronous": True}
+                                                              ).encode("utf-8"))
             if response.get("StatusCode") != 202:
                 raise EnqueueError(f"Lambda did not queue the invocation of {self.function} "
                                    f"(HTTP {response.get('StatusCode')})")

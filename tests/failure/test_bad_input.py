@@ -10,6 +10,7 @@ items it reports created, and leaves a queue the worker still drains to the end.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from leaseq import (
 )
 from leaseq.storable import nesting_depth
 from leaseq_lambda import runtime
+from leaseq_lambda.enqueue import EnqueueRejectedError
 from psycopg.types.json import Jsonb
 from pydantic import ValidationError
 
@@ -313,8 +315,25 @@ def test_fuzzed_events_get_one_answer_per_item_and_store_exactly_the_created_job
     @given(event=enqueue_events())
     def fuzz(event: Any) -> None:
         before = counts(admin)
-        answer = enqueue_function.lambda_handler(
-            event, FakeLambdaContext(function_name="leaseq-enqueue"))
+        failure: EnqueueRejectedError | None = None
+        try:
+            answer = enqueue_function.lambda_handler(
+                event, FakeLambdaContext(function_name="leaseq-enqueue"))
+        except EnqueueRejectedError as exc:
+            failure = exc
+        if failure is not None:
+            # Asynchronous (EventBridge, or a batch marked so): rejections fail the
+            # invocation after the valid jobs are stored, naming each rejected job.
+            assert isinstance(event, dict)
+            assert "detail-type" in event or event.get("asynchronous") is True
+            summary = re.match(r"(\d+) of (\d+) jobs rejected \(the other (\d+) were "
+                               r"enqueued\): job \d+: .", str(failure))
+            assert summary is not None, str(failure)
+            rejected, total, stored_ = (int(n) for n in summary.groups())
+            assert 1 <= rejected <= total == rejected + stored_
+            assert counts(admin).jobs - before.jobs <= stored_
+            statuses["rejected"] = statuses.get("rejected", 0) + rejected
+            return
         results = answer["results"]
         assert [r["index"] for r in results] == list(range(len(results)))
         for status in ("created", "existing", "rejected"):

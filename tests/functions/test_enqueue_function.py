@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from leaseq import DatabaseUnavailableError
+from leaseq_lambda.enqueue import EnqueueRejectedError
 
 from tests.functions.conftest import Output, load_event
 from tests.library.support import job, jobs
@@ -154,7 +155,6 @@ def test_an_invalid_item_is_rejected_with_the_reason_and_its_neighbours_are_enqu
     ({"jobs": []}, 1, "a batch holds 1 to 1000 jobs (got 0)"),
     ({"jobs": [{}] * 1001}, 1001, "a batch holds 1 to 1000 jobs (got 1001)"),
     ({"jobs": [{}], "tenant_id": "x"}, 1, "a batch has only the key \"jobs\""),
-    ({"detail-type": "leaseq.enqueue"}, 1, "invalid EventBridge event: version: Field required"),
 ])
 def test_an_event_of_the_wrong_shape_is_rejected_as_a_whole_with_one_result_per_item(
         enqueue_app: ModuleType, owner: Conn, event: Any, count: int, reason: str) -> None:
@@ -173,10 +173,78 @@ def test_an_eventbridge_event_of_another_detail_type_is_rejected(
     event = load_event("enqueue_eventbridge")
     event["detail-type"] = "order.placed"
 
-    (result,) = invoke(enqueue_app, event)["results"]
+    # EventBridge invokes asynchronously: the rejection fails the invocation.
+    with pytest.raises(EnqueueRejectedError) as raised:
+        invoke(enqueue_app, event)
 
-    assert result["reason"] == (
-        "EventBridge detail-type must be 'leaseq.enqueue' (got 'order.placed')")
+    assert str(raised.value) == (
+        "1 of 1 jobs rejected (the other 0 were enqueued): job 0: EventBridge detail-type "
+        "must be 'leaseq.enqueue' (got 'order.placed')")
+    with pytest.raises(EnqueueRejectedError, match="job 0: invalid EventBridge event: "
+                       "version: Field required"):
+        invoke(enqueue_app, {"detail-type": "leaseq.enqueue"})
+
+
+def test_an_async_batch_with_rejections_stores_the_good_jobs_then_raises_every_reason(
+        enqueue_app: ModuleType, owner: Conn, read_output: Callable[[], Output]) -> None:
+    event = _batch_with({"operation_key": "no tenant"}) | {"asynchronous": True}
+
+    with pytest.raises(EnqueueRejectedError) as raised:
+        invoke(enqueue_app, event)
+
+    assert len(jobs(owner)) == 3
+    message = str(raised.value)
+    assert message.startswith("1 of 4 jobs rejected (the other 3 were enqueued): job 1: ")
+    assert "tenant_id" in message
+    out = read_output()
+    assert out.metric("EnqueueRejected") == [1]
+    assert out.metric("JobsEnqueued") == [3]
+    (failed,) = out.messages("asynchronous enqueue failed: jobs rejected")
+    assert failed["error"] == message
+    (rejected,) = out.messages("job rejected")
+    assert rejected["index"] == 1
+    assert not out.messages("invocation failed: unexpected error")
+
+
+def test_the_same_batch_invoked_synchronously_answers_for_each_job_instead(
+        enqueue_app: ModuleType, owner: Conn) -> None:
+    answer = invoke(enqueue_app, _batch_with({"operation_key": "no tenant"}))
+
+    assert [r["status"] for r in answer["results"]] == [
+        "created", "rejected", "created", "created"]
+    assert len(jobs(owner)) == 3
+
+
+def test_async_and_eventbridge_invocations_without_rejections_return_normally(
+        enqueue_app: ModuleType, owner: Conn) -> None:
+    batch = invoke(enqueue_app, load_event("enqueue_batch") | {"asynchronous": True})
+    routed = invoke(enqueue_app, load_event("enqueue_eventbridge"))
+
+    assert (batch["created"], batch["rejected"]) == (3, 0)
+    assert (routed["created"], routed["rejected"]) == (2, 0)
+    assert len(jobs(owner)) == 5
+
+
+def test_a_marker_that_is_not_a_boolean_rejects_the_batch(enqueue_app: ModuleType) -> None:
+    answer = invoke(enqueue_app, load_event("enqueue_batch") | {"asynchronous": "yes"})
+
+    assert answer["rejected"] == 3
+    assert answer["results"][0]["reason"] == '"asynchronous" must be true or false (got string)'
+
+
+def test_the_reasons_an_async_failure_carries_are_bounded(enqueue_app: ModuleType) -> None:
+    from leaseq_lambda.enqueue import MAX_REJECTION_MESSAGE
+
+    event = {"jobs": [{"operation_key": "x" * 200, "n": n} for n in range(1000)],
+             "asynchronous": True}
+
+    with pytest.raises(EnqueueRejectedError) as raised:
+        invoke(enqueue_app, event)
+
+    message = str(raised.value)
+    assert message.startswith("1000 of 1000 jobs rejected")
+    assert len(message) <= MAX_REJECTION_MESSAGE + 100
+    assert message.endswith("more")
 
 
 def test_an_item_the_database_refuses_is_rejected_and_the_rest_still_enqueued(

@@ -20,6 +20,7 @@ from botocore.stub import Stubber
 from leaseq import EnqueueRequest
 from leaseq_lambda import runtime
 from leaseq_lambda.dead_letters import parse_message, resubmit
+from leaseq_lambda.enqueue import EnqueueRejectedError
 from leaseq_lambda.producer import (
     EnqueueEventBus,
     EnqueueFunction,
@@ -141,6 +142,8 @@ def test_asynchronous_enqueue_hands_the_batch_to_lambdas_queue(
 
     (event,) = service.queued
     assert [job["operation_key"] for job in event["jobs"]] == ["a", "b"]
+    # Marked, because Lambda does not tell the function how it was invoked.
+    assert event["asynchronous"] is True
 
 
 # ---- the event bus ---------------------------------------------------------------------------
@@ -232,7 +235,8 @@ def test_a_reserved_or_empty_source_is_refused() -> None:
 # ---- the dead-letter queue ----------------------------------------------------------------
 
 
-def invocation_record(payload: Any, error: str = "DatabaseUnavailableError") -> str:
+def invocation_record(payload: Any, error: str = "DatabaseUnavailableError",
+                      message: str = "connection refused") -> str:
     """A message as Lambda's on-failure destination writes it (the documented record)."""
     return json.dumps({
         "version": "1.0", "timestamp": "2026-12-01T09:00:00.000Z",
@@ -243,7 +247,7 @@ def invocation_record(payload: Any, error: str = "DatabaseUnavailableError") -> 
         "requestPayload": payload,
         "responseContext": {"statusCode": 200, "executedVersion": "$LATEST",
                             "functionError": "Unhandled"},
-        "responsePayload": {"errorType": error, "errorMessage": "connection refused"}})
+        "responsePayload": {"errorType": error, "errorMessage": message}})
 
 
 def eventbridge_event(jobs_: list[dict[str, Any]], event_id: str) -> dict[str, Any]:
@@ -342,3 +346,35 @@ def test_resubmit_stops_at_the_first_failure_of_the_function_and_deletes_nothing
     assert [m.outcome for m in report.messages] == ["failed"]
     assert "DatabaseUnavailableError" in report.messages[0].detail
     assert left_in(sqs, url) == 3
+
+
+def test_an_async_batch_with_a_rejection_fails_into_a_record_resubmit_reads_without_duplicates(
+    aws: None, function: EnqueueFunction, service: InProcessLambda, enqueue_app: ModuleType,
+    owner: Conn,
+) -> None:
+    function.enqueue([request("a")])
+    function.enqueue_async([request("b"), request("a", payload={"changed": True})])
+    (event,) = service.queued
+
+    # What Lambda does with the queued event: run it; the handler raises, and the
+    # on-failure destination gets the record of the failure with the error it raised.
+    with pytest.raises(EnqueueRejectedError) as raised:
+        enqueue_app.lambda_handler(event, _context())
+    assert sorted(row["operation_key"] for row in jobs(owner)) == ["a", "b"]
+    sqs, url = dead_letter_queue(invocation_record(
+        event, error=type(raised.value).__name__, message=str(raised.value)))
+    record = parse_message(sqs.receive_message(QueueUrl=url, VisibilityTimeout=0)[
+        "Messages"][0]["Body"])
+    assert record.error.startswith("EnqueueRejectedError: 1 of 2 jobs rejected")
+    assert "job 1: idempotency conflict" in record.error
+
+    report = resubmit(url, function, sqs=sqs)
+
+    # Resubmitted synchronously: answered per job, the stored one found, not duplicated.
+    assert "asynchronous" not in service.calls[-1]["event"]
+    assert service.calls[-1]["type"] == "RequestResponse"
+    (outcome,) = report.messages
+    assert (outcome.outcome, outcome.created, outcome.existing) == ("rejected", 0, 1)
+    assert "job 1: idempotency conflict" in outcome.detail
+    assert left_in(sqs, url) == 1
+    assert sorted(row["operation_key"] for row in jobs(owner)) == ["a", "b"]

@@ -868,3 +868,55 @@ def test_an_overlong_failure_reason_is_cut_to_cloudformations_size_limit(
 
     assert len(body) <= cfn_response.MAX_BODY_BYTES
     assert json.loads(body)["Reason"].endswith("[truncated]")
+
+
+# ---- the owner's TLS: the runtime's rules (leaseq.tls) ------------------------------------------
+
+OWNER_SECRET = {"username": "owner", "password": "pw"}
+OWNER_ENV = {"LEASEQ_DATABASE_SECRET_ARN": "arn:secret", "LEASEQ_DB_NAME": "leaseq",
+             "LEASEQ_DB_HOST": "db.abc123.us-east-1.rds.amazonaws.com"}
+
+
+def owner_dsn(migrations_app: Any, **variables: str) -> dict[str, str]:
+    import owner_connection
+
+    dsn = owner_connection.owner_dsn_from_environment(
+        {**OWNER_ENV, **variables}, lambda _arn: OWNER_SECRET)
+    found: dict[str, str] = conninfo_to_dict(dsn)  # type: ignore[assignment]
+    return found
+
+
+def test_the_owner_with_empty_tls_settings_connects_with_require_and_no_roots(
+    migrations_app: Any,
+) -> None:
+    # The template passes empty parameters as empty strings: they mean "not set".
+    params = owner_dsn(migrations_app, LEASEQ_DB_SSLMODE="", LEASEQ_DB_SSLROOTCERT="")
+
+    assert params["sslmode"] == "require"
+    assert "sslrootcert" not in params
+
+
+def test_the_owner_with_a_ca_bundle_alone_verifies_the_server_with_it(
+    migrations_app: Any, tmp_path: Path,
+) -> None:
+    bundle = tmp_path / "global-bundle.pem"
+    bundle.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+
+    params = owner_dsn(migrations_app, LEASEQ_DB_SSLMODE="", LEASEQ_DB_SSLROOTCERT=str(bundle))
+
+    assert params["sslmode"] == "verify-full"
+    assert params["sslrootcert"] == str(bundle)
+    assert params["host"] == OWNER_ENV["LEASEQ_DB_HOST"]
+
+
+def test_the_owner_refuses_a_missing_bundle_and_an_unknown_mode_by_name(
+    migrations_app: Any, tmp_path: Path,
+) -> None:
+    from leaseq.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match=r"LEASEQ_DB_SSLROOTCERT=.*does not exist"):
+        owner_dsn(migrations_app, LEASEQ_DB_SSLROOTCERT=str(tmp_path / "absent.pem"))
+    with pytest.raises(ConfigurationError, match="LEASEQ_DB_SSLMODE=verify-full needs"):
+        owner_dsn(migrations_app, LEASEQ_DB_SSLMODE="verify-full")
+    with pytest.raises(ConfigurationError, match="LEASEQ_DB_SSLMODE=strict is not"):
+        owner_dsn(migrations_app, LEASEQ_DB_SSLMODE="strict")

@@ -163,8 +163,8 @@ def test_the_expanded_template_has_every_piece_of_the_deployment(cfn: dict[str, 
         "Dashboard": "AWS::CloudWatch::Dashboard",
     }
     assert {name: types.get(name) for name in expected} == expected
-    # one per architecture (tested below)
-    assert len(resources_of_type(cfn, "AWS::Lambda::LayerVersion")) == 2
+    # leaseq's, one per architecture, and the CA bundles' (tested below)
+    assert len(resources_of_type(cfn, "AWS::Lambda::LayerVersion")) == 3
 
 
 LAYER_OF = {"x86_64": "LeaseqLayerX8664", "arm64": "LeaseqLayerArm64"}
@@ -186,7 +186,9 @@ def test_functions_run_python313_on_the_chosen_architecture_with_that_architectu
         condition = layer["Condition"]
         assert sam["Conditions"][condition] == {
             "Fn::Equals": [{"Ref": "Architecture"}, arch]}
-    layers = resources_of_type(cfn, "AWS::Lambda::LayerVersion")
+    layers = {name: layer for name, layer in
+              resources_of_type(cfn, "AWS::Lambda::LayerVersion").items()
+              if not name.startswith("CertificatesLayer")}
     by_condition = {resource["Condition"]: {"Ref": name} for name, resource in layers.items()}
     assert len(layers) == 2
     chosen = {"Fn::If": ["IsArm64", by_condition["IsArm64"], by_condition["IsX8664"]]}
@@ -197,6 +199,45 @@ def test_functions_run_python313_on_the_chosen_architecture_with_that_architectu
         assert properties["Handler"] == "app.lambda_handler"
         assert properties["Layers"][0] == chosen
     assert cfn["Resources"]["Migrations"]["Properties"]["LayerVersionArn"] == chosen
+
+
+def test_every_function_is_traced_logs_json_and_carries_the_certificates_layer(
+    sam: dict[str, Any], cfn: dict[str, Any],
+) -> None:
+    layer = sam["Resources"]["CertificatesLayer"]
+    assert "Condition" not in layer, "harmless without a bundle, so always there"
+    assert layer["Properties"]["ContentUri"] == "certificates/"
+    assert layer["Properties"]["CompatibleRuntimes"] == ["python3.13"]
+    assert layer["Properties"]["CompatibleArchitectures"] == ["x86_64", "arm64"]
+    (certificates,) = [name for name in resources_of_type(cfn, "AWS::Lambda::LayerVersion")
+                       if name.startswith("CertificatesLayer")]
+    for name in ALL_FUNCTIONS:
+        properties = function_properties(cfn, name)
+        assert properties["TracingConfig"] == {"Mode": "Active"}, name
+        assert properties["LoggingConfig"]["LogFormat"] == "JSON", name
+        assert properties["LoggingConfig"]["LogGroup"], name
+        assert properties["Layers"][1] == {"Ref": certificates}, name
+    # The bundle is built into the layer, never committed.
+    ignored = (ROOT / ".gitignore").read_text(encoding="utf-8").splitlines()
+    assert "certificates/rds/*.pem" in ignored
+    assert (ROOT / "certificates" / "rds" / ".gitkeep").is_file()
+    assert "global-bundle.pem" in (ROOT / "certificates" / "README.md").read_text("utf-8")
+
+
+def test_tls_settings_reach_every_function_and_the_rds_bundle_skips_the_proxy(
+    sam: dict[str, Any], cfn: dict[str, Any],
+) -> None:
+    parameters = sam["Parameters"]
+    assert parameters["DbSslMode"]["Default"] == ""
+    assert parameters["DbSslMode"]["AllowedValues"] == ["", "require", "verify-ca", "verify-full"]
+    assert parameters["DbSslRootCert"]["Default"] == ""
+    through_proxy = {"Fn::If": ["UsesProxy", {"Ref": "AWS::NoValue"}, {"Ref": "DbSslRootCert"}]}
+    for name in ALL_FUNCTIONS:
+        variables = function_properties(cfn, name)["Environment"]["Variables"]
+        assert variables["LEASEQ_DB_SSLMODE"] == {"Ref": "DbSslMode"}, name
+        # The migrations connect directly (never through the proxy), so the bundle applies.
+        expected = {"Ref": "DbSslRootCert"} if name == "MigrationsFunction" else through_proxy
+        assert variables["LEASEQ_DB_SSLROOTCERT"] == expected, name
 
 
 def test_the_layer_makefile_targets_the_functions_runtime_and_both_architectures(
@@ -461,6 +502,7 @@ def test_each_function_may_connect_only_as_its_own_login(
         [{"Ref": "DashboardReaderSecretArn"}] if function == "DashboardFunction" else [])
     assert role["Properties"]["ManagedPolicyArns"] == [
         "arn:aws:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole",
+        XRAY_WRITE_POLICY,
         "arn:aws:iam::aws:policy/service-role/AWSLambdaVPCAccessExecutionRole",
         *(handler_policies() if function in WORKERS else []),
     ]
@@ -490,7 +532,8 @@ def test_your_handlers_layer_policies_and_settings_reach_the_workers_and_only_th
 ) -> None:
     for name in WORKERS:
         properties = function_properties(cfn, name)
-        assert properties["Layers"][1:] == [
+        # After leaseq's layer and the CA bundles' (Globals): your handlers'.
+        assert properties["Layers"][2:] == [
             {"Fn::If": ["HasHandlersLayer", {"Ref": "HandlersLayerArn"}, {"Ref": "AWS::NoValue"}]}]
         variables = properties["Environment"]["Variables"]
         assert variables["LEASEQ_HANDLERS"] == {
@@ -498,7 +541,7 @@ def test_your_handlers_layer_policies_and_settings_reach_the_workers_and_only_th
         assert variables[ENVIRONMENT_VARIABLE] == {"Ref": "HandlersEnvironment"}
     for name in ("ReaperFunction", "EnqueueFunction", "MigrationsFunction"):
         properties = function_properties(cfn, name)
-        assert len(properties["Layers"]) == 1, name
+        assert len(properties["Layers"]) == 2, name  # leaseq's and the CA bundles'
         assert ENVIRONMENT_VARIABLE not in properties["Environment"]["Variables"], name
         assert "WorkerManagedPolicyArns" not in json.dumps(cfn["Resources"][f"{name}Role"])
     for n in range(3):
@@ -654,8 +697,9 @@ def test_the_migrations_resource_re_runs_when_the_layer_content_changes(
     assert ref_before != ref_after
     condition, arm64, x86_64 = ref_after["Fn::If"]
     assert condition == "IsArm64"
-    assert {arm64["Ref"], x86_64["Ref"]} == set(resources_of_type(
-        after, "AWS::Lambda::LayerVersion"))
+    assert {arm64["Ref"], x86_64["Ref"]} == {
+        name for name in resources_of_type(after, "AWS::Lambda::LayerVersion")
+        if not name.startswith("CertificatesLayer")}
 
 
 def test_the_migrations_resource_has_a_timeout_and_runs_before_the_runtime_functions(
@@ -812,16 +856,21 @@ def test_samconfig_names_environments_whose_overrides_are_parameters_and_no_secr
 
 # ---- the permissions boundary ------------------------------------------------------------------
 
+#: The X-Ray write policy SAM attaches to a function with Tracing: Active (aws partition).
+XRAY_WRITE_POLICY = "arn:aws:iam::aws:policy/AWSXrayWriteOnlyAccess"
 BOUNDARY_ARN = "arn:aws:iam::*:policy/boundaries/leaseq-permissions-boundary"
 BOUNDARY_DEFAULT = "arn:${AWS::Partition}:iam::${AWS::AccountId}:policy/boundaries/" \
     "leaseq-permissions-boundary"
 
-#: What the two AWS managed policies SAM attaches to a function in a VPC allow.
+#: What the AWS managed policies SAM attaches to a traced function in a VPC allow (the X-Ray
+#: write policy under either of its names grants the same five actions).
 SAM_ATTACHED_ACTIONS = (
     "logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents",
     "ec2:CreateNetworkInterface", "ec2:DescribeNetworkInterfaces", "ec2:DescribeSubnets",
     "ec2:DeleteNetworkInterface", "ec2:AssignPrivateIpAddresses",
     "ec2:UnassignPrivateIpAddresses",
+    "xray:PutTraceSegments", "xray:PutTelemetryRecords", "xray:GetSamplingRules",
+    "xray:GetSamplingTargets", "xray:GetSamplingStatisticSummaries",
 )
 
 
@@ -893,6 +942,23 @@ def test_the_boundary_allows_what_the_stack_roles_use_and_nothing_of_iam(
     # rds-db:connect as leaseq_* users only, so no role can log in as another application's.
     (connect,) = [s for s in boundary["Statement"] if s["Action"] == "rds-db:connect"]
     assert connect["Resource"] == "arn:aws:rds-db:*:*:dbuser:*/leaseq_*"
+
+
+def test_the_deployer_may_attach_every_managed_policy_of_the_stacks_roles(
+    cfn: dict[str, Any],
+) -> None:
+    (attach,) = [s for s in deployer_policy()["Statement"]
+                 if s["Effect"] == "Allow" and "iam:AttachRolePolicy" in statement_actions(s)]
+    allowed = attach["Condition"]["ArnLike"]["iam:PolicyARN"]
+    attached = {arn for role in resources_of_type(cfn, "AWS::IAM::Role").values()
+                for arn in role["Properties"].get("ManagedPolicyArns", [])
+                if isinstance(arn, str)}
+
+    assert XRAY_WRITE_POLICY in attached, "tracing is on, so SAM attaches the X-Ray policy"
+    assert [a for a in sorted(attached) if not matches(a, allowed)] == []
+    # SAM names the policy AWSXrayWriteOnlyAccess in the aws partition and
+    # AWSXRayDaemonWriteAccess elsewhere: either may be attached.
+    assert "arn:aws:iam::aws:policy/AWSXRayDaemonWriteAccess" in allowed
 
 
 # ---- the deployer's policy ---------------------------------------------------------------------
