@@ -16,7 +16,7 @@ from typing import Any
 from harness import machine, meters, report, secondary, source
 from harness.ceiling import run_ceiling
 from harness.drain import DrainResult, run_drain
-from harness.pg import Server, analyze, connect, find_pgbench
+from harness.pg import Server, analyze, connect, find_pgbench, run_database
 from harness.systems import (
     SYSTEMS,
     leaseq_enqueue,
@@ -136,7 +136,8 @@ class Bench:
 
     def run_cell(self, cell: Cell, jobs: int, *, relay: RoundTripRelay | None = None,
                  tag: str = "", settle: float = 0.0) -> DrainResult:
-        dbname = f"leaseq_bench_{cell.key.replace('-', '_')}_c{cell.concurrency}{tag}"
+        dbname = run_database(
+            f"leaseq_bench_{cell.key.replace('-', '_')}_c{cell.concurrency}{tag}")
         is_ceiling = cell.key in CEILINGS
         on_reference = cell.key == "ceiling-reference"
         system = None if is_ceiling else SYSTEMS[cell.key]
