@@ -30,8 +30,10 @@ def lambda_handler(event: Any, context: LambdaContext) -> dict[str, Any]:
         rt = runtime.get()
         rt.check()
         owner = owner_id(context, rt.settings.worker.worker_id)
-        worker = rt.worker(owner, on_job=telemetry.JobTelemetry(logger, metrics))
-        report = worker.drain(LambdaDeadline(context))
+        deadline = LambdaDeadline(context)
+        worker = rt.worker(owner, on_job=telemetry.JobTelemetry(logger, metrics),
+                           time_left=deadline.remaining())
+        report = worker.drain(deadline)
     except LeaseqError as exc:
         logger.exception("drain failed", extra={"error": exc.message, "sqlstate": exc.sqlstate})
         raise

@@ -124,7 +124,7 @@ class JobTelemetry:
         if record.lease_lost:
             self.logger.warning("job outcome not recorded: the lease was lost", extra=fields)
             return
-        if record.outcome == "released":
+        if record.outcome == "given_back":
             self.logger.info("job given back before it started", extra=fields)
             return
         fields["duration_ms"] = _ms(record.duration)
@@ -142,7 +142,7 @@ class JobTelemetry:
 def record_drain(metrics: Metrics, report: DrainReport, oldest_ready_age: float | None) -> None:
     for name, value in (("JobsClaimed", report.claimed), ("JobsSucceeded", report.succeeded),
                         ("JobsRetried", report.retried), ("JobsDead", report.dead),
-                        ("LeasesLost", report.lost_leases), ("JobsGivenBack", report.released)):
+                        ("LeasesLost", report.lost_leases), ("JobsGivenBack", report.given_back)):
         metrics.add_metric(name=name, unit=MetricUnit.Count, value=value)
     if oldest_ready_age is not None:
         metrics.add_metric(name="OldestReadyAgeSeconds", unit=MetricUnit.Seconds,

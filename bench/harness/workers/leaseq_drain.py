@@ -28,7 +28,7 @@ def main(dsn: str, owner: str, batch: int) -> None:
     client.check()  # connect now, outside the timed window
     registry = Registry()
     registry.register("noop", noop)
-    worker = Worker(client, registry, WorkerConfig(owner=owner, batch_size=batch))
+    worker = Worker(client, registry, WorkerConfig(owner=owner, batch_size=batch, poll_idle=0))
     protocol.ready_then_wait_for_go()
     report = worker.drain(MonotonicDeadline(LAMBDA_MAX_SECONDS))
     if report.claimed != report.succeeded:
