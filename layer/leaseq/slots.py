@@ -144,6 +144,7 @@ class SlotDrain:
         self.loop = asyncio.get_running_loop()
         self._db = ThreadPoolExecutor(1, thread_name_prefix="leaseq-db")
         self._slots: dict[asyncio.Task[None], Slot] = {}
+        self._renewals: set[asyncio.Task[bool]] = set()
         self._poll = PollSchedule(self.config.poll_min, self.config.poll_max,
                                   self.config.poll_idle)
         self._claiming = True
@@ -238,9 +239,10 @@ class SlotDrain:
                 raise task.exception()  # type: ignore[misc]
 
     async def _wait(self, timeout: float | None) -> None:
-        if self._slots:
-            await asyncio.wait(set(self._slots), timeout=timeout,
-                               return_when=asyncio.FIRST_COMPLETED)
+        self._renewals = {task for task in self._renewals if not task.done()}
+        waiting = set(self._slots) | self._renewals
+        if waiting:
+            await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         elif timeout is not None:
             await asyncio.sleep(timeout)
 
@@ -352,7 +354,7 @@ class SlotDrain:
         next_in: float | None = None
         time_left = self.deadline.remaining()
         for slot in self._slots.values():
-            if slot.overran or slot.lost or slot.renewing or slot.attempt is None:
+            if slot.overran or slot.lost or slot.renewing:
                 continue
             if not slot.lease_too_short:
                 continue
@@ -360,12 +362,14 @@ class SlotDrain:
             in_seconds = (time_left - slot.lease_end) - slot.lease_seconds / 2
             if in_seconds <= 0:
                 slot.renewing = True
-                self.loop.create_task(self._renew(slot))
+                # Awaited by _wait too: the next renewal is planned once this one ends.
+                self._renewals.add(self.loop.create_task(self._renew(slot)))
             elif next_in is None or in_seconds < next_in:
                 next_in = in_seconds
         return next_in
 
     async def _renew(self, slot: Slot) -> bool:
+        slot.renewing = True
         try:
             renewed = await self._db_call(self.worker.renew, slot.job, self.deadline)
         finally:
