@@ -20,8 +20,7 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from leaseq.interrupt import BudgetAlarm
 from leaseq.job_context import JobContext, running
@@ -32,9 +31,12 @@ from leaseq.signals import JobTimeout
 STOPPED_BY = {"alarm": "interrupted", "cancel": "cancelled", "thread": "abandoned"}
 
 
-@dataclass(frozen=True)
-class Execution:
-    """How one run of a handler ended: a value, an exception, or past its budget."""
+class Execution(NamedTuple):
+    """How one run of a handler ended: a value, an exception, or past its budget.
+
+    A named tuple rather than a frozen dataclass: one is built per job, and a tuple is
+    built in a third of the time.
+    """
 
     budget: float
     value: Any = None

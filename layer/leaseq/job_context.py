@@ -42,9 +42,12 @@ class JobContext:
     _renew: Callable[[], bool]
     _renew_async: Callable[[], Awaitable[bool]] | None = None
     budget: float = 0.0
-    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _stop_async: asyncio.Event | None = field(default=None, repr=False)
     stop_reason: str | None = None
+    # A flag, and a thread event made only when a handler waits on it: one context is
+    # built per job, and an Event (a lock and a condition) costs more than the rest.
+    _stopped: bool = field(default=False, repr=False)
+    _stop: threading.Event | None = field(default=None, repr=False)
 
     @property
     def attempt(self) -> int:
@@ -79,17 +82,24 @@ class JobContext:
         """True once the handler should stop: its budget is spent (it is being cancelled,
         or, in a thread, abandoned), its lease was lost, or the invocation is ending.
         ``stop_reason`` says which (``budget``, ``lease_lost``, ``invocation_ending``)."""
-        return self._stop.is_set()
+        return self._stopped
+
+    def _thread_event(self) -> threading.Event:
+        if self._stop is None:
+            self._stop = threading.Event()
+        if self._stopped:  # read after the event exists: request_stop sets one or the other
+            self._stop.set()
+        return self._stop
 
     def wait_for_stop(self, timeout: float | None = None) -> bool:
         """Block the calling thread until a stop is requested or ``timeout`` passes;
         whether it was requested. For sync handlers (a thread's sleep that ends early)."""
-        return self._stop.wait(timeout)
+        return self._thread_event().wait(timeout)
 
     async def wait_for_stop_async(self, timeout: float | None = None) -> bool:
         """:meth:`wait_for_stop` for ``async def`` handlers."""
         if self._stop_async is None:
-            return await asyncio.to_thread(self._stop.wait, timeout)
+            return await asyncio.to_thread(self._thread_event().wait, timeout)
         try:
             async with asyncio.timeout(timeout):
                 await self._stop_async.wait()
@@ -100,10 +110,12 @@ class JobContext:
     def request_stop(self, reason: str) -> None:
         """Ask the handler to stop (the worker calls this; in its event loop's thread
         when the context has an asyncio event)."""
-        if self._stop.is_set():
+        if self._stopped:
             return
         self.stop_reason = reason
-        self._stop.set()
+        self._stopped = True
+        if self._stop is not None:
+            self._stop.set()
         if self._stop_async is not None:
             self._stop_async.set()
 

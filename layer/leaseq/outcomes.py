@@ -14,9 +14,8 @@ import json
 import logging
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ValidationError
 
@@ -59,8 +58,7 @@ def storable(value: Any) -> Any:
     return storable(str(value))
 
 
-@dataclass(frozen=True)
-class Prepared:
+class Prepared(NamedTuple):
     """A claimed job ready to run (its payload, validated) or refused before running."""
 
     payload: Any = None
@@ -109,6 +107,9 @@ class Judge:
     def judge(self, job: ClaimedJob, registration: Registration | None,
               execution: Execution) -> JobOutcome:
         """The outcome of one run of the job's handler."""
+        exc = execution.error
+        if exc is None and not execution.overran:
+            return self._success(job, execution.value)
         policy = self.policy(registration)
         if execution.overran:
             how = STOPPED_BY.get(execution.stopped_by, execution.stopped_by)
@@ -117,9 +118,7 @@ class Judge:
             return self._retry(job, policy, None, error_document(
                 "JOB_TIMEOUT",
                 f"the handler ran longer than its budget of {execution.budget:g} s"))
-        exc = execution.error
-        if exc is None:
-            return self._success(job, execution.value)
+        assert exc is not None
         if isinstance(exc, RetryJob):
             logger.info("handler asked for a retry", extra=job_log_fields(job))
             return self._retry(job, policy, exc.delay, error_document(

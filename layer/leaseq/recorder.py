@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 from uuid import UUID
 
 from leaseq.client import QueueClient
@@ -63,9 +63,9 @@ class JobRecord:
         return self.state is None
 
 
-@dataclass(frozen=True)
-class JobRun:
-    """A finished job waiting to be recorded: its outcome, run time and queue lag."""
+class JobRun(NamedTuple):
+    """A finished job waiting to be recorded: its outcome, run time and queue lag (a
+    named tuple: one is built per job)."""
 
     outcome: JobOutcome
     duration: float

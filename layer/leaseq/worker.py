@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from leaseq.budget import budget_of, check_registry, fits
 from leaseq.client import QueueClient
-from leaseq.config import FINISH_RESERVE, WorkerConfig
+from leaseq.config import FINISH_RESERVE, WorkerConfig, needed_for
 from leaseq.deadline import Deadline, lease_for
 from leaseq.execution import run_sync
 from leaseq.interrupt import BudgetAlarm, budget_alarm
@@ -102,6 +102,7 @@ class Worker:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         check_registry(registry, config)
+        self._kinds: dict[str, tuple[Registration | None, float, float]] = {}
         self.client = client
         self.registry = registry
         self.config = config
@@ -196,11 +197,19 @@ class Worker:
         pending_lease_end = 0.0  # the latest lease end among outcomes added since the last record
         unstarted: list[ClaimedJob] = []
         cfg = self.config
+        kinds = self._kinds
+        level = logger.getEffectiveLevel()  # once per batch: the per-job lines' check
         for position, job in enumerate(jobs):
-            registration = self.registry.get(job.kind)
-            budget = budget_of(registration, cfg)
+            # Per kind once per worker: its registration, budget and the time it needs.
+            known = kinds.get(job.kind)
+            if known is None:
+                registration = self.registry.get(job.kind)
+                budget = budget_of(registration, cfg)
+                needed = needed_for(budget, cfg.lease_margin)
+                known = kinds[job.kind] = (registration, budget, needed)
+            registration, budget, needed = known
             time_left = deadline.remaining()
-            if not fits(time_left, budget, cfg):
+            if time_left < needed:  # the budget does not fit (budget.fits)
                 unstarted = jobs[position:]
                 logger.warning("job given back: its budget does not fit the time left", extra={
                     **job_log_fields(job), "budget": budget, "time_left": round(time_left, 3),
@@ -218,10 +227,10 @@ class Worker:
                     recorder.report_job(job, "lease_lost", None)
                     continue
                 lease_end = renewed
-            lag = self.queue_lag(job)
+            lag = max(0.0, (self.now() - job.available_at).total_seconds())  # queue_lag
             started = self.timer()
             with running(job):
-                outcome = self._run_one(job, registration, budget, deadline, alarm)
+                outcome = self._run_one(job, registration, budget, deadline, alarm, level)
             recorder.add(JobRun(outcome, self.timer() - started, lag))
             pending_lease_end = max(pending_lease_end, lease_end)
         if not unstarted:
@@ -242,11 +251,16 @@ class Worker:
                                 JobState.PENDING if job.id in given_back else None)
 
     def _run_one(self, job: ClaimedJob, registration: Registration | None, budget: float,
-                 deadline: Deadline, alarm: BudgetAlarm) -> JobOutcome:
+                 deadline: Deadline, alarm: BudgetAlarm, level: int) -> JobOutcome:
         """Run one job's handler in this thread and judge its outcome."""
-        prepared = self.judge.prepare(job, registration)
-        if prepared.refused is not None:
-            return prepared.refused
+        if (registration is not None and job.payload_error is None
+                and registration.payload_model is None):
+            payload = job.payload  # nothing to refuse or validate (Judge.prepare's fast path)
+        else:
+            prepared = self.judge.prepare(job, registration)
+            if prepared.refused is not None:
+                return prepared.refused
+            payload = prepared.payload
         assert registration is not None
         started = deadline.remaining()
         context = JobContext(
@@ -255,9 +269,10 @@ class Worker:
             _renew=lambda: self.renew(job, deadline) is not None,
             budget=budget,
         )
-        log_start(job, budget)
-        execution = run_sync(registration, prepared.payload, context, budget, alarm)
-        if logger.isEnabledFor(logging.DEBUG):
+        if level <= logging.INFO:
+            log_start(job, budget)
+        execution = run_sync(registration, payload, context, budget, alarm)
+        if level <= logging.DEBUG:
             logger.debug("job handler returned", extra=job_log_fields(job))
         return self.judge.judge(job, registration, execution)
 
