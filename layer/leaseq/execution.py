@@ -104,8 +104,8 @@ class Attempt:
         return self._future if isinstance(self._future, asyncio.Task) else None
 
     async def within(self, budget: float) -> Execution:
-        done, _ = await asyncio.wait({self._future}, timeout=budget)
-        if not done:
+        await _first_of(self._future, budget)
+        if not self._future.done():
             self._context.request_stop("budget")
             self._future.cancel()  # for a thread: only stops waiting for it
             return Execution(budget, overran=True,
@@ -153,3 +153,25 @@ class Attempt:
         # RuntimeError: the drain ended and its loop is closed; nobody waits for this.
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(hand_over)
+
+
+async def _first_of(future: asyncio.Future[Any], seconds: float) -> None:
+    """Wait until ``future`` is done or ``seconds`` pass, without consuming it: what
+    ``asyncio.wait({future}, timeout=seconds)`` does, minus its per-call set building
+    and checks (one of these runs per job)."""
+    if future.done():
+        return
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[None] = loop.create_future()
+
+    def wake(*_: Any) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    timer = loop.call_later(seconds, wake)
+    future.add_done_callback(wake)
+    try:
+        await waiter
+    finally:
+        timer.cancel()
+        future.remove_done_callback(wake)

@@ -22,6 +22,7 @@ for the network, and a stalled loop can only be a handler's doing (:mod:`leaseq.
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import logging
 import threading
@@ -48,6 +49,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("leaseq.worker")
 T = TypeVar("T")
+
+#: The SQL contract's bound on one claim.
+MAX_CLAIM = 100
 
 #: Handler threads of this process that overran their budget and still run: each keeps
 #: its slot until it returns, in whichever drain it started (Lambda reuses the process).
@@ -149,6 +153,12 @@ class SlotDrain:
                                   self.config.poll_idle)
         self._claiming = True
         self._next_claim = 0.0
+        self._claim_task: asyncio.Task[None] | None = None
+        self._waker: asyncio.Future[None] | None = None
+        self._emptied = False
+        self._woken = False
+        #: Claimed jobs waiting for a slot: (job, lease end, lease seconds).
+        self._waiting: collections.deque[tuple[ClaimedJob, float, float]] = collections.deque()
 
     async def _db_call(self, func: Callable[..., T], *args: Any) -> T:
         return await self.loop.run_in_executor(self._db, functools.partial(func, *args))
@@ -179,6 +189,8 @@ class SlotDrain:
                     slot.context.request_stop("invocation_ending")
             raise
         finally:
+            if self._claim_task is not None:
+                self._claim_task.cancel()
             await watchdog.stop()
             self._db.shutdown(wait=False, cancel_futures=True)
 
@@ -191,29 +203,41 @@ class SlotDrain:
                          extra={"concurrency": cfg.concurrency})
             self.report.stopped = "no_free_slot"
             return
+        # Up to this many claimed jobs wait for a slot, so that a slot freed by a finished
+        # job is refilled at once, while the claim that tops the buffer up is under way.
+        spare = min(cfg.batch_size, capacity)
         threshold = max(1, min(cfg.batch_size, capacity // 2))
-        free_since: float | None = None
+        short_since: float | None = None
         straggle_until: float | None = None
         self._next_claim = self.loop.time()
         while True:
             self.recorder.raise_failure()
             self._collect()
+            if self._claim_task is not None and self._claim_task.done():
+                task, self._claim_task = self._claim_task, None
+                task.result()
+            await self._fill(capacity)
             now = self.loop.time()
             if self._claiming and not fits(self.deadline.remaining(), cfg.job_timeout, cfg):
                 self._stop_claiming("deadline")
-            free = capacity - len(self._slots)
+            room = capacity + spare - len(self._slots) - len(self._waiting)
             timeouts: list[float] = []
-            if self._claiming and free > 0:
-                free_since = now if free_since is None else free_since
+            if self._claiming and self._claim_task is None and room > 0:
+                short_since = now if short_since is None else short_since
                 claim_at = self._next_claim
-                if self._slots and free < threshold:
-                    claim_at = max(claim_at, free_since + cfg.poll_min)
+                if room < threshold and (self._slots or self._waiting):
+                    claim_at = max(claim_at, short_since + cfg.poll_min)
+                elif self._emptied and not self._slots and not self._waiting:
+                    claim_at = now  # the jobs of the claim that emptied the queue are done
                 if now >= claim_at:
-                    await self._claim(min(free, cfg.batch_size))
-                    free_since = None
+                    # As many as there is room for: when claims cannot keep up with the
+                    # slots, each takes more jobs per round trip.
+                    self._claim_task = self._watch(
+                        self.loop.create_task(self._claim(min(room, MAX_CLAIM))))
+                    short_since = None
                     continue
                 timeouts.append(claim_at - now)
-            if not self._claiming:
+            if not self._claiming and self._claim_task is None and not self._waiting:
                 if not self._slots:
                     return
                 if all(slot.overran for slot in self._slots.values()):
@@ -238,17 +262,39 @@ class SlotDrain:
             if not task.cancelled() and task.exception() is not None:
                 raise task.exception()  # type: ignore[misc]
 
+    def _wake(self, *_: Any) -> None:
+        """Something the loop waits for happened (a slot, claim or renewal ended)."""
+        self._woken = True
+        waker = self._waker
+        if waker is not None and not waker.done():
+            waker.set_result(None)
+
+    def _watch(self, task: asyncio.Task[Any]) -> asyncio.Task[Any]:
+        task.add_done_callback(self._wake)
+        return task
+
     async def _wait(self, timeout: float | None) -> None:
+        """Until something ends or ``timeout`` passes. One future per wait, woken by
+        done-callbacks, rather than asyncio.wait over every slot: that would add and
+        remove a callback on each of them on every turn of the loop."""
         self._renewals = {task for task in self._renewals if not task.done()}
-        waiting = set(self._slots) | self._renewals
-        if waiting:
-            await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        elif timeout is not None:
-            await asyncio.sleep(timeout)
+        if self._woken:
+            self._woken = False
+            return
+        self._waker = self.loop.create_future()
+        timer = None if timeout is None else self.loop.call_later(timeout, self._wake)
+        try:
+            await self._waker
+        finally:
+            self._waker = None
+            self._woken = False
+            if timer is not None:
+                timer.cancel()
 
     # Claims ---------------------------------------------------------------------
 
     async def _claim(self, limit: int) -> None:
+        """One claim (with the outcomes waiting to be recorded); its jobs wait for slots."""
         cfg = self.config
         time_left = self.deadline.remaining()
         lease = lease_for(time_left, margin=cfg.lease_margin, cap=cfg.max_lease)
@@ -256,8 +302,10 @@ class SlotDrain:
         jobs = await self._db_call(self.recorder.record_and_claim, limit, lease)
         now = self.loop.time()
         if not jobs:
+            busy = bool(self._slots or self._waiting)
+            self._emptied = busy  # look again once the running jobs are done
             self.report.polls += 1
-            wait = self._poll.after_empty(busy=bool(self._slots))
+            wait = self._poll.after_empty(busy=busy)
             if wait is None or not fits(self.deadline.remaining() - wait, cfg.job_timeout, cfg):
                 self._stop_claiming("queue_empty")
             else:
@@ -266,15 +314,20 @@ class SlotDrain:
         self._poll.found_work()
         self.report.batches += 1
         self.report.claimed += len(jobs)
-        # A claim that found fewer jobs than asked emptied the queue for now.
-        self._next_claim = now if len(jobs) == limit else now + cfg.poll_min
-        await self._start(jobs, time_left - lease.total_seconds(), lease.total_seconds())
+        # A claim that found fewer jobs than asked emptied the queue for now: look again
+        # after poll_min, or as soon as its jobs are done.
+        self._emptied = len(jobs) < limit
+        self._next_claim = now + cfg.poll_min if self._emptied else now
+        lease_seconds = lease.total_seconds()
+        self._waiting.extend((job, time_left - lease_seconds, lease_seconds) for job in jobs)
 
-    async def _start(self, jobs: list[ClaimedJob], lease_end: float,
-                     lease_seconds: float) -> None:
+    async def _fill(self, capacity: int) -> None:
+        """Start waiting jobs in the free slots; give back those whose budget no longer
+        fits the time left."""
         cfg = self.config
         unfit = []
-        for job in jobs:
+        while self._waiting and len(self._slots) < capacity:
+            job, lease_end, lease_seconds = self._waiting.popleft()
             registration = self.worker.registry.get(job.kind)
             budget = budget_of(registration, cfg)
             time_left = self.deadline.remaining()
@@ -286,7 +339,7 @@ class SlotDrain:
                 continue
             slot = Slot(job, registration, budget, lease_end, lease_seconds,
                         needs_until=time_left - budget - FINISH_RESERVE)
-            self._slots[self.loop.create_task(self._run_slot(slot))] = slot
+            self._slots[self._watch(self.loop.create_task(self._run_slot(slot)))] = slot
         if unfit:
             # Claiming again could only take the same jobs and give them back.
             self._stop_claiming("deadline")
@@ -363,7 +416,7 @@ class SlotDrain:
             if in_seconds <= 0:
                 slot.renewing = True
                 # Awaited by _wait too: the next renewal is planned once this one ends.
-                self._renewals.add(self.loop.create_task(self._renew(slot)))
+                self._renewals.add(self._watch(self.loop.create_task(self._renew(slot))))
             elif next_in is None or in_seconds < next_in:
                 next_in = in_seconds
         return next_in

@@ -166,8 +166,9 @@ def test_an_invocation_killed_with_50_jobs_in_flight_loses_none(
         "select id from app.jobs where state = 'running'").fetchall()}
     finished = _reap_and_finish(db, admin)
 
-    assert len(in_flight) == 50
-    assert finished == {"released": 50, "succeeded": 120}
+    # 50 handlers running, and up to a batch of claimed jobs waiting for a slot.
+    assert 50 <= len(in_flight) <= 60
+    assert finished == {"released": len(in_flight), "succeeded": 120}
     audit = audit_queue(admin)
     assert audit.violations == [], audit.violations[:5]
     assert audit.states == {"succeeded": 120}
