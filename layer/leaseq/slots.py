@@ -1,11 +1,14 @@
 """The event-loop drain: up to ``concurrency`` jobs at once, each slot refilled by the
 next claim.
 
-A worker with ``concurrency`` N keeps N slots. Claims fill free slots: as soon as half
-of them (at most ``batch_size``) are free, or any slot has been free for ``poll_min``
-seconds, the next claim takes that many jobs and carries every outcome waiting to be
-recorded (``app.finish_and_claim_jobs``: one round trip). A slow job holds only its own
-slot; the others keep turning over.
+A worker with ``concurrency`` N keeps N slots, and up to ``batch_size`` (at most N)
+claimed jobs waiting for one, so that a slot freed by a finished job is refilled at once
+while the next claim is under way. A claim goes out when there is room for
+``min(batch_size, N / 2)`` jobs (or for fewer, once that room has waited ``poll_min``
+seconds), takes as many jobs as there is room for (up to the SQL contract's 100), and
+carries every outcome waiting to be recorded (``app.finish_and_claim_jobs``: one round
+trip). When the slots turn over faster than claims come back, each claim takes more jobs.
+A slow job holds only its own slot; the others keep turning over.
 
 Every job runs in a slot of its own, with its own budget: an ``async def`` handler as a
 task, cancelled at its budget; a sync handler in a thread, abandoned at its budget (see
