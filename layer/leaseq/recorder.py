@@ -103,14 +103,15 @@ class Recorder:
     def add(self, run: JobRun, due: float | None = None) -> None:
         """Hold ``run`` until it is recorded: at the latest ``record_interval`` from now,
         or by ``due`` (a clock time, when its lease ends sooner)."""
-        now = self._clock()
-        at = now + self._interval if due is None else min(due, now + self._interval)
         with self._pending_lock:
+            if not self._pending:
+                # The oldest waiting outcome is due first: one clock reading per batch.
+                self._due = self._clock() + self._interval
             self._pending.append(run)
-            if self._due is None or at < self._due:
-                self._due = at
-        if at < now + self._interval / 2:
-            self._wake.set()  # sooner than the recorder thread would look again
+            if due is None or self._due is None or due >= self._due:
+                return
+            self._due = due
+        self._wake.set()  # a lease ends sooner than the recorder thread would look again
 
     @property
     def waiting(self) -> int:
