@@ -129,7 +129,7 @@ def test_worker_settings_take_their_defaults_and_bounds_from_worker_config() -> 
     # One lower bound for the lease margin, wherever it is set.
     with pytest.raises(ConfigurationError, match="LEASEQ_LEASE_MARGIN_SECONDS"):
         LeaseqSettings.from_env({"DATABASE_URL": DSN, "LEASEQ_LEASE_MARGIN_SECONDS": "0.4"})
-    with pytest.raises(ConfigurationError, match="lease_margin must be at least 0.5"):
+    with pytest.raises(ConfigurationError, match=r"lease_margin must be at least 0\.5"):
         WorkerConfig(owner="w", lease_margin=0.4)
     LeaseqSettings.from_env({"DATABASE_URL": DSN, "LEASEQ_LEASE_MARGIN_SECONDS": "0.5"})
     WorkerConfig(owner="w", lease_margin=0.5)
