@@ -16,9 +16,11 @@ from typing import Any
 from harness import machine, meters, report, secondary, source
 from harness.ceiling import run_ceiling
 from harness.drain import DrainResult, run_drain
-from harness.pg import Server, analyze, connect, find_pgbench
+from harness.pg import Server, analyze, connect, find_pgbench, run_database
 from harness.systems import (
     SYSTEMS,
+    WAITING_SYSTEMS,
+    Work,
     leaseq_enqueue,
     leaseq_finished,
     leaseq_install,
@@ -95,6 +97,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--sql-upto", type=int, default=None, metavar="VERSION",
                    help="apply leaseq's migrations only up to this version (to compare a "
                         "schema change with what came before it; default: all)")
+    p.add_argument("--handler-ms", type=float, default=None, metavar="MS",
+                   help="instead of a no-op, every job's handler is an async def that waits "
+                        "MS milliseconds (0: awaits nothing), --handler-concurrency of them "
+                        "at once per worker process; leaseq and PgQueuer only")
+    p.add_argument("--handler-concurrency", type=int, default=50, metavar="N",
+                   help="jobs at once per worker process with --handler-ms: leaseq's "
+                        "concurrency, PgQueuer's concurrency_limit (default %(default)s)")
     p.add_argument("--keep-databases", action="store_true")
     p.add_argument("--self-check", action="store_true",
                    help="check the meters against known work on the server, then exit")
@@ -110,6 +119,9 @@ def plan(args: argparse.Namespace) -> list[Cell]:
     unknown = [s for s in wanted if s not in SYSTEMS and s not in CEILINGS]
     if unknown:
         raise SystemExit(f"unknown systems {unknown}; choose from {[*SYSTEMS, *CEILINGS]}")
+    if args.handler_ms is not None and set(wanted) - set(WAITING_SYSTEMS):
+        raise SystemExit(f"--handler-ms runs {', '.join(WAITING_SYSTEMS)} only; "
+                         f"pass --systems {','.join(WAITING_SYSTEMS)}")
     leaseq_c = [int(c) for c in args.leaseq_concurrency.split(",")]
     peer_c = [int(c) for c in args.peer_concurrency.split(",")]
     cells = []
@@ -136,7 +148,8 @@ class Bench:
 
     def run_cell(self, cell: Cell, jobs: int, *, relay: RoundTripRelay | None = None,
                  tag: str = "", settle: float = 0.0) -> DrainResult:
-        dbname = f"leaseq_bench_{cell.key.replace('-', '_')}_c{cell.concurrency}{tag}"
+        dbname = run_database(
+            f"leaseq_bench_{cell.key.replace('-', '_')}_c{cell.concurrency}{tag}")
         is_ceiling = cell.key in CEILINGS
         on_reference = cell.key == "ceiling-reference"
         system = None if is_ceiling else SYSTEMS[cell.key]
@@ -171,8 +184,10 @@ class Bench:
             else:
                 assert system is not None
                 worker_dsn = relay.dsn_for(dsn) if relay else dsn
+                work = None if self.args.handler_ms is None else Work(
+                    self.args.handler_ms, self.args.handler_concurrency)
                 result = run_drain(
-                    system.commands(worker_dsn, cell.concurrency), dsn,
+                    system.commands(worker_dsn, cell.concurrency, work), dsn,
                     cpu_meter=self._cpu_meter(dbname), walinspect=walinspect,
                     relay_count=(lambda: relay.round_trips) if relay else None,
                     nice=self.args.nice)
@@ -208,7 +223,9 @@ def main(argv: list[str]) -> int:
     started = time.time()
     facts = bench.server.facts()
     print(f"server: {facts['version']}")
-    print(f"{args.jobs} jobs, {args.tenants} tenants, batch 10, {args.runs} runs; "
+    work = "" if args.handler_ms is None else (
+        f" (handler waits {args.handler_ms:g} ms, {args.handler_concurrency} at once)")
+    print(f"{args.jobs} jobs{work}, {args.tenants} tenants, batch 10, {args.runs} runs; "
           f"cells: {', '.join(c.name for c in cells)}", flush=True)
 
     out = args.out or BENCH_DIR / "results" / (
@@ -217,6 +234,8 @@ def main(argv: list[str]) -> int:
     setup = {
         "jobs": args.jobs, "tenants": args.tenants, "runs": args.runs, "batch": 10,
         "payload_bytes": args.payload_bytes,
+        "handler_ms": args.handler_ms,
+        "handler_concurrency": args.handler_concurrency if args.handler_ms is not None else None,
         "cells": [c.name for c in cells], "rt_jobs": args.rt_jobs,
         "server": facts, "pgbench": bench.pgbench is not None,
         "server_cpu_meter": bench.postmaster is not None,

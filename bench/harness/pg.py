@@ -79,6 +79,16 @@ class Server:
             conn.execute("checkpoint")
 
 
+#: Appended to every database a run creates: two benchmark runs on one server (two
+#: checkouts, two people) must never create, drain or drop each other's databases.
+RUN_TAG = f"_{os.getpid()}"
+
+
+def run_database(base: str) -> str:
+    """The name of this run's database ``base`` (PostgreSQL's 63-byte limit kept)."""
+    return f"{base[:63 - len(RUN_TAG)]}{RUN_TAG}"
+
+
 def analyze(dsn: str, tables: list[str]) -> None:
     """Planner statistics as autovacuum would leave them after a bulk enqueue.
 

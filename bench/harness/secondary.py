@@ -16,7 +16,7 @@ from typing import Any
 
 from harness import source
 from harness.meters import renice
-from harness.pg import Server, connect
+from harness.pg import Server, connect, run_database
 from harness.systems import leaseq_enqueue, leaseq_install, tenant_ids
 
 # Finished jobs are written in one set-based statement (no functions, no events): the
@@ -68,7 +68,7 @@ def claim_latency(server: Server, *, finished: int, tenants: int, samples: int =
     out: dict[str, Any] = {"finished_rows": finished, "ready_rows": ready,
                            "samples": samples, "batch": 10}
     for label, count in (("empty", 0), ("finished", finished)):
-        with server.database(f"leaseq_bench_latency_{label}", keep=keep) as dsn:
+        with server.database(run_database(f"leaseq_bench_latency_{label}"), keep=keep) as dsn:
             leaseq_install(dsn)
             t0 = time.perf_counter()
             if count:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import psycopg
 
 from harness import meters
-from harness.pg import Server, connect
+from harness.pg import Server, connect, run_database
 from harness.wire import RoundTripRelay
 
 
@@ -23,7 +23,7 @@ def _check(name: str, ok: bool, detail: str) -> bool:
 
 def run(server: Server) -> int:
     results = []
-    with server.database("leaseq_bench_selfcheck") as dsn:
+    with server.database(run_database("leaseq_bench_selfcheck")) as dsn:
         with RoundTripRelay(dsn) as relay, psycopg.connect(
             relay.dsn_for(dsn), autocommit=True
         ) as conn:
@@ -64,7 +64,7 @@ def run(server: Server) -> int:
             pm = meters.postmaster_pid(conn)
             if meters.ServerCpuMeter.available(pm):
                 assert pm is not None
-                meter = meters.ServerCpuMeter(pm, "leaseq_bench_selfcheck")
+                meter = meters.ServerCpuMeter(pm, run_database("leaseq_bench_selfcheck"))
                 meter.start()
                 conn.execute("select count(*) from generate_series(1, 3000000)").fetchall()
                 cpu = meter.stop()

@@ -49,6 +49,23 @@ def tenant_ids(tenants: int) -> list[uuid.UUID]:
     return [uuid.uuid5(uuid.NAMESPACE_URL, f"leaseq-bench-tenant-{i}") for i in range(tenants)]
 
 
+@dataclass(frozen=True)
+class Work:
+    """What each job's handler does instead of nothing: an ``async def`` handler that
+    waits ``handler_ms`` (a network call's wait), ``slots`` of them at once per worker
+    process (leaseq's ``concurrency``, PgQueuer's ``concurrency_limit``)."""
+
+    handler_ms: float
+    slots: int
+
+    def args(self) -> list[str]:
+        return [f"{self.handler_ms:g}", str(self.slots)]
+
+
+#: The systems whose workers can run a waiting handler concurrently.
+WAITING_SYSTEMS = ("leaseq", "pgqueuer")
+
+
 class System(Protocol):
     key: str
     label: str
@@ -56,7 +73,8 @@ class System(Protocol):
 
     def install(self, dsn: str) -> None: ...
     def enqueue(self, dsn: str, jobs: int, tenants: int, payload_bytes: int) -> None: ...
-    def commands(self, dsn: str, concurrency: int) -> list[list[str]]: ...
+    def commands(self, dsn: str, concurrency: int,
+                 work: Work | None = None) -> list[list[str]]: ...
     def finished(self, dsn: str) -> int: ...
 
 
@@ -167,9 +185,11 @@ class LeaseqSqlFloor:
     def enqueue(self, dsn: str, jobs: int, tenants: int, payload_bytes: int) -> None:
         leaseq_enqueue(dsn, jobs, tenants, payload_bytes)
 
-    def commands(self, dsn: str, concurrency: int) -> list[list[str]]:
+    def commands(self, dsn: str, concurrency: int,
+                 work: Work | None = None) -> list[list[str]]:
+        extra = work.args() if work is not None else []
         return [
-            ["-m", self.worker_module, dsn, f"bench-worker-{i}", str(BATCH)]
+            ["-m", self.worker_module, dsn, f"bench-worker-{i}", str(BATCH), *extra]
             for i in range(concurrency)
         ]
 
@@ -233,8 +253,10 @@ class PgQueuerSystem:
     def enqueue(self, dsn: str, jobs: int, tenants: int, payload_bytes: int) -> None:
         asyncio.run(_pgqueuer(dsn, "enqueue", jobs, tenants, payload_bytes))
 
-    def commands(self, dsn: str, concurrency: int) -> list[list[str]]:
-        return [["-m", "harness.workers.pgqueuer_drain", as_url(dsn), str(BATCH)]
+    def commands(self, dsn: str, concurrency: int,
+                 work: Work | None = None) -> list[list[str]]:
+        extra = work.args() if work is not None else []
+        return [["-m", "harness.workers.pgqueuer_drain", as_url(dsn), str(BATCH), *extra]
                 for _ in range(concurrency)]
 
     def finished(self, dsn: str) -> int:
@@ -275,7 +297,8 @@ class ProcrastinateSystem:
     def enqueue(self, dsn: str, jobs: int, tenants: int, payload_bytes: int) -> None:
         asyncio.run(_procrastinate(dsn, "enqueue", jobs, tenants, payload_bytes))
 
-    def commands(self, dsn: str, concurrency: int) -> list[list[str]]:
+    def commands(self, dsn: str, concurrency: int,
+                 work: Work | None = None) -> list[list[str]]:
         return [["-m", "harness.workers.procrastinate_drain", dsn,
                  str(self.concurrency_per_process)] for _ in range(concurrency)]
 

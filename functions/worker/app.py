@@ -34,8 +34,10 @@ def lambda_handler(event: Any, context: LambdaContext) -> dict[str, Any]:
         rt.check()
         owner = owner_id(context, rt.settings.worker.worker_id)
         kinds = telemetry.KindDimension(rt.registry().kinds, rt.settings.worker.metric_kinds)
-        worker = rt.worker(owner, on_job=telemetry.JobTelemetry(logger, metrics, kinds))
-        report = worker.drain(LambdaDeadline(context))
+        deadline = LambdaDeadline(context)
+        worker = rt.worker(owner, on_job=telemetry.JobTelemetry(logger, metrics, kinds),
+                           time_left=deadline.remaining())
+        report = worker.drain(deadline)
     except LeaseqError as exc:
         logger.exception("drain failed", extra={"error": exc.message, "sqlstate": exc.sqlstate})
         raise

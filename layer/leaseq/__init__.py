@@ -1,6 +1,7 @@
 """leaseq: a durable, multi-tenant job queue in PostgreSQL, drained by AWS Lambda."""
 
 from leaseq.client import QueueClient, enqueue_job, enqueue_jobs
+from leaseq.config import WorkerConfig
 from leaseq.db import connect
 from leaseq.deadline import Deadline, MonotonicDeadline, lease_for
 from leaseq.decoding import UndecodableJson
@@ -22,11 +23,12 @@ from leaseq.job_context import JobContext, JobLogFields, current_job, job_log_fi
 from leaseq.jobs import ClaimedJob, EnqueueRequest, EnqueueResult, JobOutcome, JobState
 from leaseq.migrate import MigrationReport, migrate
 from leaseq.reaper import ReapReport, reap_once
+from leaseq.recorder import JobRecord
 from leaseq.registry import Registration, Registry
 from leaseq.retry import RetryPolicy
 from leaseq.settings import DatabaseSettings, LeaseqSettings, ReaperSettings, WorkerSettings
 from leaseq.signals import DiscardJob, JobTimeout, RetryJob
-from leaseq.worker import DrainReport, JobRecord, Worker, WorkerConfig
+from leaseq.worker import DrainReport, Worker
 
 __all__ = [
     "ClaimedJob",

@@ -5,10 +5,15 @@ invocation at a time) and re-validates it before use, because a connection froze
 with its execution environment may be dead when the environment thaws. Every call
 is safe to repeat once after a reconnect: enqueue is idempotent, finishes and renewals
 are fenced by the lease token, and a repeated claim at worst leaves a lease to expire.
+
+One client may be used from several threads (a worker's recorder thread, its event
+loop's database thread, handler threads renewing their leases): a lock makes each call,
+with its reconnect, one step, so the statements of one connection never interleave.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -108,14 +113,16 @@ class QueueClient:
         self._clock = clock
         self._conn: Connection | None = None
         self._last_used = 0.0
+        self._lock = threading.RLock()
         self.reconnects = 0
 
     # Connection lifecycle -------------------------------------------------------
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
 
     def _fresh_connection(self) -> Connection:
         self.close()
@@ -132,29 +139,32 @@ class QueueClient:
         Called at the start of each invocation. A connection that was idle longer
         than ``max_idle_seconds`` is pinged first; a failed ping means a new one.
         """
-        conn = self._conn
-        if conn is None or conn.closed or conn.broken:
-            self._fresh_connection()
-        elif self._clock() - self._last_used > self._max_idle:
-            try:
-                fetch_rows(conn, queries.PING, {})
-            except DatabaseUnavailableError:
+        with self._lock:
+            conn = self._conn
+            if conn is None or conn.closed or conn.broken:
                 self._fresh_connection()
-        self._last_used = self._clock()
+            elif self._clock() - self._last_used > self._max_idle:
+                try:
+                    fetch_rows(conn, queries.PING, {})
+                except DatabaseUnavailableError:
+                    self._fresh_connection()
+            self._last_used = self._clock()
 
     @property
     def connection(self) -> Connection:
-        if self._conn is None or self._conn.closed or self._conn.broken:
-            return self._fresh_connection()
-        return self._conn
+        with self._lock:
+            if self._conn is None or self._conn.closed or self._conn.broken:
+                return self._fresh_connection()
+            return self._conn
 
     def _call(self, operation: Callable[[Connection], T]) -> T:
-        try:
-            result = operation(self.connection)
-        except DatabaseUnavailableError:
-            result = operation(self._fresh_connection())
-        self._last_used = self._clock()
-        return result
+        with self._lock:
+            try:
+                result = operation(self.connection)
+            except DatabaseUnavailableError:
+                result = operation(self._fresh_connection())
+            self._last_used = self._clock()
+            return result
 
     def _query(self, query: LiteralString, params: Mapping[str, Any]) -> list[dict[str, Any]]:
         return self._call(lambda conn: fetch_rows(conn, query, params))

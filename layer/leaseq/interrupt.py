@@ -1,4 +1,4 @@
-"""Stop a handler whose time budget is spent.
+"""Stop a sync handler whose budget is spent (the one-at-a-time path of the worker).
 
 In the main thread (a Lambda handler, the CLI) a real-time interval timer raises
 ``JobTimeout`` inside the handler, which interrupts pure Python code and blocking
@@ -34,10 +34,10 @@ def _can_use_alarm() -> bool:
     )
 
 
-class TimeLimit:
-    """Runs handlers under a time budget for the length of one drain.
+class BudgetAlarm:
+    """Runs sync handlers under their budget for the length of one drain.
 
-    Got from :func:`timeouts`. Where the alarm handler is installed for the scope, each
+    Got from :func:`budget_alarm`. Where the alarm handler is installed for the scope, each
     job only arms and disarms the timer: per job, that is two system calls and no
     signal-handler bookkeeping, which used to cost as much client CPU as recording
     the job's outcome. Elsewhere each job runs in an abandonable thread.
@@ -45,6 +45,11 @@ class TimeLimit:
 
     def __init__(self, alarm: bool) -> None:
         self._alarm = alarm
+
+    @property
+    def uses_signal(self) -> bool:
+        """True when overruns are interrupted by SIGALRM (else abandoned in a thread)."""
+        return self._alarm
 
     def call(self, func: Callable[[], T], seconds: float) -> T:
         """Run ``func``; raise :class:`JobTimeout` if it runs longer than ``seconds``."""
@@ -60,18 +65,18 @@ class TimeLimit:
 
 
 @contextmanager
-def timeouts() -> Iterator[TimeLimit]:
+def budget_alarm() -> Iterator[BudgetAlarm]:
     """Install the alarm handler once for a whole drain, when this thread may use it.
 
     A handler that replaces the SIGALRM handler or arms ITIMER_REAL itself inside
     the scope takes over the timer, and its own job can then overrun its budget.
     """
     if not _can_use_alarm():
-        yield TimeLimit(alarm=False)
+        yield BudgetAlarm(alarm=False)
         return
     previous = signal.signal(signal.SIGALRM, _raise_timeout)
     try:
-        yield TimeLimit(alarm=True)
+        yield BudgetAlarm(alarm=True)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)

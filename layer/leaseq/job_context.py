@@ -8,10 +8,12 @@ job's identity: :class:`JobLogFields` copies it onto log records. This stays sta
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable
+import threading
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar, Token
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from leaseq.jobs import ClaimedJob
@@ -21,9 +23,31 @@ _current_job: ContextVar[ClaimedJob | None] = ContextVar("leaseq_current_job", d
 
 @dataclass
 class JobContext:
+    """What a handler knows about its own run: the job, the time its budget leaves, its
+    lease, and whether it should stop.
+
+    Every method works in a sync and in an ``async def`` handler; the ``_async`` forms
+    never block the event loop::
+
+        @registry.handler("export", timeout=120)
+        async def export(payload: dict, ctx: JobContext) -> None:
+            for page in pages(payload):
+                if ctx.stop_requested or not await ctx.renew_lease_async():
+                    return  # the budget is spent or the lease is gone: stop cleanly
+                await upload(page, idempotency_key=f"{ctx.job.id}-{page.number}")
+    """
+
     job: ClaimedJob
     _remaining: Callable[[], float]
     _renew: Callable[[], bool]
+    _renew_async: Callable[[], Awaitable[bool]] | None = None
+    budget: float = 0.0
+    _stop_async: asyncio.Event | None = field(default=None, repr=False)
+    stop_reason: str | None = None
+    # A flag, and a thread event made only when a handler waits on it: one context is
+    # built per job, and an Event (a lock and a condition) costs more than the rest.
+    _stopped: bool = field(default=False, repr=False)
+    _stop: threading.Event | None = field(default=None, repr=False)
 
     @property
     def attempt(self) -> int:
@@ -34,16 +58,66 @@ class JobContext:
         return self.job.correlation_id
 
     def remaining(self) -> float:
-        """Seconds this handler may still run before it is interrupted."""
+        """Seconds this handler may still run before it is interrupted or cancelled."""
         return self._remaining()
 
     def renew_lease(self) -> bool:
         """Extend the lease as far as the invocation's budget allows.
 
         Returns False when the lease was lost (another worker may now own the job);
-        a handler should then stop without side effects it cannot repeat.
+        a handler should then stop without side effects it cannot repeat. In an
+        ``async def`` handler use :meth:`renew_lease_async`: this call waits for a
+        database round trip and would hold up every other job on the event loop.
         """
         return self._renew()
+
+    async def renew_lease_async(self) -> bool:
+        """:meth:`renew_lease` without blocking the event loop."""
+        if self._renew_async is not None:
+            return await self._renew_async()
+        return await asyncio.to_thread(self._renew)
+
+    @property
+    def stop_requested(self) -> bool:
+        """True once the handler should stop: its budget is spent (it is being cancelled,
+        or, in a thread, abandoned), its lease was lost, or the invocation is ending.
+        ``stop_reason`` says which (``budget``, ``lease_lost``, ``invocation_ending``)."""
+        return self._stopped
+
+    def _thread_event(self) -> threading.Event:
+        if self._stop is None:
+            self._stop = threading.Event()
+        if self._stopped:  # read after the event exists: request_stop sets one or the other
+            self._stop.set()
+        return self._stop
+
+    def wait_for_stop(self, timeout: float | None = None) -> bool:
+        """Block the calling thread until a stop is requested or ``timeout`` passes;
+        whether it was requested. For sync handlers (a thread's sleep that ends early)."""
+        return self._thread_event().wait(timeout)
+
+    async def wait_for_stop_async(self, timeout: float | None = None) -> bool:
+        """:meth:`wait_for_stop` for ``async def`` handlers."""
+        if self._stop_async is None:
+            return await asyncio.to_thread(self._thread_event().wait, timeout)
+        try:
+            async with asyncio.timeout(timeout):
+                await self._stop_async.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    def request_stop(self, reason: str) -> None:
+        """Ask the handler to stop (the worker calls this; in its event loop's thread
+        when the context has an asyncio event)."""
+        if self._stopped:
+            return
+        self.stop_reason = reason
+        self._stopped = True
+        if self._stop is not None:
+            self._stop.set()
+        if self._stop_async is not None:
+            self._stop_async.set()
 
 
 def current_job() -> ClaimedJob | None:

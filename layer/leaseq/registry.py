@@ -1,5 +1,10 @@
 """Job kinds and the functions that run them.
 
+A handler is a plain function or an ``async def`` one; both take ``(payload, ctx)``. A
+worker with ``concurrency`` above 1 runs up to that many at once: async handlers as
+tasks on one event loop, sync ones in threads (see docs/reliability.md, "Choosing a
+handler style").
+
 A registration may name a pydantic model for the payload: the worker validates the
 payload before calling the handler, and a payload that does not fit makes the job
 dead at once (retrying cannot fix it), with the validation errors as its last_error.
@@ -7,8 +12,10 @@ dead at once (retrying cannot fix it), with the validation errors as its last_er
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
@@ -24,16 +31,36 @@ JobHandler = Callable[[Any, "JobContext"], Any]
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def is_async_handler(handler: JobHandler) -> bool:
+    """Whether calling ``handler`` gives a coroutine to await (``async def``, also
+    behind ``functools.partial`` or as an object's ``async def __call__``)."""
+    while isinstance(handler, functools.partial):
+        handler = handler.func
+    call = type(handler).__call__ if not inspect.isroutine(handler) else None
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(call)
+
+
 @dataclass(frozen=True)
 class Registration:
+    """One kind's handler and its rules; ``is_async`` says how the worker calls it."""
+
     kind: str
     handler: JobHandler
     payload_model: type[BaseModel] | None = None
     timeout: float | None = None
     retry: RetryPolicy | None = None
+    is_async: bool = field(default=False)
 
 
 class Registry:
+    """Kinds and their handlers, looked up by the worker for every claimed job.
+
+    >>> registry = Registry()
+    >>> @registry.handler("send_receipt", timeout=10)
+    ... async def send_receipt(payload: dict, ctx: JobContext) -> None:
+    ...     await ctx.renew_lease_async()
+    """
+
     def __init__(self) -> None:
         self._by_kind: dict[str, Registration] = {}
 
@@ -56,7 +83,8 @@ class Registry:
                 f"job kind {kind!r} is registered twice; register each kind once")
         if timeout is not None and timeout <= 0:
             raise ConfigurationError(f"timeout for kind {kind!r} must be positive seconds")
-        registration = Registration(kind, handler, payload, timeout, retry)
+        registration = Registration(kind, handler, payload, timeout, retry,
+                                    is_async=is_async_handler(handler))
         self._by_kind[kind] = registration
         return registration
 
@@ -68,7 +96,7 @@ class Registry:
         timeout: float | None = None,
         retry: RetryPolicy | None = None,
     ) -> Callable[[F], F]:
-        """Decorator form of :meth:`register`."""
+        """Decorator form of :meth:`register`, for ``def`` and ``async def`` handlers."""
 
         def decorate(func: F) -> F:
             self.register(kind, func, payload=payload, timeout=timeout, retry=retry)
@@ -78,6 +106,12 @@ class Registry:
 
     def get(self, kind: str) -> Registration | None:
         return self._by_kind.get(kind)
+
+    @property
+    def has_async(self) -> bool:
+        """Whether any kind has an ``async def`` handler (the worker then runs an event
+        loop, whatever its concurrency)."""
+        return any(r.is_async for r in self._by_kind.values())
 
     @property
     def kinds(self) -> list[str]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -31,6 +31,7 @@ from pydantic import (
     model_validator,
 )
 
+from leaseq import config
 from leaseq.errors import ConfigurationError
 from leaseq.tls import SslMode, TlsOptions, choose_tls
 
@@ -101,27 +102,68 @@ class DatabaseSettings(BaseModel):
 
 
 class WorkerSettings(BaseModel):
-    """How the worker drains: batch size, time budgets, retries, handlers, metrics."""
+    """The worker's environment. Defaults and bounds are those of
+    :class:`leaseq.WorkerConfig` (both read ``leaseq.config``), and the rules relating two
+    settings are checked here with the variables' names."""
 
     model_config = ConfigDict(frozen=True, populate_by_name=True)
 
-    batch_size: int = Field(default=10, ge=1, le=100, alias="LEASEQ_BATCH_SIZE")
-    lease_margin_seconds: float = Field(default=5.0, ge=0.5, le=600,
-                                        alias="LEASEQ_LEASE_MARGIN_SECONDS")
-    job_timeout_seconds: float = Field(default=30.0, gt=0, le=86_400,
-                                       alias="LEASEQ_JOB_TIMEOUT_SECONDS")
-    max_lease_seconds: float | None = Field(default=None, ge=1, le=86_400,
-                                            alias="LEASEQ_MAX_LEASE_SECONDS")
+    batch_size: int = Field(alias="LEASEQ_BATCH_SIZE", **config.BATCH_SIZE.field())
+    lease_margin_seconds: float = Field(alias="LEASEQ_LEASE_MARGIN_SECONDS",
+                                        **config.LEASE_MARGIN.field())
+    job_timeout_seconds: float = Field(alias="LEASEQ_JOB_TIMEOUT_SECONDS",
+                                       **config.JOB_TIMEOUT.field())
+    max_lease_seconds: float | None = Field(alias="LEASEQ_MAX_LEASE_SECONDS",
+                                            **config.MAX_LEASE.field())
     worker_id: str | None = Field(default=None, min_length=1, max_length=120,
                                   alias="LEASEQ_WORKER_ID")
     handlers_module: str | None = Field(default=None, alias="LEASEQ_HANDLERS")
-    retry_base_seconds: float = Field(default=5.0, ge=0, le=86_400,
-                                      alias="LEASEQ_RETRY_BASE_SECONDS")
-    retry_max_seconds: float = Field(default=3600.0, ge=0, le=2_592_000,
-                                     alias="LEASEQ_RETRY_MAX_SECONDS")
+    retry_base_seconds: float = Field(alias="LEASEQ_RETRY_BASE_SECONDS",
+                                      **config.RETRY_BASE.field())
+    retry_max_seconds: float = Field(alias="LEASEQ_RETRY_MAX_SECONDS",
+                                     **config.RETRY_MAX.field())
+    concurrency: int = Field(alias="LEASEQ_WORKER_CONCURRENCY", **config.CONCURRENCY.field())
+    record_interval_seconds: float = Field(alias="LEASEQ_RECORD_INTERVAL_SECONDS",
+                                           **config.RECORD_INTERVAL.field())
+    poll_min_seconds: float = Field(alias="LEASEQ_POLL_MIN_SECONDS", **config.POLL_MIN.field())
+    poll_max_seconds: float = Field(alias="LEASEQ_POLL_MAX_SECONDS", **config.POLL_MAX.field())
+    poll_idle_seconds: float = Field(alias="LEASEQ_POLL_IDLE_SECONDS",
+                                     **config.POLL_IDLE.field())
+    worker_timeout_seconds: float | None = Field(alias="LEASEQ_WORKER_TIMEOUT_SECONDS",
+                                                 **config.WORKER_TIMEOUT.field())
+    loop_stall_seconds: float = Field(alias="LEASEQ_LOOP_STALL_SECONDS",
+                                      **config.LOOP_STALL.field())
     #: How many registered kinds (the first, by name) get a metric dimension value of
     #: their own; the others share ``other``. Each one is a few billed metrics.
     metric_kinds: int = Field(default=10, ge=0, le=100, alias="LEASEQ_METRIC_KINDS")
+
+    #: WorkerConfig's field -> this model's field.
+    CONFIG_FIELDS: ClassVar[dict[str, str]] = {
+        "batch_size": "batch_size", "lease_margin": "lease_margin_seconds",
+        "job_timeout": "job_timeout_seconds", "max_lease": "max_lease_seconds",
+        "concurrency": "concurrency", "record_interval": "record_interval_seconds",
+        "poll_min": "poll_min_seconds", "poll_max": "poll_max_seconds",
+        "poll_idle": "poll_idle_seconds", "worker_timeout": "worker_timeout_seconds",
+        "loop_stall": "loop_stall_seconds", "retry_base": "retry_base_seconds",
+        "retry_max": "retry_max_seconds",
+    }
+
+    @classmethod
+    def setting_names(cls) -> dict[str, str]:
+        """WorkerConfig's fields named by their environment variables, for messages."""
+        return {key: str(cls.model_fields[name].alias)
+                for key, name in cls.CONFIG_FIELDS.items()}
+
+    def config_values(self) -> dict[str, Any]:
+        """These settings as WorkerConfig's field values."""
+        return {key: getattr(self, name) for key, name in self.CONFIG_FIELDS.items()}
+
+    @model_validator(mode="after")
+    def _consistent(self) -> WorkerSettings:
+        problems = config.contradictions(self.config_values(), self.setting_names())
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
 
 class ReaperSettings(BaseModel):

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal
 
+from leaseq.config import FINISH_RESERVE, needed_for
 from leaseq.db import Connection
 from leaseq.settings import WorkerSettings
-from leaseq.worker import FINISH_RESERVE
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from leaseq_cli.failures import UsageError
@@ -41,7 +41,7 @@ class DrainTotals:
     succeeded: int = 0
     retried: int = 0
     dead: int = 0
-    released: int = 0
+    given_back: int = 0
     lost_leases: int = 0
     leases_recovered: int = 0
     elapsed: float = 0.0
@@ -51,7 +51,7 @@ class DrainTotals:
 
     def add_worker(self, report: dict[str, Any]) -> None:
         self.invocations += 1
-        for name in ("claimed", "succeeded", "retried", "dead", "released", "lost_leases"):
+        for name in ("claimed", "succeeded", "retried", "dead", "given_back", "lost_leases"):
             setattr(self, name, getattr(self, name) + int(report.get(name, 0) or 0))
 
     def as_dict(self) -> dict[str, Any]:
@@ -102,12 +102,17 @@ class Backlog:
         return sum(self.by_state.get(s, 0) for s in states)
 
 
-def _minimum_budget() -> str:
+def check_budget(budget: float) -> None:
+    """Refuse an invocation budget too short to start a single job, before invoking."""
     settings = WorkerSettings.model_validate(
         {k: v for k, v in os.environ.items() if k.startswith("LEASEQ_") and v})
-    needed = settings.job_timeout_seconds + settings.lease_margin_seconds + FINISH_RESERVE
-    return (f"{settings.job_timeout_seconds:g} + {settings.lease_margin_seconds:g} + "
-            f"{FINISH_RESERVE:g} = {needed:g} s")
+    needed = needed_for(settings.job_timeout_seconds, settings.lease_margin_seconds)
+    if budget < needed:
+        raise UsageError(
+            f"a {budget:g} s invocation is too short to start a job: the worker needs the job "
+            "timeout plus the lease margin plus 1 s "
+            f"({settings.job_timeout_seconds:g} + {settings.lease_margin_seconds:g} + "
+            f"{FINISH_RESERVE:g} = {needed:g} s); raise --budget or lower --job-timeout")
 
 
 def as_report(value: Any) -> dict[str, Any]:
@@ -192,6 +197,7 @@ def drain(
     ``count_finished`` (finished jobs in the queue, read on its own connection) drives
     the progress bar on a terminal.
     """
+    check_budget(budget)
     started = time.monotonic()
     backlog = Backlog.read(operator)
     progress = _Progress(ui, backlog.waiting(include_running=True), count_finished)
@@ -213,12 +219,7 @@ def drain(
                 continue
             backlog = Backlog.read(operator)
             if backlog.ready > 0:
-                if report.get("stopped") == "deadline":
-                    raise UsageError(
-                        f"a {budget:g} s invocation is too short to start a job: the worker "
-                        "needs the job timeout plus the lease margin plus 1 s "
-                        f"({_minimum_budget()}); raise --budget or lower --job-timeout")
-                # Claimed by someone else in the meantime: look again shortly.
+                # Claimed by someone else in the meantime, or given back: look again shortly.
                 sleep(0.1)
                 continue
             if backlog.waiting(include_running=reaper is not None) == 0:

@@ -33,6 +33,7 @@ module-level ``registry = leaseq.Registry()`` on which the handlers are register
 from __future__ import annotations
 
 import importlib
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ from leaseq import (
     RetryPolicy,
     Worker,
     WorkerConfig,
+    WorkerSettings,
     connect,
 )
 
@@ -213,6 +215,8 @@ class Runtime:
     client: QueueClient
     deps: Dependencies = field(default_factory=Dependencies)
     _registry: Registry | None = None
+    #: Seconds every invocation starts with, fixed at the first invocation.
+    _worker_timeout: float | None = None
 
     def check(self) -> None:
         """Start of an invocation: make sure the connection still works."""
@@ -225,14 +229,28 @@ class Runtime:
         return self._registry
 
     def worker(self, owner: str, *,
-               on_job: Callable[[JobRecord], None] | None = None) -> Worker:
-        """A worker for one invocation: the cached client and registry, this owner id."""
+               on_job: Callable[[JobRecord], None] | None = None,
+               time_left: float | None = None) -> Worker:
+        """A worker for one invocation: the cached client and registry, this owner id.
+
+        The worker's invocation time is LEASEQ_WORKER_TIMEOUT_SECONDS, else the time
+        left at the start of the first invocation (``time_left``; Lambda timeouts are
+        whole seconds, so rounded up): settings that cannot run a job, and kinds whose
+        timeout no invocation can fit, fail the invocation with a ConfigurationError.
+        """
         ws = self.settings.worker
-        config = WorkerConfig(
-            owner=owner, batch_size=ws.batch_size, lease_margin=ws.lease_margin_seconds,
-            job_timeout=ws.job_timeout_seconds, max_lease=ws.max_lease_seconds,
-            retry=RetryPolicy(base_delay=ws.retry_base_seconds,
-                              max_delay=max(ws.retry_base_seconds, ws.retry_max_seconds)))
+        if self._worker_timeout is None:
+            self._worker_timeout = ws.worker_timeout_seconds or (
+                float(math.ceil(time_left)) if time_left else None)
+        values = {**ws.config_values(), "worker_timeout": self._worker_timeout}
+        retry = RetryPolicy(base_delay=values.pop("retry_base"),
+                            max_delay=values.pop("retry_max"))
+        names = {**WorkerSettings.setting_names(),
+                 "worker_timeout": "the function timeout (WorkerTimeoutSeconds, "
+                                   "LEASEQ_WORKER_TIMEOUT_SECONDS)",
+                 "job_timeout": "LEASEQ_JOB_TIMEOUT_SECONDS (JobTimeoutSeconds)",
+                 "lease_margin": "LEASEQ_LEASE_MARGIN_SECONDS (LeaseMarginSeconds)"}
+        config = WorkerConfig(owner=owner, retry=retry, setting_names=names, **values)
         return Worker(self.client, self.registry(), config, on_job=on_job)
 
     def oldest_ready_age(self, now: datetime | None = None) -> float:

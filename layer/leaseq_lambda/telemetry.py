@@ -201,7 +201,7 @@ class JobTelemetry:
         }
         if record.error is not None:
             fields["error"] = record.error
-        timed = not record.lease_lost and record.outcome != "released"
+        timed = not record.lease_lost and record.outcome != "given_back"
         if timed:
             fields["duration_ms"] = _ms(record.duration)
             fields["queue_lag_ms"] = _ms(record.queue_lag)
@@ -213,7 +213,7 @@ class JobTelemetry:
     def _log(self, record: JobRecord, fields: dict[str, Any]) -> None:
         if record.lease_lost:
             self.logger.warning("job outcome not recorded: the lease was lost", extra=fields)
-        elif record.outcome == "released":
+        elif record.outcome == "given_back":
             self.logger.info("job given back before it started", extra=fields)
         elif record.state is JobState.DEAD:
             self.logger.warning("job finished: dead", extra=fields)
@@ -283,7 +283,7 @@ def count_failures(metrics: Metrics, logger: Logger) -> Callable[[Handler], Hand
 def record_drain(metrics: Metrics, report: DrainReport, oldest_ready_age: float | None) -> None:
     for name, value in (("JobsClaimed", report.claimed), ("JobsSucceeded", report.succeeded),
                         ("JobsRetried", report.retried), ("JobsDead", report.dead),
-                        ("LeasesLost", report.lost_leases), ("JobsGivenBack", report.released)):
+                        ("LeasesLost", report.lost_leases), ("JobsGivenBack", report.given_back)):
         metrics.add_metric(name=name, unit=MetricUnit.Count, value=value)
     if oldest_ready_age is not None:
         metrics.add_metric(name="OldestReadyAgeSeconds", unit=MetricUnit.Seconds,

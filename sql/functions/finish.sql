@@ -256,9 +256,14 @@ grant execute on function app.discard_job(uuid, uuid, text, uuid, jsonb) to leas
 
 -- Give back claimed jobs that were never started. A worker checks before each job that
 -- the time left in its invocation covers that job's budget; a job it cannot start in
--- time is handed back at once with its claim undone: the attempt is not counted, it
--- keeps its place in the queue (available_at is unchanged), and other workers may claim
--- it at once instead of waiting for the lease to expire.
+-- time is handed back at once with its claim undone: the attempt is not counted, and
+-- other workers may claim it at once instead of waiting for the lease to expire. It
+-- goes behind the work that is ready now (available_at = now): a job no invocation has
+-- time for must not come back first on every claim and hold up the rest of the queue.
+-- The tenth give-back (counting `released` events since the job was last redriven) makes
+-- it dead instead, reason given_back_too_often, with the attempt of that claim counted
+-- (claims minus give-backs stay equal to attempts): a kind whose timeout no invocation
+-- leaves room for would otherwise be handed round for ever.
 create or replace function app.release_jobs(
   p_owner text,
   p_tenant_ids uuid[],
@@ -295,13 +300,32 @@ begin
 
   return query
   with input as (
-    select u.tenant_id, u.job_id, u.token
+    select u.tenant_id, u.job_id, u.token,
+           (select count(*) >= 9
+            from app.job_events e
+            where e.tenant_id = u.tenant_id and e.job_id = u.job_id
+              and e.event_type = 'released'
+              and e.sequence > coalesce((select max(r.sequence) from app.job_events r
+                                         where r.tenant_id = u.tenant_id
+                                           and r.job_id = u.job_id
+                                           and r.event_type = 'redriven'), 0)) as too_often
     from unnest(p_tenant_ids, p_job_ids, p_tokens) as u(tenant_id, job_id, token)
   ), given_back as (
     update app.jobs j
-    set state = case when j.attempts <= 1 then 'pending'::app.job_state
+    set state = case when i.too_often then 'dead'::app.job_state
+                     when j.attempts <= 1 then 'pending'::app.job_state
                      else 'retry_wait'::app.job_state end,
-        attempts = j.attempts - 1,
+        attempts = case when i.too_often then j.attempts else j.attempts - 1 end,
+        available_at = v_now,
+        completed_at = case when i.too_often then v_now else j.completed_at end,
+        last_error = case when i.too_often then jsonb_build_object(
+                       'code', 'GIVEN_BACK_TOO_OFTEN', 'kind', j.kind, 'givenBack', 10,
+                       'message', format('kind %s was given back 10 times without being '
+                         'started: no worker invocation left the time its timeout needs. '
+                         'Raise the worker''s invocation time (WorkerTimeoutSeconds, '
+                         'LEASEQ_WORKER_TIMEOUT_SECONDS) or lower the kind''s timeout, '
+                         'then redrive it', j.kind))
+                     else j.last_error end,
         lease_owner = null,
         lease_token = null,
         lease_expires_at = null,
@@ -313,11 +337,15 @@ begin
       and j.lease_owner = p_owner
       and j.lease_token = i.token
       and j.lease_expires_at > v_now
-    returning j.id, j.tenant_id, j.attempts, i.token
+    returning j.id, j.tenant_id, j.attempts, i.token, i.too_often, j.last_error
   ), audit as (
     insert into app.job_events (tenant_id, job_id, event_type, actor, lease_token, details, created_at)
-    select g.tenant_id, g.id, 'released', p_owner, g.token,
-           jsonb_build_object('attempts', g.attempts, 'reason', 'not_started'),
+    select g.tenant_id, g.id, case when g.too_often then 'dead' else 'released' end,
+           p_owner, g.token,
+           case when g.too_often
+                then jsonb_build_object('attempt', g.attempts, 'reason', 'given_back_too_often',
+                                        'error', g.last_error)
+                else jsonb_build_object('attempts', g.attempts, 'reason', 'not_started') end,
            v_now
     from given_back g
   )

@@ -59,7 +59,7 @@ def test_dead_list_shows_the_undecodable_payload_reason_after_a_drain(
     try:
         registry = Registry()
         registry.register("echo", lambda payload, ctx: None)
-        report = Worker(client, registry, WorkerConfig(owner="cli-test")).drain(
+        report = Worker(client, registry, WorkerConfig(owner="cli-test", poll_idle=0)).drain(
             FakeDeadline(60))
     finally:
         client.close()

@@ -13,9 +13,11 @@ import argparse
 import json
 import random
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from leaseq import (
     DatabaseUnavailableError,
     JobRecord,
@@ -27,7 +29,7 @@ from leaseq import (
     connect,
 )
 
-from tests.failure.chaos_handlers import SideEffects, build_registry
+from tests.failure.chaos_handlers import SideEffects, build_async_registry, build_registry
 from tests.failure.chaos_kinds import JOB_TIMEOUT
 
 
@@ -41,6 +43,9 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--budget-max", type=float, default=5.0)
     parser.add_argument("--lease-margin", type=float, default=0.5)
     parser.add_argument("--batch-size", type=int, default=10)
+    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--handlers", choices=["sync", "async"], default="sync")
+    parser.add_argument("--poll-idle", type=float, default=0.5)
     return parser.parse_args(argv)
 
 
@@ -50,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     client = QueueClient(lambda: connect(args.dsn, application_name=f"chaos-queue-{args.name}"))
     effects = SideEffects(
         lambda: connect(args.dsn, application_name=f"chaos-effects-{args.name}"), owner)
-    fenced = {"succeeded": 0, "retry": 0, "dead": 0, "released": 0}
+    fenced: Counter[str] = Counter()
 
     def observe(record: JobRecord) -> None:
         if record.state is None:
@@ -58,13 +63,18 @@ def main(argv: list[str] | None = None) -> None:
 
     worker = Worker(
         client,
-        build_registry(effects),
+        build_registry(effects) if args.handlers == "sync" else build_async_registry(
+            lambda: psycopg.AsyncConnection.connect(
+                args.dsn, autocommit=True, application_name=f"chaos-effects-{args.name}"),
+            owner),
         WorkerConfig(
             owner=owner,
             batch_size=args.batch_size,
             lease_margin=args.lease_margin,
             job_timeout=JOB_TIMEOUT,
             retry=RetryPolicy(base_delay=0.05, max_delay=0.5),
+            concurrency=args.concurrency,
+            poll_idle=args.poll_idle,
         ),
         on_job=observe,
     )

@@ -43,6 +43,9 @@ class WorkerFleet:
     size: int
     budget: tuple[float, float] = (3.0, 5.0)
     lease_margin: float = 0.5
+    #: Jobs at once per process, and whether the handlers are ``sync`` or ``async``.
+    concurrency: int = 1
+    handlers: str = "sync"
     workers: list[WorkerProcess] = field(default_factory=list)
     spawned: int = 0
     exits: Counter[int] = field(default_factory=Counter)
@@ -68,6 +71,7 @@ class WorkerFleet:
             "--report", str(self.workdir / "reports.jsonl"), "--stop", str(self.stop_file),
             "--budget-min", str(self.budget[0]), "--budget-max", str(self.budget[1]),
             "--lease-margin", str(self.lease_margin),
+            "--concurrency", str(self.concurrency), "--handlers", self.handlers,
         ]
         with stderr_path.open("wb") as stderr:
             process = subprocess.Popen(

@@ -106,7 +106,7 @@ def assert_worker_drains_everything(db: Database, admin: Conn) -> None:
     registry = Registry()
     registry.register("echo", lambda payload, context: {"seen": True})
     client = QueueClient(lambda: connect(db.worker_dsn))
-    worker = Worker(client, registry, WorkerConfig(owner="after-fuzz"))
+    worker = Worker(client, registry, WorkerConfig(owner="after-fuzz", poll_idle=0))
     try:
         for _ in range(50):
             report = worker.drain(FakeDeadline(120))

@@ -78,7 +78,8 @@ def _figures(run: ChaosRun, fleet: WorkerFleet, reaper: ReaperLoop, audit: Audit
     for counts in last_by_owner.values():
         fenced.update(counts)
     return [
-        f"chaos run                  {run.elapsed:.1f} s, {fleet.size} worker processes",
+        f"chaos run                  {run.elapsed:.1f} s, {fleet.size} worker processes"
+        f" ({fleet.handlers} handlers, concurrency {fleet.concurrency})",
         f"invocations                {len(reports)}"
         f" ({sum('failed' in r for r in reports)} ended by a lost connection)",
         f"processes SIGKILLed        {run.kills} by the test,"
@@ -94,7 +95,8 @@ def _figures(run: ChaosRun, fleet: WorkerFleet, reaper: ReaperLoop, audit: Audit
 
 
 def run_chaos_drain(db: Database, tmp_path: Path, *, jobs: int, tenants: int, processes: int,
-                    settings: ChaosSettings, seed: int) -> None:
+                    settings: ChaosSettings, seed: int, concurrency: int = 1,
+                    handlers: str = "sync") -> None:
     rng = random.Random(seed)
     requests = _backlog(rng, jobs, tenants)
     with db.connect(None) as admin, db.connect(postgres.WORKER) as producer:
@@ -103,7 +105,8 @@ def run_chaos_drain(db: Database, tmp_path: Path, *, jobs: int, tenants: int, pr
             for start in range(0, len(requests), 1000):
                 results = enqueue_jobs(producer, requests[start:start + 1000])
                 assert all(r.created for r in results)
-            fleet = WorkerFleet(db.worker_dsn, tmp_path / "fleet", processes)
+            fleet = WorkerFleet(db.worker_dsn, tmp_path / "fleet", processes,
+                                concurrency=concurrency, handlers=handlers)
             reaper = ReaperLoop(db.worker_dsn)
             run = ChaosRun(fleet, admin, settings, rng)
             reaper.start()
@@ -145,6 +148,16 @@ def test_every_job_finishes_exactly_once_through_kills_timeouts_and_lost_connect
 ) -> None:
     run_chaos_drain(db, tmp_path, jobs=5000, tenants=10, processes=4,
                     settings=ChaosSettings(time_limit=120.0), seed=20261129)
+
+
+def test_async_handlers_running_concurrently_finish_every_job_exactly_once_through_chaos(
+    db: Database, tmp_path: Path
+) -> None:
+    """The same chaos, with ``async def`` handlers, 8 at once in each process: kills and
+    freezes land with many jobs in flight, overruns and hangs are cancelled."""
+    run_chaos_drain(db, tmp_path, jobs=5000, tenants=10, processes=4,
+                    settings=ChaosSettings(time_limit=120.0), seed=20261201,
+                    concurrency=8, handlers="async")
 
 
 @pytest.mark.soak

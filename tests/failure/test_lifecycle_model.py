@@ -64,6 +64,8 @@ class ModelJob:
     token: uuid.UUID | None = None
     lease_end: int | None = None
     completed: int | None = None
+    #: give-backs since the job was created or last redriven
+    given_back: int = 0
     events: Counter[str] = field(default_factory=Counter)
 
     def holds(self, owner: str, token: uuid.UUID, now: int) -> bool:
@@ -286,14 +288,21 @@ class LifecycleMachine(RuleBasedStateMachine):
         if not jobs:
             return
         given = self.client.release_jobs(owner, jobs)
+        at = next(self.seq)
         expected = set()
         for job in jobs:
             model = self.jobs[job.id]
             if model.holds(owner, job.lease_token, self.now):
                 expected.add(job.id)
+                model.drop_lease()
+                if model.given_back >= 9:  # the tenth give-back: dead, the attempt counted
+                    model.state, model.completed = "dead", at
+                    model.events["dead"] += 1
+                    continue
                 model.state = "pending" if model.attempts <= 1 else "retry_wait"
                 model.attempts -= 1
-                model.drop_lease()
+                model.available = (self.now, at)  # behind the work ready now
+                model.given_back += 1
                 model.events["released"] += 1
         assert given == expected
 
@@ -342,6 +351,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         for job in dead:
             job.state, job.attempts, job.completed = "pending", 0, None
             job.available = (self.now, at)
+            job.given_back = 0
             job.events["redriven"] += 1
 
     @rule(data=st.data(), limit=st.integers(1, 3))

@@ -28,7 +28,8 @@ def _drain_until_finished(db: Database, registry: Registry, kind: str, max_attem
     client.enqueue_job(EnqueueRequest(tenant_id=uuid.uuid4(), operation_key="op", kind=kind,
                                       max_attempts=max_attempts))
     worker = Worker(client, registry, WorkerConfig(
-        owner="w1", job_timeout=5, retry=RetryPolicy(base_delay=0, max_delay=0)))
+        owner="w1", job_timeout=5, retry=RetryPolicy(base_delay=0, max_delay=0),
+        poll_idle=0))
     for _ in range(max_attempts):
         worker.drain(FakeDeadline(60))
     client.close()

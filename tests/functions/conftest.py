@@ -100,6 +100,8 @@ def lambda_env(db: Database, monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
         "AWS_LAMBDA_FUNCTION_NAME": "leaseq-test",
+        # An invocation ends as soon as the queue is empty, unless a test asks it to poll.
+        "LEASEQ_POLL_IDLE_SECONDS": "0",
     }.items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("AWS_PROFILE", raising=False)

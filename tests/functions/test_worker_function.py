@@ -110,10 +110,14 @@ def test_every_job_log_line_carries_the_job_and_the_correlation_id_from_enqueue(
 
     logs = read_output().logs
     job_lines = [line for line in logs if "job_id" in line]
-    # At INFO: one line per job from the worker, plus what the handlers log themselves.
+    # At INFO: two lines per job from the worker (its start, with the budget, and its
+    # outcome), plus what the handlers log themselves.
     assert {line["message"] for line in job_lines} == {"sending the welcome email",
-                                                        "job finished"}
+                                                        "job started", "job finished"}
     assert len(read_messages(job_lines, "job finished")) == 6
+    started = read_messages(job_lines, "job started")
+    assert len(started) == 6
+    assert {line["budget"] for line in started} == {5}
     for line in job_lines:
         assert all(line.get(key) is not None for key in JOB_FIELDS), line
         assert line["attempt"] == 1
@@ -151,23 +155,60 @@ def test_a_handler_that_overruns_its_budget_is_interrupted_and_its_job_retried(
     assert finished[0]["duration_ms"] >= 300
 
 
-def test_a_budget_too_short_for_one_job_claims_nothing(
+@pytest.mark.filterwarnings("ignore:No application metrics to publish")
+def test_a_function_timeout_too_short_for_one_job_fails_the_invocation_naming_the_settings(
         worker_app: ModuleType, lambda_env: pytest.MonkeyPatch, enqueue_app: ModuleType,
-        owner: Conn, admin: Conn, read_output: Callable[[], Output]) -> None:
+        owner: Conn, read_output: Callable[[], Output]) -> None:
+    """A worker timeout between 10 and 36 s with the template's defaults used to run no
+    job and report status ok on every invocation."""
+    enqueue(enqueue_app, "enqueue_direct")
+    read_output()
+    lambda_env.setenv("LEASEQ_WORKER_TIMEOUT_SECONDS", "20")
+    runtime.reset()
+
+    with pytest.raises(ConfigurationError) as refused:
+        worker_app.lambda_handler(load_event("worker_schedule"),
+                                  FakeLambdaContext(remaining_ms=20_000))
+
+    message = refused.value.message
+    assert "LEASEQ_WORKER_TIMEOUT_SECONDS (20 s) cannot run a single job" in message
+    assert "LEASEQ_JOB_TIMEOUT_SECONDS (30 s) + LEASEQ_LEASE_MARGIN_SECONDS (5 s)" in message
+    assert "= 36 s. Raise LEASEQ_WORKER_TIMEOUT_SECONDS to at least 36 s" in message
+    assert states(owner) == {"pending": 1}
+    (line,) = read_output().messages("drain failed")
+    assert line["level"] == "ERROR"
+
+
+@pytest.mark.filterwarnings("ignore:No application metrics to publish")
+def test_without_the_timeout_setting_the_first_invocations_time_is_the_worker_timeout(
+        worker_app: ModuleType, lambda_env: pytest.MonkeyPatch, owner: Conn) -> None:
+    lambda_env.setenv("LEASEQ_JOB_TIMEOUT_SECONDS", "6")
+    lambda_env.setenv("LEASEQ_LEASE_MARGIN_SECONDS", "1")
+
+    # A job may need 6 s, plus the 1 s margin and 1 s to record it: a first invocation
+    # with 7.2 s left (a function timeout of 8 s, rounded up) fits; one with 6.9 s does not.
+    assert worker_app.lambda_handler({}, FakeLambdaContext(remaining_ms=7_200))["status"] == "ok"
+    runtime.reset()
+    with pytest.raises(ConfigurationError, match=r"\(7 s\) cannot run a single job"):
+        worker_app.lambda_handler({}, FakeLambdaContext(remaining_ms=6_900))
+
+
+@pytest.mark.filterwarnings("ignore:No application metrics to publish")
+def test_a_kind_whose_timeout_no_invocation_can_fit_is_refused_at_cold_start(
+        worker_app: ModuleType, lambda_env: pytest.MonkeyPatch) -> None:
+    # tests.functions.handlers registers kinds with a 5 s timeout: they need 5 + 1 + 1 s.
+    lambda_env.setenv("LEASEQ_WORKER_TIMEOUT_SECONDS", "6")
     lambda_env.setenv("LEASEQ_JOB_TIMEOUT_SECONDS", "2")
     lambda_env.setenv("LEASEQ_LEASE_MARGIN_SECONDS", "1")
-    enqueue(enqueue_app, "enqueue_direct")
-    admin.execute("update app.jobs set available_at = available_at - interval '90 seconds'")
-    read_output()
 
-    # A job may need 2 s, plus the 1 s margin and 1 s to record it: 3.5 s is too little.
-    summary = worker_app.lambda_handler(load_event("worker_schedule"),
-                                        FakeLambdaContext(remaining_ms=3_500))
+    with pytest.raises(ConfigurationError) as refused:
+        worker_app.lambda_handler({}, FakeLambdaContext(remaining_ms=6_000))
 
-    assert (summary["claimed"], summary["stopped"]) == (0, "deadline")
-    assert states(owner) == {"pending": 1}
-    (age,) = read_output().metric("OldestReadyAgeSeconds")
-    assert 90 <= age < 120
+    message = refused.value.message
+    assert "kind 'send_welcome_email' needs 7 s (its timeout 5 s" in message
+    assert "the worker's invocation leaves 6 s" in message
+    assert "raise the function timeout (WorkerTimeoutSeconds" in message
+    assert "lower the kind's timeout" in message
 
 
 def test_the_classic_scheduled_event_and_a_manual_invoke_are_accepted(

@@ -249,7 +249,7 @@ def test_a_drain_survives_its_connection_being_killed_between_batches(
     registry.register("echo", handler)
     tenant = uuid.uuid4()
     client.enqueue_jobs([request(tenant, f"k{i}") for i in range(20)])
-    worker = Worker(client, registry, WorkerConfig(owner="worker-1", batch_size=5))
+    worker = Worker(client, registry, WorkerConfig(owner="worker-1", batch_size=5, poll_idle=0))
 
     report = worker.drain(FakeDeadline(60))
 

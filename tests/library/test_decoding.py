@@ -64,7 +64,7 @@ def dead_reason(owner: Conn, job_id: uuid.UUID) -> str:
 
 
 def drain(client: QueueClient, registry: Registry) -> Any:
-    worker = Worker(client, registry, WorkerConfig(owner="decode-test", batch_size=10))
+    worker = Worker(client, registry, WorkerConfig(owner="decode-test", batch_size=10, poll_idle=0))
     return worker.drain(FakeDeadline(120))
 
 

@@ -44,3 +44,30 @@ def test_a_kind_the_queue_would_refuse_is_refused_at_registration(kind: str) -> 
 def test_a_non_positive_timeout_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="positive"):
         Registry().register("email.send", handler, timeout=0)
+
+
+def test_async_handlers_are_accepted_and_known_as_such_however_they_are_spelled() -> None:
+    import functools
+
+    registry = Registry()
+
+    @registry.handler("async.decorated", timeout=5)
+    async def decorated(payload: Any, ctx: JobContext) -> None:
+        return None
+
+    class Sender:
+        async def __call__(self, payload: Any, ctx: JobContext) -> None:
+            return None
+
+    async def with_options(payload: Any, ctx: JobContext, *, retries: int) -> None:
+        return None
+
+    registry.register("async.object", Sender())
+    registry.register("async.partial", functools.partial(with_options, retries=2))
+    registry.register("sync.plain", handler)
+
+    assert {kind: registry.get(kind).is_async for kind in registry.kinds} == {  # type: ignore[union-attr]
+        "async.decorated": True, "async.object": True, "async.partial": True,
+        "sync.plain": False}
+    assert registry.has_async
+    assert decorated.__name__ == "decorated"  # returned unchanged

@@ -98,3 +98,66 @@ def test_the_error_message_never_echoes_a_password() -> None:
         LeaseqSettings.from_env({"DATABASE_URL": "postgresql://u:hunter2@h/d",
                                  "LEASEQ_BATCH_SIZE": "0"})
     assert "hunter2" not in str(caught.value)
+
+
+@pytest.mark.parametrize(("env", "both"), [
+    ({"LEASEQ_RETRY_BASE_SECONDS": "60", "LEASEQ_RETRY_MAX_SECONDS": "10"},
+     ("LEASEQ_RETRY_MAX_SECONDS (10) is less than LEASEQ_RETRY_BASE_SECONDS (60)",)),
+    ({"LEASEQ_POLL_MIN_SECONDS": "2", "LEASEQ_POLL_MAX_SECONDS": "1"},
+     ("LEASEQ_POLL_MAX_SECONDS (1) is less than LEASEQ_POLL_MIN_SECONDS (2)",)),
+    ({"LEASEQ_WORKER_TIMEOUT_SECONDS": "20"},
+     ("LEASEQ_WORKER_TIMEOUT_SECONDS (20 s) cannot run a single job",
+      "LEASEQ_JOB_TIMEOUT_SECONDS (30 s)", "LEASEQ_LEASE_MARGIN_SECONDS (5 s)")),
+])
+def test_contradictory_worker_settings_are_refused_naming_both_never_repaired(
+        env: dict[str, str], both: tuple[str, ...]) -> None:
+    with pytest.raises(ConfigurationError) as refused:
+        LeaseqSettings.from_env({"DATABASE_URL": DSN, **env})
+    for text in both:
+        assert text in refused.value.message
+
+
+def test_worker_settings_take_their_defaults_and_bounds_from_worker_config() -> None:
+    from leaseq import WorkerConfig, WorkerSettings
+
+    settings = LeaseqSettings.from_env({"DATABASE_URL": DSN}).worker
+    config = WorkerConfig(owner="w")
+    values = settings.config_values()
+    for key in ("batch_size", "lease_margin", "job_timeout", "max_lease", "concurrency",
+                "record_interval", "poll_min", "poll_max", "poll_idle", "worker_timeout",
+                "loop_stall"):
+        assert values[key] == getattr(config, key), key
+    assert (values["retry_base"], values["retry_max"]) == (
+        config.retry.base_delay, config.retry.max_delay)
+    assert len(WorkerSettings.CONFIG_FIELDS) == len(values)
+    # One lower bound for the lease margin, wherever it is set.
+    with pytest.raises(ConfigurationError, match="LEASEQ_LEASE_MARGIN_SECONDS"):
+        LeaseqSettings.from_env({"DATABASE_URL": DSN, "LEASEQ_LEASE_MARGIN_SECONDS": "0.4"})
+    with pytest.raises(ConfigurationError, match=r"lease_margin must be at least 0\.5"):
+        WorkerConfig(owner="w", lease_margin=0.4)
+    LeaseqSettings.from_env({"DATABASE_URL": DSN, "LEASEQ_LEASE_MARGIN_SECONDS": "0.5"})
+    WorkerConfig(owner="w", lease_margin=0.5)
+
+
+def test_worker_config_refuses_contradictions_with_both_names() -> None:
+    from leaseq import RetryPolicy, WorkerConfig
+
+    with pytest.raises(ConfigurationError, match=r"poll_max \(0.05\) is less than poll_min"):
+        WorkerConfig(owner="w", poll_min=0.1, poll_max=0.05)
+    with pytest.raises(ConfigurationError, match=r"worker_timeout \(30 s\) cannot run"):
+        WorkerConfig(owner="w", worker_timeout=30)
+    with pytest.raises(ConfigurationError, match="concurrency must be at least 1"):
+        WorkerConfig(owner="w", concurrency=0)
+    assert WorkerConfig(owner="w", worker_timeout=36, retry=RetryPolicy()).worker_timeout == 36
+
+
+def test_the_new_worker_variables_are_read() -> None:
+    worker = LeaseqSettings.from_env({
+        "DATABASE_URL": DSN, "LEASEQ_WORKER_CONCURRENCY": "50",
+        "LEASEQ_RECORD_INTERVAL_SECONDS": "0.5", "LEASEQ_POLL_MIN_SECONDS": "0.05",
+        "LEASEQ_POLL_MAX_SECONDS": "2", "LEASEQ_POLL_IDLE_SECONDS": "30",
+        "LEASEQ_WORKER_TIMEOUT_SECONDS": "120", "LEASEQ_LOOP_STALL_SECONDS": "0.25",
+    }).worker
+    assert (worker.concurrency, worker.record_interval_seconds, worker.poll_min_seconds,
+            worker.poll_max_seconds, worker.poll_idle_seconds, worker.worker_timeout_seconds,
+            worker.loop_stall_seconds) == (50, 0.5, 0.05, 2.0, 30.0, 120.0, 0.25)

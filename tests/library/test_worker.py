@@ -36,7 +36,9 @@ from tests.support.postgres import Conn
 
 def make_worker(client: QueueClient, registry: Registry, *, owner: str = "worker-1",
                 records: list[JobRecord] | None = None, **config: Any) -> Worker:
+    """A worker that stops as soon as the queue is empty, unless a test asks it to poll."""
     on_job = records.append if records is not None else None
+    config.setdefault("poll_idle", 0)
     return Worker(client, registry, WorkerConfig(owner=owner, **config), on_job=on_job,
                   rand=lambda: 0.5)
 
@@ -63,7 +65,7 @@ def test_drain_runs_every_ready_job_and_reports_each_outcome(
     report = make_worker(client, registry).drain(FakeDeadline(60))
 
     assert (report.claimed, report.succeeded, report.retried, report.dead) == (27, 25, 1, 1)
-    assert (report.lost_leases, report.released, report.batches) == (0, 0, 3)
+    assert (report.lost_leases, report.given_back, report.batches) == (0, 0, 3)
     assert report.stopped == "queue_empty"
     assert report.time_left == 60
     assert job(owner, echoed[7])["result"] == {"echo": {"i": 7}}
@@ -111,7 +113,7 @@ def test_drain_stops_claiming_once_time_runs_short_and_leaves_the_rest_untouched
     report = worker.drain(deadline)
 
     # Claims at 30, 22 and 14 s left; the sixth job would need 10 + 2 + 1 s at 10 s left.
-    assert (report.batches, report.claimed, report.succeeded, report.released) == (3, 6, 5, 1)
+    assert (report.batches, report.claimed, report.succeeded, report.given_back) == (3, 6, 5, 1)
     assert report.stopped == "deadline"
     assert states(owner) == {"succeeded": 5, "pending": 5}
     assert {row["attempts"] for row in jobs(owner) if row["state"] == "pending"} == {0}
@@ -129,9 +131,9 @@ def test_unstarted_jobs_are_given_back_at_once_without_counting_an_attempt(
     report = worker.drain(deadline)
 
     # 20 s left: job 1 runs (to 13), job 2 runs (to 6), job 3 would need 5 + 2 + 1 s.
-    assert (report.claimed, report.succeeded, report.released, report.batches) == (5, 2, 3, 1)
+    assert (report.claimed, report.succeeded, report.given_back, report.batches) == (5, 2, 3, 1)
     assert report.stopped == "deadline"
-    given_back = {r.job.id for r in records if r.outcome == "released"}
+    given_back = {r.job.id for r in records if r.outcome == "given_back"}
     assert len(given_back) == 3
     assert given_back < set(ids)
     for job_id in given_back:
@@ -695,5 +697,5 @@ def test_the_last_batch_is_recorded_on_its_own_when_time_runs_short(
     assert counting.calls[0] == "claim"
     assert counting.calls[-1] == "finish"
     assert report.stopped == "deadline"
-    assert report.succeeded == report.claimed - report.released
+    assert report.succeeded == report.claimed - report.given_back
     assert states(owner).get("running", 0) == 0

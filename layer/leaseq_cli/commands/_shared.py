@@ -74,4 +74,8 @@ def handlers_env(args: argparse.Namespace, target: Target) -> dict[str, str | No
                                   "LEASEQ_HANDLERS": handlers}
     if getattr(args, "job_timeout", None):
         env["LEASEQ_JOB_TIMEOUT_SECONDS"] = f"{args.job_timeout:g}"
+    # The command waits between invocations itself (--wait), so an invocation ends as
+    # soon as the queue is empty, unless the environment asks it to poll.
+    if not os.environ.get("LEASEQ_POLL_IDLE_SECONDS"):
+        env["LEASEQ_POLL_IDLE_SECONDS"] = "0"
     return env

@@ -22,7 +22,7 @@ def _render_drain(out: Console, totals: DrainTotals) -> None:
                   "leases lost", "seconds")
     shown.add_row(str(totals.invocations), str(totals.claimed), f"[green]{totals.succeeded}[/]",
                   f"[yellow]{totals.retried}[/]",
-                  f"[red]{totals.dead}[/]" if totals.dead else "0", str(totals.released),
+                  f"[red]{totals.dead}[/]" if totals.dead else "0", str(totals.given_back),
                   str(totals.lost_leases), f"{totals.elapsed:.1f}")
     out.print(shown)
     out.print(describe_stop(totals))
