@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 from pydantic import (
     BaseModel,

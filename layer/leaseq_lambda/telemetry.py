@@ -165,7 +165,7 @@ class KindDimension:
 
 
 def _outcome_metric(record: JobRecord) -> str:
-    if record.outcome == "released":
+    if record.outcome == "given_back":
         return "JobsGivenBack" if record.state is not None else "LeasesLost"
     if record.lease_lost:
         return "LeasesLost"
