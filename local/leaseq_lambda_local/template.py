@@ -68,7 +68,10 @@ for _name in ("Ref", "Condition"):
     _CloudFormationLoader.add_constructor(f"!{_name}", _short_tag(_name))
 for _name in ("And", "Base64", "Cidr", "Equals", "FindInMap", "GetAZs", "GetAtt", "If",
               "ImportValue", "Join", "Length", "Not", "Or", "Select", "Split", "Sub",
-              "ToJsonString", "Transform"):
+              "ToJsonString", "Transform",
+              # The functions of a template's Rules (read, never evaluated here).
+              "Contains", "EachMemberEquals", "EachMemberIn", "RefAll", "ValueOf",
+              "ValueOfAll"):
     _CloudFormationLoader.add_constructor(f"!{_name}", _short_tag(f"Fn::{_name}"))
 
 

@@ -152,3 +152,15 @@ def test_local_overrides_replace_every_database_variable_and_add_explicit_ones()
     assert "DATABASE_URL" not in untouched
     assert left == ["LEASEQ_DB_HOST left out: !GetAtt DatabaseProxy.Endpoint exists only in AWS"]
     assert json.dumps(worker)  # plain strings
+
+
+def test_the_real_template_reads_with_every_short_tag_its_rules_use() -> None:
+    """The Rules' functions (!Contains, !EachMemberIn, ...) are read, never evaluated."""
+    from leaseq_lambda_local.template import load_yaml
+
+    document = load_yaml((REPO / "template.yaml").read_text(encoding="utf-8"))
+
+    rules = document["Rules"]
+    assert "WorkerTimeoutFitsTheDefaultJobTimeout" in rules
+    assertion = rules["WorkerTimeoutFitsTheDefaultJobTimeout"]["Assertions"][0]["Assert"]
+    assert "Fn::Contains" in assertion["Fn::Not"][0]
