@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from leaseq.db import Connection, translate_errors
 from leaseq.errors import DatabaseError, MigrationBlockedError, SchemaVersionError
@@ -106,6 +107,19 @@ class MigrationReport:
     current_version: int
     #: Function files (re-)applied by this call, by file name; empty when none changed.
     functions_applied: tuple[str, ...] = field(default=())
+
+    def as_document(self, database: str) -> dict[str, Any]:
+        """What ``leaseq migrate --json`` and ``python -m leaseq migrate --json`` print,
+        ``database`` saying which server was migrated."""
+        return {"applied": list(self.applied), "version": self.current_version,
+                "database": database}
+
+    def describe(self, database: str) -> str:
+        """The one line both commands print without ``--json``."""
+        if self.applied:
+            applied = ", ".join(f"{v:04d}" for v in self.applied)
+            return f"applied {applied}; schema version {self.current_version} ({database})"
+        return f"schema is up to date at version {self.current_version} ({database})"
 
 
 def _sql_root() -> Path:

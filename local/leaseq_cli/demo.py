@@ -23,7 +23,7 @@ from leaseq.jobs import EnqueueRequest
 
 from leaseq_cli.operator import Operator
 
-DEMO_HANDLERS = "leaseq_cli.demo_handlers"
+DEMO_HANDLERS = "leaseq_lambda.demo_handlers"
 
 #: Stable tenant ids, so repeated demos add to the same four tenants.
 _NAMESPACE = uuid.UUID("5f0c3f0e-3c55-4a8e-9d33-6c6561736571")
