@@ -237,7 +237,7 @@ def _migrate_and_ensure_role(
     retry_delays: Sequence[float],
 ) -> dict[str, str]:
     # Imported here so that a layer that fails to import is answered FAILED, not left hanging.
-    from leaseq.migrate import migrate
+    from leaseq.migrate import current_version, migrate
     from owner_connection import owner_dsn_from_environment, secrets_manager_reader
     from runtime_role import check_duty_group_names, ensure_login_roles
 
@@ -251,9 +251,7 @@ def _migrate_and_ensure_role(
     with conn:
         applied: tuple[int, ...] = ()
         if rolling_back:
-            row = conn.execute("select coalesce(max(version), 0) as version"
-                               " from app.schema_migrations").fetchone()
-            version = int(row["version"]) if row else 0
+            version = current_version(conn)
         else:
             check_duty_group_names(conn)
             report = migrate(conn)
