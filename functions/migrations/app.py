@@ -241,7 +241,7 @@ def _migrate_and_ensure_role(
 ) -> dict[str, str]:
     # Imported here so that a layer that fails to import is answered FAILED, not left hanging.
     from connection_budget import check_connection_budget, stack_connections
-    from leaseq.migrate import migrate
+    from leaseq.migrate import current_version, migrate
     from owner_connection import owner_dsn_from_environment, secrets_manager_reader
     from runtime_role import check_duty_group_names, ensure_login_roles
     from stack_name import check_stack_name
@@ -261,9 +261,7 @@ def _migrate_and_ensure_role(
     with conn:
         applied: tuple[int, ...] = ()
         if rolling_back:
-            row = conn.execute("select coalesce(max(version), 0) as version"
-                               " from app.schema_migrations").fetchone()
-            version = int(row["version"]) if row else 0
+            version = current_version(conn)
         else:
             if stack is not None:
                 budget = check_connection_budget(conn, stack)

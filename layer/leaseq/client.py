@@ -1,10 +1,17 @@
 """QueueClient: one method per SQL function, over one reusable connection.
 
+Every caller of the queue's SQL functions goes through it: the worker and reaper, the
+Lambda functions, the dashboard and the command line; their statements are those of
+:mod:`leaseq.queries`.
+
 The client owns a single connection (no pool: a Lambda execution environment runs one
 invocation at a time) and re-validates it before use, because a connection frozen
 with its execution environment may be dead when the environment thaws. Every call
 is safe to repeat once after a reconnect: enqueue is idempotent, finishes and renewals
-are fenced by the lease token, and a repeated claim at worst leaves a lease to expire.
+are fenced by the lease token, a repeated claim at worst leaves a lease to expire, reads
+change nothing, a repeated redrive or cancel finds the jobs it changed no longer dead or
+pending (each is changed and audited once), and a repeated prune deletes only what is
+still older than its age.
 
 One client may be used from several threads (a worker's recorder thread, its event
 loop's database thread, handler threads renewing their leases): a lock makes each call,
@@ -25,9 +32,16 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from leaseq import queries
-from leaseq.db import Connection, fetch_rows, prepare_connection
+from leaseq.db import Connection, fetch_rows, prepare_connection, translate_errors
 from leaseq.errors import DatabaseUnavailableError, IdempotencyConflictError, InvalidRequestError
-from leaseq.jobs import ClaimedJob, EnqueueRequest, EnqueueResult, JobOutcome, JobState
+from leaseq.jobs import (
+    ClaimedJob,
+    EnqueueRequest,
+    EnqueueResult,
+    JobOutcome,
+    JobState,
+    Selection,
+)
 from leaseq.pool import PoolSize
 
 T = TypeVar("T")
@@ -35,6 +49,9 @@ T = TypeVar("T")
 #: Reconnect proactively after this long without use: idle connections of frozen
 #: Lambda environments are purged by the network long before a server would notice.
 DEFAULT_MAX_IDLE_SECONDS = 240.0
+
+#: The operator functions' per-call bound for redrive and cancel (app.check_filters).
+MAX_OPERATOR_BATCH = 1000
 
 
 def enqueue_jobs(conn: psycopg.Connection[Any],
@@ -84,6 +101,12 @@ def enqueue_job(conn: psycopg.Connection[Any], request: EnqueueRequest) -> Enque
             sqlstate="23505",
         )
     return result
+
+
+def _activity_params(tenant_id: UUID | None, kind: str | None, window: timedelta,
+                     buckets: int, samples: int) -> dict[str, Any]:
+    return {"tenant_id": tenant_id, "kind": kind, "window": window, "buckets": buckets,
+            "samples": samples}
 
 
 def _outcome_params(owner: str, outcomes: Sequence[JobOutcome]) -> dict[str, Any]:
@@ -367,3 +390,136 @@ class QueueClient:
         (row,) = self._query(queries.PRUNE_RETAINED_JOBS,
                              {"older_than": older_than, "limit": limit})
         return int(row["jobs_deleted"]), int(row["events_deleted"])
+
+    # Operator (sql/functions/operate.sql): reads and audited changes --------------------
+
+    def queue_status(self, tenant_id: UUID | None = None) -> list[dict[str, Any]]:
+        """Jobs per tenant and state, with the ready jobs, the oldest ready job's age and
+        when the next job becomes ready (app.queue_status); one tenant's, or every one."""
+        return self._query(queries.QUEUE_STATUS, {"tenant_id": tenant_id})
+
+    def get_job(self, job_id: UUID) -> dict[str, Any] | None:
+        """One job of any tenant without its lease token, or None (app.get_job)."""
+        rows = self._query(queries.GET_JOB, {"job_id": job_id})
+        return rows[0] if rows else None
+
+    def job_timeline(self, job_id: UUID, limit: int = 1000) -> list[dict[str, Any]]:
+        """The job's audit events in order, at most ``limit`` (app.job_timeline)."""
+        return self._query(queries.JOB_TIMELINE, {"job_id": job_id, "limit": limit})
+
+    def dead_jobs(self, tenant_id: UUID | None = None, kind: str | None = None,
+                  limit: int = 100) -> list[dict[str, Any]]:
+        """Dead jobs, most recent first, with the reason they died (app.dead_jobs)."""
+        return self._query(queries.DEAD_JOBS,
+                           {"tenant_id": tenant_id, "kind": kind, "limit": limit})
+
+    def redrive_jobs(self, actor: str, selection: Selection, *, reason: str | None = None,
+                     limit: int | None = None) -> list[dict[str, Any]]:
+        """Dead jobs of ``selection`` back to pending with a fresh set of attempts, each
+        with a 'redriven' event naming ``actor`` (app.redrive_jobs); at most ``limit``
+        (None: all). Returns the jobs changed: a selected job that is not dead is not."""
+        return self._in_batches(queries.REDRIVE_JOBS, actor, selection, reason, limit)
+
+    def cancel_jobs(self, actor: str, selection: Selection, *, reason: str | None = None,
+                    limit: int | None = None) -> list[dict[str, Any]]:
+        """Pending and retry_wait jobs of ``selection`` become cancelled, each with a
+        'cancelled' event naming ``actor`` (app.cancel_jobs); as :meth:`redrive_jobs`."""
+        return self._in_batches(queries.CANCEL_JOBS, actor, selection, reason, limit)
+
+    def _in_batches(self, query: LiteralString, actor: str, selection: Selection,
+                    reason: str | None, limit: int | None) -> list[dict[str, Any]]:
+        """Repeat a bounded change until it comes back short (or ``limit`` is reached).
+
+        Each call is its own short transaction of at most MAX_OPERATOR_BATCH jobs, so a
+        redrive or cancel of a large backlog never holds many row locks at once.
+        """
+        done: list[dict[str, Any]] = []
+        ids = list(selection.job_ids)
+        id_chunks: Sequence[list[UUID] | None] = (
+            [ids[i:i + MAX_OPERATOR_BATCH] for i in range(0, len(ids), MAX_OPERATOR_BATCH)]
+            if ids else [None])
+        for chunk in id_chunks:
+            while limit is None or len(done) < limit:
+                size = MAX_OPERATOR_BATCH if limit is None else min(
+                    MAX_OPERATOR_BATCH, limit - len(done))
+                rows = self._query(query, {
+                    "actor": actor, "tenant_id": selection.tenant_id, "job_ids": chunk,
+                    "kind": selection.kind, "limit": size, "reason": reason})
+                done.extend(rows)
+                if len(rows) < size:
+                    break
+        return done
+
+    # Dashboard reads (sql/functions/read.sql) -----------------------------------------
+    # The operator forms see every tenant. The reader forms run as a tenant reader: each
+    # is one short transaction that first selects ``reader_tenant`` (app.tenant_id,
+    # transaction-local), so row-level security picks the rows and a connection reused
+    # for another viewer never keeps the previous viewer's tenant.
+
+    def queue_depth(self, tenant_id: UUID | None = None, kind: str | None = None,
+                    limit: int = 20) -> list[dict[str, Any]]:
+        """Unfinished and dead jobs per tenant, per kind and in total (app.queue_depth)."""
+        return self._query(queries.QUEUE_DEPTH,
+                           {"tenant_id": tenant_id, "kind": kind, "limit": limit})
+
+    def job_activity(self, tenant_id: UUID | None = None, kind: str | None = None, *,
+                     window: timedelta = timedelta(hours=24), buckets: int = 24,
+                     samples: int = 20) -> list[dict[str, Any]]:
+        """Finished jobs and start latency per time bucket (app.job_activity)."""
+        return self._query(queries.JOB_ACTIVITY, _activity_params(
+            tenant_id, kind, window, buckets, samples))
+
+    def list_jobs(self, state: str, *, tenant_id: UUID | None = None, kind: str | None = None,
+                  since: datetime | None = None, until: datetime | None = None,
+                  after_at: datetime | None = None, after_id: UUID | None = None,
+                  limit: int = 50) -> list[dict[str, Any]]:
+        """One keyset page of the jobs in ``state`` (app.list_jobs): those after
+        (``after_at``, ``after_id``), between ``since`` and ``until`` of the state's
+        sort time."""
+        return self._query(queries.LIST_JOBS, {
+            "state": state, "tenant_id": tenant_id, "kind": kind, "since": since,
+            "until": until, "after_at": after_at, "after_id": after_id, "limit": limit})
+
+    def reader_queue_depth(self, reader_tenant: UUID, tenant_id: UUID | None = None,
+                           kind: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
+        """:meth:`queue_depth` as ``reader_tenant``'s reader (app.reader_queue_depth)."""
+        return self._as_reader(reader_tenant, queries.READER_QUEUE_DEPTH,
+                               {"tenant_id": tenant_id, "kind": kind, "limit": limit})
+
+    def reader_job_activity(self, reader_tenant: UUID, tenant_id: UUID | None = None,
+                            kind: str | None = None, *, window: timedelta = timedelta(hours=24),
+                            buckets: int = 24, samples: int = 20) -> list[dict[str, Any]]:
+        """:meth:`job_activity` as ``reader_tenant``'s reader (app.reader_job_activity)."""
+        return self._as_reader(reader_tenant, queries.READER_JOB_ACTIVITY, _activity_params(
+            tenant_id, kind, window, buckets, samples))
+
+    def reader_list_jobs(self, reader_tenant: UUID, state: str, *,
+                         tenant_id: UUID | None = None, kind: str | None = None,
+                         since: datetime | None = None, until: datetime | None = None,
+                         after_at: datetime | None = None, after_id: UUID | None = None,
+                         limit: int = 50) -> list[dict[str, Any]]:
+        """:meth:`list_jobs` as ``reader_tenant``'s reader (app.reader_list_jobs)."""
+        return self._as_reader(reader_tenant, queries.READER_LIST_JOBS, {
+            "state": state, "tenant_id": tenant_id, "kind": kind, "since": since,
+            "until": until, "after_at": after_at, "after_id": after_id, "limit": limit})
+
+    def reader_get_job(self, reader_tenant: UUID, job_id: UUID) -> dict[str, Any] | None:
+        """:meth:`get_job` as ``reader_tenant``'s reader: None for another tenant's job
+        too (app.reader_get_job)."""
+        rows = self._as_reader(reader_tenant, queries.READER_GET_JOB, {"job_id": job_id})
+        return rows[0] if rows else None
+
+    def reader_job_timeline(self, reader_tenant: UUID, job_id: UUID,
+                            limit: int = 1000) -> list[dict[str, Any]]:
+        """:meth:`job_timeline` as ``reader_tenant``'s reader (app.reader_job_timeline)."""
+        return self._as_reader(reader_tenant, queries.READER_JOB_TIMELINE,
+                               {"job_id": job_id, "limit": limit})
+
+    def _as_reader(self, reader_tenant: UUID, query: LiteralString,
+                   params: Mapping[str, Any]) -> list[dict[str, Any]]:
+        def run(conn: Connection) -> list[dict[str, Any]]:
+            with translate_errors(conn), conn.transaction():
+                fetch_rows(conn, queries.SET_READER_TENANT, {"tenant_id": str(reader_tenant)})
+                return fetch_rows(conn, query, params)
+
+        return self._call(run)

@@ -22,6 +22,7 @@ from typing import Any, LiteralString
 import psycopg
 from psycopg.abc import Buffer
 from psycopg.adapt import Transformer
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 from psycopg.types.datetime import TimestamptzLoader
 
@@ -86,6 +87,15 @@ def connect(dsn: str, *, application_name: str = "leaseq", **overrides: Any) -> 
         raise _translated(exc, None, reading=False) from exc
     prepare_connection(conn)
     return conn
+
+
+def describe_dsn(dsn: str) -> str:
+    """Which server and login a connection string names, without its password: what
+    the commands print as the database they used."""
+    params = conninfo_to_dict(dsn)
+    host = params.get("host") or "localhost"
+    return f"DATABASE_URL ({params.get('user') or 'default user'}@{host}/" \
+           f"{params.get('dbname') or ''})"
 
 
 class _ClampedTimestamptzLoader(TimestamptzLoader):

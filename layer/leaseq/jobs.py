@@ -197,3 +197,19 @@ class JobOutcome:
     outcome: OutcomeKind
     detail: Any = None
     retry_delay: timedelta | None = None
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which jobs an operator's redrive or cancel acts on: explicit ids, or filters
+    (None = any). With neither it is every job the call applies to, of every tenant and
+    kind, which is why a command line asks for ``--all`` before it builds one."""
+
+    job_ids: tuple[UUID, ...] = ()
+    tenant_id: UUID | None = None
+    kind: str | None = None
+
+    @property
+    def everything(self) -> bool:
+        """No id and no filter: the selection names every job."""
+        return not self.job_ids and self.tenant_id is None and self.kind is None

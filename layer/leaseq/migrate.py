@@ -19,8 +19,10 @@ every claim queue behind the migration. It is retried a few times with a growing
 then refused with :class:`MigrationBlockedError`, never left waiting.
 
 The statements this module sends are its own bookkeeping (the lock, the two record
-tables) and the files themselves; it is the one place besides ``leaseq.queries`` that
-sends SQL.
+tables, the schema version they hold) and the files themselves, written here rather than
+in :mod:`leaseq.queries` because they exist before and beside the SQL contract, never as
+a call of it. It is the one place besides :class:`leaseq.client.QueueClient` that sends
+SQL.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from leaseq.db import Connection, translate_errors
 from leaseq.errors import DatabaseError, MigrationBlockedError, SchemaVersionError
@@ -107,6 +110,19 @@ class MigrationReport:
     #: Function files (re-)applied by this call, by file name; empty when none changed.
     functions_applied: tuple[str, ...] = field(default=())
 
+    def as_document(self, database: str) -> dict[str, Any]:
+        """What ``leaseq migrate --json`` and ``python -m leaseq migrate --json`` print,
+        ``database`` saying which server was migrated."""
+        return {"applied": list(self.applied), "version": self.current_version,
+                "database": database}
+
+    def describe(self, database: str) -> str:
+        """The one line both commands print without ``--json``."""
+        if self.applied:
+            applied = ", ".join(f"{v:04d}" for v in self.applied)
+            return f"applied {applied}; schema version {self.current_version} ({database})"
+        return f"schema is up to date at version {self.current_version} ({database})"
+
 
 def _sql_root() -> Path:
     return Path(str(resources.files("leaseq") / "_sql"))
@@ -153,6 +169,17 @@ def _applied_functions(conn: Connection) -> dict[str, str]:
         return {}
     rows = conn.execute("select file, checksum from app.schema_functions").fetchall()
     return {str(row["file"]): str(row["checksum"]) for row in rows}
+
+
+def current_version(conn: Connection) -> int:
+    """The newest migration the database records as applied (0 for none), without
+    applying anything or checking the files: what a deploy being rolled back reports."""
+    with translate_errors():
+        exists = conn.execute("select to_regclass('app.schema_migrations') is not null as ok")
+        row = exists.fetchone()
+        if row is None or not row["ok"]:
+            return 0
+        return max(_applied(conn), default=0)
 
 
 def _check_history(known: list[Migration], applied: dict[int, str]) -> None:

@@ -1,5 +1,11 @@
-"""Every statement the library sends. Each constant carries its SQL function's name,
-so one search crosses Python and ``sql/``; parameters are always bound, never formatted."""
+"""Every statement the library sends, but for the migrator's own bookkeeping
+(:mod:`leaseq.migrate`).
+
+:class:`leaseq.client.QueueClient` sends them, for every caller: the worker and the
+reaper, the Lambda functions, the dashboard and the command line. Each constant carries
+its SQL function's name, so one search crosses Python and ``sql/``; parameters are always
+bound, never formatted. tests/library/test_queries.py fails on an ``app.`` function call
+written anywhere else, or on another module importing this one."""
 
 from __future__ import annotations
 
@@ -87,7 +93,7 @@ WAKE_WORKER_PLACE: Final[LiteralString] = (
 )
 WORKER_POOL_SIZE: Final[LiteralString] = "select live, reserved from app.worker_pool_size()"
 
-# Operator functions (sql/0006), used by the command line.
+# Operator functions (sql/functions/operate.sql): the command line's and the dashboard's.
 
 QUEUE_STATUS: Final[LiteralString] = (
     "select tenant_id, state::text as state, jobs, ready_jobs, oldest_ready_age,"

@@ -7,7 +7,8 @@ back and time remains, so one reaper invocation can never run past its own deadl
 Releasing comes first: a job waiting for its lease to be released is late work, a
 finished job past its retention is only space.
 
-The prune is the reaper's own function, not the operator's app.prune_jobs: it refuses a
+The prune (the paged loop of :mod:`leaseq.retention`, shared with an operator's prune)
+calls the reaper's own function, not the operator's app.prune_jobs: it refuses a
 retention below the floor the schema owner sets (``app.settings.min_retention``), so a
 reaper login (leaseq_reaper) cannot delete recent history even with a wrong setting.
 The turn check (app.repair_tenant_turns) is the fair claim's safety net: a tenant with
@@ -26,6 +27,7 @@ from typing import Any
 
 from leaseq.client import QueueClient
 from leaseq.deadline import Deadline
+from leaseq.retention import prune_in_pages
 
 logger = logging.getLogger("leaseq.reaper")
 
@@ -94,11 +96,8 @@ def _repair_turns(client: QueueClient, deadline: Deadline, report: ReapReport, l
 
 def _prune(client: QueueClient, deadline: Deadline, report: ReapReport, retention: timedelta,
            limit: int, max_calls: int, margin: float) -> None:
-    for _ in range(max_calls):
-        if deadline.remaining() <= margin:
-            return
-        jobs, events = client.prune_retained_jobs(retention, limit)
-        report.pruned_jobs += jobs
-        report.pruned_events += events
-        if jobs < limit:
-            return
+    pruned = prune_in_pages(client.prune_retained_jobs, retention, limit=limit,
+                            max_pages=max_calls,
+                            keep_going=lambda: deadline.remaining() > margin)
+    report.pruned_jobs += pruned.jobs_deleted
+    report.pruned_events += pruned.events_deleted

@@ -25,6 +25,7 @@ from urllib.parse import parse_qsl, urlsplit
 from uuid import UUID
 
 from aws_lambda_powertools.event_handler import LambdaFunctionUrlResolver
+from leaseq.client import QueueClient
 from leaseq.db import Connection
 from leaseq.views import OperatorViews, TenantViews
 
@@ -35,7 +36,8 @@ MAX_BODY = 1 << 20
 
 
 class ConnectionViewSource:
-    """Views over two lazily opened connections, reopened when one has gone bad or idle.
+    """Views over two clients, each with one lazily opened connection, checked before
+    each request and reopened when it has gone bad or idle (:class:`QueueClient`).
 
     ``operator_connect`` opens an operator (leaseq_operator) connection; ``reader_connect`` a tenant
     reader's (None when no tenant viewer is configured: asking for tenant views then
@@ -45,41 +47,31 @@ class ConnectionViewSource:
     def __init__(self, operator_connect: Callable[[], Connection],
                  reader_connect: Callable[[], Connection] | None = None, *,
                  max_idle_seconds: float = 240.0) -> None:
-        self._connect = {"operator": operator_connect, "reader": reader_connect}
-        self._open: dict[str, Connection] = {}
-        self._used: dict[str, float] = {}
-        self.max_idle_seconds = max_idle_seconds
-
-    def _connection(self, which: str) -> Connection:
-        conn = self._open.get(which)
-        now = time.monotonic()
         # A connection idle for long may have been cut while a Lambda environment was
-        # frozen: open a new one rather than fail the next page.
-        if conn is not None and now - self._used.get(which, now) > self.max_idle_seconds:
-            conn.close()
-        self._used[which] = now
-        if conn is None or conn.closed or conn.broken:
-            opener = self._connect[which]
-            if opener is None:
-                raise RuntimeError("no tenant reader connection is configured "
-                                   "(LEASEQ_DASHBOARD_READER_URL or _SECRET_ARN)")
-            conn = opener()
-            self._open[which] = conn
-        return conn
+        # frozen: each client pings it after max_idle_seconds and reconnects if it must.
+        self._operator = QueueClient(operator_connect, max_idle_seconds=max_idle_seconds)
+        self._reader = None if reader_connect is None else QueueClient(
+            reader_connect, max_idle_seconds=max_idle_seconds)
+        self.max_idle_seconds = max_idle_seconds
 
     def operator(self) -> OperatorViews:
         """Views over the operator connection."""
-        return OperatorViews(self._connection("operator"))
+        self._operator.check()
+        return OperatorViews(self._operator)
 
     def tenant(self, tenant_id: UUID) -> TenantViews:
         """Views over the tenant reader connection, for ``tenant_id``."""
-        return TenantViews(self._connection("reader"), tenant_id)
+        if self._reader is None:
+            raise RuntimeError("no tenant reader connection is configured "
+                               "(LEASEQ_DASHBOARD_READER_URL or _SECRET_ARN)")
+        self._reader.check()
+        return TenantViews(self._reader, tenant_id)
 
     def close(self) -> None:
         """Close whatever is open."""
-        for conn in self._open.values():
-            conn.close()
-        self._open.clear()
+        self._operator.close()
+        if self._reader is not None:
+            self._reader.close()
 
 
 def function_url_event(method: str, target: str, headers: dict[str, str], body: bytes,

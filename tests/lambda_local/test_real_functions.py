@@ -21,7 +21,7 @@ def test_the_real_enqueue_and_worker_functions_enqueue_and_drain_jobs_through_bo
 ) -> None:
     service = start_service(template=REPO / "template.yaml", schedules=False,
                             database_url=db.worker_dsn, owner_database_url=db.owner_dsn,
-                            handlers="leaseq_cli.demo_handlers")
+                            handlers="leaseq_lambda.demo_handlers")
     client = client_for(service.url)
     batch = (REPO / "events" / "enqueue_batch.json").read_bytes()
     tick = (REPO / "events" / "worker_schedule.json").read_bytes()

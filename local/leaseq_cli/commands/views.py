@@ -8,7 +8,7 @@ from typing import Any
 from leaseq.decoding import UndecodableJson
 from rich.console import Console
 
-from leaseq_cli.commands._shared import STATES, operator_for
+from leaseq_cli.commands._shared import STATES, client_for
 from leaseq_cli.commands.operate import checked_kind
 from leaseq_cli.failures import NotFoundError
 from leaseq_cli.render import Ui, age, compact, plain, styled_state, table, when
@@ -39,8 +39,8 @@ def _status_document(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def cmd_status(args: argparse.Namespace, ui: Ui) -> int:
-    with operator_for(args, ui) as operator:
-        document = _status_document(operator.queue_status(args.tenant))
+    with client_for(args, ui) as client:
+        document = _status_document(client.queue_status(args.tenant))
 
     def render(out: Console) -> None:
         if not document["tenants"]:
@@ -74,12 +74,12 @@ def _count(state: str, count: int) -> str:
 
 
 def cmd_jobs_show(args: argparse.Namespace, ui: Ui) -> int:
-    with operator_for(args, ui) as operator:
-        job = operator.get_job(args.job_id)
+    with client_for(args, ui) as client:
+        job = client.get_job(args.job_id)
         if job is None:
             raise NotFoundError(f"no job has id {args.job_id}; find ids with leaseq dead list, "
                                 "or in the output of leaseq enqueue")
-        events = operator.job_timeline(args.job_id, args.limit)
+        events = client.job_timeline(args.job_id, args.limit)
 
     def render(out: Console) -> None:
         facts = table("", "", title=f"job {job['id']}")
@@ -135,8 +135,8 @@ def _error_summary(error: Any) -> str:
 
 def cmd_dead_list(args: argparse.Namespace, ui: Ui) -> int:
     kind = checked_kind(args.kind)
-    with operator_for(args, ui) as operator:
-        rows = operator.dead_jobs(args.tenant, kind, args.limit)
+    with client_for(args, ui) as client:
+        rows = client.dead_jobs(args.tenant, kind, args.limit)
 
     def render(out: Console) -> None:
         if not rows:

@@ -11,7 +11,10 @@ migrations, and commands connect as a login that is a member of the duty groups
 exactly the privileges the Lambdas and an operator have, and nothing on the tables.
 Servers made by earlier releases had a login called ``leaseq_worker`` in service_role;
 that name is now the worker group, so the bootstrap turns the old login into a NOLOGIN
-role outside service_role before the migrations make it the group.
+role outside service_role before the migrations make it the group. That bootstrap (roles,
+the database and its privileges, as the server's superuser) is the one SQL the command
+line writes itself, an installer's work beside the migrator's; every call of the queue's
+functions goes through :class:`leaseq.client.QueueClient`.
 
 Only its own OS user can reach it. A superuser session can run programs as the server's
 OS user (``copy ... to program``), so a server another local user can log in to hands

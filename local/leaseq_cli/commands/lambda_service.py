@@ -6,9 +6,9 @@ serves the Invoke API on 127.0.0.1, so boto3 reaches it with ``endpoint_url`` or
 of service_role), the migrations function as the schema owner; with DATABASE_URL both
 use that connection string.
 
-The service itself lives in ``leaseq_lambda_local`` (the ``local`` extra), which the
-Lambda layer never carries: it is imported when the command runs, so the layer's copy
-of leaseq_cli still imports without it.
+The service itself lives in ``leaseq_lambda_local`` (local/, next to this package; its
+packages come with the ``local`` extra): it is imported when the command runs, so the
+other commands start without loading it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
-from leaseq_cli import arguments, invoke
+from leaseq_cli import arguments, demo, invoke
 from leaseq_cli.commands._shared import local_home, target_for
 from leaseq_cli.failures import CliError, UsageError
 from leaseq_cli.render import Ui
@@ -72,8 +72,10 @@ def register(sub: Any, command: CommandFactory, needs_subcommand: Callable[..., 
 def _template(args: argparse.Namespace) -> Path:
     if args.template is not None:
         return Path(args.template)
-    functions = invoke._repo_functions_dir()
-    found = (functions.parent if functions else Path.cwd()) / "template.yaml"
+    try:  # the template next to the functions the other commands run (invoke.functions_dir)
+        found = invoke.functions_dir().parent / "template.yaml"
+    except CliError:
+        found = Path.cwd() / "template.yaml"
     if not found.is_file():
         raise UsageError("no template.yaml here: give --template")
     return found
@@ -170,8 +172,7 @@ def cmd_lambda_serve(args: argparse.Namespace, ui: Ui) -> int:
                        f"'.[local]' ({exc})") from exc
     template = _template(args)
     target = target_for(args, ui)
-    handlers = args.handlers or os.environ.get("LEASEQ_HANDLERS") or \
-        "leaseq_cli.demo_handlers"
+    handlers = args.handlers or os.environ.get("LEASEQ_HANDLERS") or demo.DEMO_HANDLERS
     home = local_home()
     log_stream: TextIO | None
     if ui.verbose:

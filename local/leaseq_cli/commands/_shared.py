@@ -10,9 +10,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from leaseq.client import QueueClient
+
 from leaseq_cli import demo, embedded
 from leaseq_cli.aws import AwsClients
-from leaseq_cli.operator import Operator
 from leaseq_cli.render import Ui
 from leaseq_cli.target import Target, configured_url, resolve
 
@@ -48,10 +49,20 @@ def target_for(args: argparse.Namespace, ui: Ui) -> Target:
 
 
 @contextmanager
-def operator_for(args: argparse.Namespace, ui: Ui) -> Iterator[Operator]:
+def client_for(args: argparse.Namespace, ui: Ui) -> Iterator[QueueClient]:
+    """The queue's client on the command's database, as its worker login.
+
+    It connects at once, so a refused login fails before the command does anything, and
+    is closed when the command ends; like every client, it reconnects once if the
+    connection drops in between.
+    """
     target = target_for(args, ui)
-    with target.connect_worker() as conn:
-        yield Operator(conn)
+    client = QueueClient(target.connect_worker)
+    try:
+        client.check()
+        yield client
+    finally:
+        client.close()
 
 
 def actor(args: argparse.Namespace) -> str:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
-from leaseq.db import Connection, connect
+from leaseq.db import Connection, connect, describe_dsn
 from psycopg.conninfo import conninfo_to_dict
 
 from leaseq_cli import embedded
@@ -42,10 +42,7 @@ class Target:
             return self.stack.description
         if self.embedded is not None:
             return f"embedded PostgreSQL in {self.embedded.home / 'pgdata'}"
-        params = conninfo_to_dict(self.worker_dsn)
-        host = params.get("host") or "localhost"
-        return f"DATABASE_URL ({params.get('user') or 'default user'}@{host}/" \
-               f"{params.get('dbname') or ''})"
+        return describe_dsn(self.worker_dsn)
 
     def connect_worker(self, application_name: str = "leaseq-cli") -> Connection:
         dsn = self.stack.dsn() if self.stack is not None else self.worker_dsn

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 from contextlib import closing
 
+from leaseq.client import QueueClient
 from rich.console import Console
 
 from leaseq_cli import demo, invoke
 from leaseq_cli.commands._shared import handlers_env, local_home, target_for
 from leaseq_cli.drain import DrainTotals, FinishedCounter, as_report, describe_stop, drain
 from leaseq_cli.failures import CliError
-from leaseq_cli.operator import Operator
 from leaseq_cli.render import Ui, table
 
 # drain and reap -------------------------------------------------------------------------
@@ -37,9 +37,10 @@ def cmd_drain(args: argparse.Namespace, ui: Ui) -> int:
         try:
             worker = invoke.Invoker("worker", log=log)
             reaper = invoke.Invoker("reaper", log=log) if args.reap else None
-            with target.connect_worker() as conn, \
+            with closing(QueueClient(target.connect_worker)) as client, \
                     closing(FinishedCounter(target.connect_worker)) as counter:
-                totals = drain(ui, Operator(conn), worker, budget=args.budget,
+                client.check()
+                totals = drain(ui, client, worker, budget=args.budget,
                                max_invocations=args.invocations, wait=args.wait,
                                reaper=reaper, count_finished=counter)
         finally:
@@ -70,12 +71,11 @@ def cmd_demo(args: argparse.Namespace, ui: Ui) -> int:
     target = target_for(args, ui)
     home = local_home()
     run_id = demo.new_run_id()
-    with target.connect_worker() as conn:
-        operator = Operator(conn)
-        job_ids = demo.enqueue_demo(operator, run_id)
+    with closing(QueueClient(target.connect_worker)) as client:
+        job_ids = demo.enqueue_demo(client, run_id)
         ui.note(f"enqueued {len(job_ids)} jobs for {len(demo.TENANTS)} tenants "
                 f"({target.description})")
-        crashed = demo.crash_a_worker(operator)
+        crashed = demo.crash_a_worker(client)
         if crashed is not None:
             ui.note(f"a worker claimed job {crashed} and crashed: its lease expires in "
                     f"{demo.CRASHED_LEASE.total_seconds():g} s and the reaper takes it back")
@@ -85,13 +85,13 @@ def cmd_demo(args: argparse.Namespace, ui: Ui) -> int:
             invoke.reset_runtime()
             try:
                 with closing(FinishedCounter(target.connect_worker)) as counter:
-                    totals = drain(ui, operator, invoke.Invoker("worker", log=log),
+                    totals = drain(ui, client, invoke.Invoker("worker", log=log),
                                    budget=args.budget, wait=15.0,
                                    reaper=invoke.Invoker("reaper", log=log),
                                    count_finished=counter)
             finally:
                 invoke.reset_runtime()
-        summary = demo.summarise(operator, run_id, job_ids, crashed)
+        summary = demo.summarise(client, run_id, job_ids, crashed)
 
     document = {
         "run_id": run_id,

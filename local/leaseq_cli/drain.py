@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal
 
+from leaseq.client import QueueClient
 from leaseq.config import FINISH_RESERVE, needed_for
 from leaseq.db import Connection
 from leaseq.settings import WorkerSettings
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from leaseq_cli.failures import UsageError
-from leaseq_cli.operator import Operator
 from leaseq_cli.render import Ui
 
 Stop = Literal["queue_empty", "invocation_limit", "scheduled_later", "idle_too_long"]
@@ -59,21 +59,18 @@ class DrainTotals:
 
 
 class FinishedCounter:
-    """Counts finished jobs on a connection of its own, for the progress thread."""
+    """Counts finished jobs on a connection of its own (opened on first use), for the
+    progress thread."""
 
     def __init__(self, connect: Callable[[], Connection]) -> None:
-        self._connect = connect
-        self._conn: Connection | None = None
+        self._client = QueueClient(connect)
 
     def __call__(self) -> int:
-        if self._conn is None:
-            self._conn = self._connect()
-        rows = Operator(self._conn).queue_status()
+        rows = self._client.queue_status()
         return sum(int(row["jobs"]) for row in rows if row["state"] in FINISHED)
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
+        self._client.close()
 
 
 @dataclass(frozen=True)
@@ -85,11 +82,11 @@ class Backlog:
     next_due_in: float | None
 
     @classmethod
-    def read(cls, operator: Operator) -> Backlog:
+    def read(cls, client: QueueClient) -> Backlog:
         by_state: dict[str, int] = {}
         ready = 0
         due: list[float] = []
-        for row in operator.queue_status():
+        for row in client.queue_status():
             by_state[row["state"]] = by_state.get(row["state"], 0) + int(row["jobs"])
             ready += int(row["ready_jobs"])
             if row["next_ready_in"] is not None:
@@ -181,7 +178,7 @@ class _Progress:
 
 def drain(
     ui: Ui,
-    operator: Operator,
+    client: QueueClient,
     worker: Callable[[float], Any],
     *,
     budget: float,
@@ -199,7 +196,7 @@ def drain(
     """
     check_budget(budget)
     started = time.monotonic()
-    backlog = Backlog.read(operator)
+    backlog = Backlog.read(client)
     progress = _Progress(ui, backlog.waiting(include_running=True), count_finished)
     totals = progress.totals
     idle_since: float | None = None
@@ -217,7 +214,7 @@ def drain(
             if int(report.get("claimed", 0) or 0) > 0:
                 idle_since = None
                 continue
-            backlog = Backlog.read(operator)
+            backlog = Backlog.read(client)
             if backlog.ready > 0:
                 # Claimed by someone else in the meantime, or given back: look again shortly.
                 sleep(0.1)
@@ -236,7 +233,7 @@ def drain(
                 break
             sleep(min(due if due is not None else 0.5, 1.0) + 0.05)
     totals.elapsed = time.monotonic() - started
-    final = Backlog.read(operator)
+    final = Backlog.read(client)
     totals.left = {s: n for s, n in final.by_state.items()
                    if s in ("pending", "retry_wait", "running") and n}
     totals.next_due_in = final.next_due_in

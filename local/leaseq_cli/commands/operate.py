@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 
+from leaseq.jobs import Selection
+from leaseq.retention import prune_in_pages
 from leaseq.storable import blank_problem
 from rich.console import Console
 
-from leaseq_cli.commands._shared import actor, operator_for
+from leaseq_cli.commands._shared import actor, client_for
 from leaseq_cli.failures import ConflictError, NotFoundError, UsageError
-from leaseq_cli.operator import Selection
 from leaseq_cli.render import Ui, plain
 
 # dead retry / cancel --------------------------------------------------------
@@ -40,17 +41,17 @@ def _selection(args: argparse.Namespace, verb: str, what: str) -> Selection:
 def _act(args: argparse.Namespace, ui: Ui, *, verb: str, past: str, what: str,
          allowed: tuple[str, ...]) -> int:
     selection = _selection(args, verb, what)
-    with operator_for(args, ui) as operator:
+    with client_for(args, ui) as client:
         for job_id in selection.job_ids:
-            if operator.get_job(job_id) is None:
+            if client.get_job(job_id) is None:
                 raise NotFoundError(f"no job has id {job_id}; nothing was {past}")
-        action = operator.redrive_jobs if verb == "retry" else operator.cancel_jobs
+        action = client.redrive_jobs if verb == "retry" else client.cancel_jobs
         done = action(actor(args), selection, reason=args.reason, limit=args.limit)
         done_ids = {row["job_id"] for row in done}
         skipped = []
         for job_id in selection.job_ids:
             if job_id not in done_ids:
-                job = operator.get_job(job_id)
+                job = client.get_job(job_id)
                 skipped.append((job_id, str(job["state"]) if job else "gone"))
 
     def render(out: Console) -> None:
@@ -83,9 +84,9 @@ def cmd_cancel(args: argparse.Namespace, ui: Ui) -> int:
 
 
 def cmd_prune(args: argparse.Namespace, ui: Ui) -> int:
-    with operator_for(args, ui) as operator:
-        report = operator.prune_jobs(args.older_than, batch=args.batch,
-                                     max_batches=args.max_batches)
+    with client_for(args, ui) as client:
+        report = prune_in_pages(client.prune_jobs, args.older_than, limit=args.batch,
+                                max_pages=args.max_batches)
     ui.emit(dict(report.__dict__), lambda out: out.print(
         f"deleted {report.jobs_deleted} finished jobs older than {args.older_than} and "
         f"{report.events_deleted} events, in {report.batches} batches"))

@@ -16,14 +16,10 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from leaseq import queries
-from leaseq.client import enqueue_jobs
-from leaseq.db import translate_errors
+from leaseq.client import QueueClient
 from leaseq.jobs import EnqueueRequest
 
-from leaseq_cli.operator import Operator
-
-DEMO_HANDLERS = "leaseq_cli.demo_handlers"
+DEMO_HANDLERS = "leaseq_lambda.demo_handlers"
 
 #: Stable tenant ids, so repeated demos add to the same four tenants.
 _NAMESPACE = uuid.UUID("5f0c3f0e-3c55-4a8e-9d33-6c6561736571")
@@ -95,31 +91,28 @@ class DemoSummary:
         return sum(t.unfinished for t in self.tenants)
 
 
-def enqueue_demo(operator: Operator, run_id: str) -> list[uuid.UUID]:
+def enqueue_demo(client: QueueClient, run_id: str) -> list[uuid.UUID]:
     """Enqueue the demo jobs; initech's first welcome email goes in first, on its own, so
     it is the oldest job of its tenant and the one the crashing worker claims."""
     requests = demo_requests(run_id)
     first = next(i for i, r in enumerate(requests) if r.tenant_id == TENANTS["initech"])
-    results = enqueue_jobs(operator.conn, [requests[first]])
-    results += enqueue_jobs(operator.conn, requests[:first] + requests[first + 1:])
+    results = client.enqueue_jobs([requests[first]])
+    results += client.enqueue_jobs(requests[:first] + requests[first + 1:])
     return [r.job_id for r in results if r.job_id is not None]
 
 
-def crash_a_worker(operator: Operator) -> uuid.UUID | None:
+def crash_a_worker(client: QueueClient) -> uuid.UUID | None:
     """Claim one job as a worker that never reports back: its lease simply expires."""
-    with translate_errors():
-        row = operator.conn.execute(queries.CLAIM_JOBS, {
-            "tenant_id": TENANTS["initech"], "owner": CRASHED_OWNER, "limit": 1,
-            "lease": CRASHED_LEASE}).fetchone()
-    return row["id"] if row else None
+    claimed = client.claim_jobs(TENANTS["initech"], CRASHED_OWNER, 1, CRASHED_LEASE)
+    return claimed[0].id if claimed else None
 
 
-def summarise(operator: Operator, run_id: str, job_ids: list[uuid.UUID],
+def summarise(client: QueueClient, run_id: str, job_ids: list[uuid.UUID],
               recovered: uuid.UUID | None) -> DemoSummary:
     summary = DemoSummary(run_id, recovered_job=recovered)
     by_tenant = {tenant: TenantSummary(name, tenant) for name, tenant in TENANTS.items()}
     for job_id in job_ids:
-        job = operator.get_job(job_id)
+        job = client.get_job(job_id)
         if job is None:
             continue
         row = by_tenant[job["tenant_id"]]

@@ -1,5 +1,7 @@
-"""The handlers ``leaseq demo`` drains: a module like the one a Lambda names in
-LEASEQ_HANDLERS, exposing a module-level ``registry``.
+"""The demo's job handlers: what ``leaseq demo`` drains, and what a first deployed stack
+runs (``HandlersModule=leaseq_lambda.demo_handlers``). It ships in the Lambda layer for
+that reason, and is a module like the one a Lambda names in LEASEQ_HANDLERS, exposing a
+module-level ``registry``.
 
 Each kind shows one behaviour of the queue:
 

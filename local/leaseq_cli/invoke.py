@@ -9,13 +9,26 @@ LEASEQ_HANDLERS are set for the duration of each call and restored afterwards.
 The handlers log JSON lines (and EMF metrics) to stdout, as in Lambda. Here they go to
 ``$LEASEQ_HOME/lambda.log``, or to stderr with --verbose, so the command's own output
 stays readable and its --json output stays parseable.
+
+The handlers' code is the ``functions/`` folder of a leaseq checkout (``worker/app.py``,
+``reaper/app.py``), which no package installs. :func:`functions_dir` takes it from, in
+this order:
+
+1. ``LEASEQ_FUNCTIONS_DIR``, when set (a folder without the functions is an error, never
+   passed over);
+2. the project folder leaseq was installed from (``pip install -e .`` or
+   ``pip install .`` of a checkout), as pip records it in the distribution's
+   ``direct_url.json`` (PEP 610), so the command works from any directory;
+3. ``functions/`` in the current directory.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import importlib.util
 import io
+import json
 import os
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -23,6 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal, TextIO
+from urllib.parse import unquote, urlsplit
 
 from leaseq_cli.failures import CliError
 from leaseq_cli.lambda_context import LocalLambdaContext
@@ -62,38 +76,73 @@ class LogSink(io.TextIOBase):
 SINK = LogSink()
 
 
-def _repo_functions_dir() -> Path | None:
-    """functions/ of the checkout this package runs from (an editable install)."""
-    here = Path(__file__).resolve()
-    for parent in here.parents:
-        candidate = parent / "functions"
-        if (candidate / "worker" / "app.py").exists():
-            return candidate
-    cwd = Path.cwd() / "functions"
-    if (cwd / "worker" / "app.py").exists():
-        return cwd
+#: The setting that names the functions' folder explicitly.
+FUNCTIONS_DIR_VARIABLE = "LEASEQ_FUNCTIONS_DIR"
+FUNCTIONS: tuple[Function, ...] = ("worker", "reaper")
+
+
+def _holds_functions(folder: Path) -> bool:
+    return all((folder / name / "app.py").is_file() for name in FUNCTIONS)
+
+
+def installed_from() -> Path | None:
+    """The local folder pip installed leaseq from, or None (a wheel from an index)."""
+    for dist in importlib.metadata.distributions(name="leaseq"):
+        text = dist.read_text("direct_url.json")
+        if not text:
+            continue
+        try:
+            url = urlsplit(str(json.loads(text).get("url", "")))
+        except (ValueError, AttributeError):
+            continue
+        if url.scheme == "file" and url.path:
+            return Path(unquote(url.path))
     return None
 
 
-_loaded: dict[str, ModuleType] = {}
+def functions_dir(environ: Mapping[str, str] | None = None, *,
+                  project: Path | None = None, cwd: Path | None = None) -> Path:
+    """The folder holding ``worker/app.py`` and ``reaper/app.py`` (module doc, in order).
+
+    ``project`` and ``cwd`` default to :func:`installed_from` and the current directory.
+    """
+    environ = os.environ if environ is None else environ
+    explicit = environ.get(FUNCTIONS_DIR_VARIABLE)
+    if explicit:
+        folder = Path(explicit).expanduser()
+        if not _holds_functions(folder):
+            raise CliError(
+                f"{FUNCTIONS_DIR_VARIABLE}={explicit} holds no worker/app.py and "
+                "reaper/app.py: point it at the functions/ folder of a leaseq checkout, "
+                "or unset it")
+        return folder.resolve()
+    project = installed_from() if project is None else project
+    candidates = [project / "functions"] if project is not None else []
+    candidates.append((Path.cwd() if cwd is None else cwd) / "functions")
+    for folder in candidates:
+        if _holds_functions(folder):
+            return folder.resolve()
+    raise CliError(
+        "cannot find the Lambda functions' code (functions/worker/app.py): set "
+        f"{FUNCTIONS_DIR_VARIABLE} to the functions/ folder of a leaseq checkout, run "
+        "leaseq from that checkout, or install leaseq from it (pip install -e '.[local]')")
+
+
+#: Each app.py once per process, as a Lambda execution environment imports it once.
+_loaded: dict[Path, ModuleType] = {}
 
 
 def _load_app(function: Function) -> ModuleType:
-    if function in _loaded:
-        return _loaded[function]
-    functions = _repo_functions_dir()
-    if functions is None:
-        raise CliError(
-            f"cannot find functions/{function}/app.py: run leaseq from a checkout of the "
-            "project (pip install -e .), where the Lambda functions' code lives")
-    path = functions / function / "app.py"
+    path = functions_dir() / function / "app.py"
+    if path in _loaded:
+        return _loaded[path]
     spec = importlib.util.spec_from_file_location(f"leaseq_function_{function}", path)
     if spec is None or spec.loader is None:
         raise CliError(f"cannot load {path}")
     module = importlib.util.module_from_spec(spec)
     with contextlib.redirect_stdout(SINK):
         spec.loader.exec_module(module)
-    _loaded[function] = module
+    _loaded[path] = module
     return module
 
 

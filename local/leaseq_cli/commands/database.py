@@ -6,6 +6,7 @@ import argparse
 
 from leaseq.migrate import migrate
 from rich.console import Console
+from rich.text import Text
 
 from leaseq_cli import embedded
 from leaseq_cli.commands._shared import local_home
@@ -33,15 +34,13 @@ def cmd_migrate(args: argparse.Namespace, ui: Ui) -> int:
         where = target.description
 
     def render(out: Console) -> None:
+        # The same line as python -m leaseq migrate, with "applied" in green.
+        line = Text(report.describe(where))
         if report.applied:
-            applied = ", ".join(f"{v:04d}" for v in report.applied)
-            out.print(f"[green]applied[/] {applied}; schema version {report.current_version} "
-                      f"({where})")
-        else:
-            out.print(f"schema is up to date at version {report.current_version} ({where})")
+            line.stylize("green", 0, len("applied"))
+        out.print(line)
 
-    ui.emit({"applied": list(report.applied), "version": report.current_version,
-             "database": where}, render)
+    ui.emit(report.as_document(where), render)
     return 0
 
 # db -------------------------------------------------------------------------------------

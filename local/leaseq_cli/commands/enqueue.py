@@ -10,12 +10,11 @@ import uuid
 from pathlib import Path
 from typing import Any, TextIO
 
-from leaseq.client import enqueue_jobs
 from leaseq.jobs import EnqueueRequest
 from pydantic import ValidationError
 from rich.console import Console
 
-from leaseq_cli.commands._shared import operator_for
+from leaseq_cli.commands._shared import client_for
 from leaseq_cli.failures import CliError, ConflictError, UsageError
 from leaseq_cli.render import Ui, table
 
@@ -85,11 +84,11 @@ def _read_requests(args: argparse.Namespace) -> list[EnqueueRequest]:
 
 def cmd_enqueue(args: argparse.Namespace, ui: Ui) -> int:
     requests = _read_requests(args)
-    with operator_for(args, ui) as operator:
+    with client_for(args, ui) as client:
         results = []
         for start in range(0, len(requests), ENQUEUE_CHUNK):
             chunk = requests[start:start + ENQUEUE_CHUNK]
-            for result in enqueue_jobs(operator.conn, chunk):
+            for result in client.enqueue_jobs(chunk):
                 results.append((start + result.index, result))
     counts = {s: sum(1 for _, r in results if r.status == s)
               for s in ("created", "existing", "conflict", "rejected")}
