@@ -22,6 +22,7 @@ from leaseq.errors import (
 from leaseq.job_context import JobContext, JobLogFields, current_job, job_log_fields
 from leaseq.jobs import ClaimedJob, EnqueueRequest, EnqueueResult, JobOutcome, JobState
 from leaseq.migrate import MigrationReport, migrate
+from leaseq.pool import PoolSize, ScaleUp
 from leaseq.reaper import ReapReport, reap_once
 from leaseq.recorder import JobRecord
 from leaseq.registry import Registration, Registry
@@ -57,6 +58,7 @@ __all__ = [
     "MigrationReport",
     "MonotonicDeadline",
     "PermissionDeniedError",
+    "PoolSize",
     "QueueClient",
     "ReapReport",
     "ReaperSettings",
@@ -64,6 +66,7 @@ __all__ = [
     "Registry",
     "RetryJob",
     "RetryPolicy",
+    "ScaleUp",
     "SchemaVersionError",
     "TlsVerificationError",
     "UndecodableJson",
