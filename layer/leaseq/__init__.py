@@ -27,11 +27,18 @@ from leaseq.reaper import ReapReport, reap_once
 from leaseq.recorder import JobRecord
 from leaseq.registry import Registration, Registry
 from leaseq.retry import RetryPolicy
-from leaseq.settings import DatabaseSettings, LeaseqSettings, ReaperSettings, WorkerSettings
+from leaseq.settings import (
+    DatabaseSettings,
+    LeaseqSettings,
+    PoolSettings,
+    ReaperSettings,
+    WorkerSettings,
+)
 from leaseq.signals import DiscardJob, JobTimeout, RetryJob
-from leaseq.worker import DrainReport, Worker
+from leaseq.worker import ClaimHook, DrainReport, Worker
 
 __all__ = [
+    "ClaimHook",
     "ClaimedJob",
     "ConfigurationError",
     "DatabaseError",
@@ -58,6 +65,7 @@ __all__ = [
     "MigrationReport",
     "MonotonicDeadline",
     "PermissionDeniedError",
+    "PoolSettings",
     "PoolSize",
     "QueueClient",
     "ReapReport",
