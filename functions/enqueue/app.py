@@ -19,8 +19,8 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from leaseq import LeaseqError, QueueClient
 from leaseq_lambda import runtime, telemetry
 from leaseq_lambda.enqueue import ready_now, rejection_error, response, submit
-from leaseq_lambda.scaling import enabled, wake_after_enqueue
 from leaseq_lambda.events import parse_enqueue
+from leaseq_lambda.scaling import wake_after_enqueue
 
 logger = telemetry.make_logger()
 metrics = telemetry.make_metrics()
@@ -61,8 +61,9 @@ def lambda_handler(event: Any, context: LambdaContext) -> dict[str, Any]:
             logger.info("job enqueued", extra=fields)
     answer = response(results)
     telemetry.record_enqueue(metrics, answer["created"], answer["existing"], answer["rejected"])
-    if ready_now(results) and enabled(runtime.get().settings.pool):
-        started, failed = wake_after_enqueue(runtime.get().client, runtime.get().settings.pool)
+    if ready_now(results) and runtime.get().settings.pool.enabled:
+        rt = runtime.get()
+        started, failed = wake_after_enqueue(rt.client, rt.settings.pool)
         telemetry.record_wake(metrics, started=started, failed=failed)
     counts = {f"jobs_{status}": answer[status] for status in ("created", "existing", "rejected")}
     logger.info("enqueue finished", extra={"origin": batch.origin, **counts})

@@ -111,7 +111,7 @@ class Tick:
     def pool_reason(self) -> PoolReason:
         """The reason the invocation gives when it joins the worker pool."""
         if self.origin in ("fanout", "wake", "manual"):
-            return self.origin  # type: ignore[return-value]
+            return self.origin
         return "schedule"
 
 

@@ -80,11 +80,6 @@ class WorkerStartError(LeaseqError):
     jobs wait for the next worker (at the latest the scheduled tick)."""
 
 
-def enabled(settings: PoolSettings) -> bool:
-    """Whether the pool is on (``LEASEQ_MAX_WORKERS`` above 0)."""
-    return settings.max_workers > 0
-
-
 def lambda_starter(function_name: str, lambda_client: Any | None = None) -> Invoke:
     """An :data:`Invoke` that sends the event to ``function_name`` (name or ARN) as an
     asynchronous (``Event``) invocation, with the environment's Lambda client unless one
@@ -165,7 +160,7 @@ class PoolMembership:
 
     @property
     def enabled(self) -> bool:
-        return enabled(self.settings)
+        return self.settings.enabled
 
     def join(self, tick: Tick, time_left: float) -> bool:
         """Take the tick's reservation, or free room; False when the pool is full (a
@@ -289,8 +284,8 @@ class FanOut:
             with self._cond:
                 while not self._wanted and not self._closed:
                     self._cond.wait()
-                if self._closed:
-                    return
+                if not self._wanted:
+                    return  # closed, and every start asked for is done
                 wanted, self._wanted = self._wanted, 0
             try:
                 self._grow(wanted)
@@ -322,8 +317,9 @@ class FanOut:
             logger.info("worker started", extra={"reason": "fanout", "place": str(place)})
 
     def close(self, timeout: float = CLOSE_SECONDS) -> FanOutReport:
-        """Start nothing more and wait up to ``timeout`` seconds for a start under way
-        (a place it leaves reserved expires after the start hold)."""
+        """Take no more claims, and wait up to ``timeout`` seconds for the starts already
+        asked for (a place left reserved by one still under way expires after the start
+        hold)."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
@@ -352,7 +348,7 @@ def wake(client: QueueClient, settings: PoolSettings, lambda_client: Any | None 
     and raises :class:`WorkerStartError`; a database failure raises its own error. The
     enqueue function treats both as best effort: the jobs are stored either way.
     """
-    if not enabled(settings):
+    if not settings.enabled:
         return False
     place = client.wake_worker_place(float(settings.wake_debounce_seconds),
                                      float(settings.start_hold_seconds), settings.max_workers)

@@ -14,6 +14,7 @@ the audit can tell a second execution (allowed) from a second completion (never)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -48,9 +49,7 @@ def crash(payload: dict[str, Any], context: JobContext) -> dict[str, Any]:
 @registry.handler("elastic.stubborn", timeout=1.0)
 def stubborn(payload: dict[str, Any], context: JobContext) -> dict[str, Any]:
     if context.attempt == 1:
-        while True:
-            try:
+        while True:  # the point: it ignores its interruption (JobTimeout)
+            with contextlib.suppress(BaseException):
                 time.sleep(3600)
-            except BaseException:  # noqa: S110 - the point: it ignores its interruption
-                pass
     return work(payload, context)
