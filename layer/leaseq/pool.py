@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from leaseq.errors import ConfigurationError
 from leaseq.jobs import ClaimedJob
 
 #: Why an invocation joins the pool (``app.join_worker_pool``'s ``p_reason``): a schedule
@@ -70,8 +71,8 @@ class ScaleUp:
     def __init__(self, *, lag: float = DEFAULT_LAG, interval: float = DEFAULT_INTERVAL,
                  clock: Callable[[], float] = time.time) -> None:
         if not lag >= 0 or not interval >= 0:
-            raise ValueError(f"lag and interval must be at least 0 seconds "
-                             f"(got lag={lag!r}, interval={interval!r})")
+            raise ConfigurationError(f"ScaleUp's lag and interval must be at least 0 seconds "
+                                     f"(got lag={lag!r}, interval={interval!r})")
         self.lag = lag
         self.interval = interval
         self._clock = clock

@@ -10,9 +10,9 @@
 --   * places are added only under the row lock of app.worker_pool_state, in a
 --     statement that starts after the lock was taken, so it counts every place the
 --     previous holder committed (READ COMMITTED takes a snapshot per statement);
---   * every function that adds a place also updates the state row: a caller in a
+--   * every function that adds a place also updates the state row, so a caller in a
 --     REPEATABLE READ or SERIALIZABLE transaction whose snapshot misses a committed
---     change cannot lock the row (40001) instead of counting a stale pool;
+--     change fails to lock the row (40001) rather than count a stale pool;
 --   * expired places are deleted, under the same lock, before counting: an invocation
 --     killed at its deadline, or an event that never arrived, frees its room when its
 --     place expires, without telling anyone.
@@ -186,7 +186,8 @@ grant execute on function app.release_worker_place(uuid) to leaseq_worker;
 -- answers NULL without a lock, and so does a state row that another call holds locked
 -- (SKIP LOCKED: that call is changing the pool, so a worker is on its way or running).
 -- Only then, under the lock, are both conditions checked again. So 1,000 enqueues in a
--- second start at most one invocation, and none of them waits for another.
+-- second start at most one invocation, and none of them waits for another. (The pool
+-- is empty when a wake reserves, so p_max_workers, at least 1, always has room for it.)
 create or replace function app.wake_worker_place(
   p_debounce interval,
   p_hold interval,
