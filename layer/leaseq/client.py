@@ -87,6 +87,27 @@ def enqueue_jobs(conn: psycopg.Connection[Any],
     ]
 
 
+def wake_worker_place(conn: psycopg.Connection[Any], debounce: float,
+                      hold: float) -> UUID | None:
+    """:meth:`QueueClient.wake_worker_place` on the caller's connection, in a transaction
+    of its own, for producers that enqueue on their own connection. The maximum it
+    checks is 1: a wake reserves only when the pool is empty, so the producer need not
+    know the pool's maximum."""
+    params = {"debounce": _seconds("debounce", debounce), "hold": _seconds("hold", hold),
+              "max_workers": 1}
+    with translate_errors(conn), conn.transaction():
+        rows = fetch_rows(conn, queries.WAKE_WORKER_PLACE, params)
+    place: UUID | None = rows[0]["place"] if rows else None
+    return place
+
+
+def release_worker_place(conn: psycopg.Connection[Any], place: UUID) -> None:
+    """:meth:`QueueClient.release_worker_place` on the caller's connection: give back
+    the place a wake reserved when the invocation it was for could not be started."""
+    with translate_errors(conn), conn.transaction():
+        fetch_rows(conn, queries.RELEASE_WORKER_PLACE, {"place": place})
+
+
 def enqueue_job(conn: psycopg.Connection[Any], request: EnqueueRequest) -> EnqueueResult:
     """Enqueue one job on the caller's connection; a conflicting repeat raises, and so
     does a request the database rejects (InvalidRequestError, SQLSTATE 22023)."""

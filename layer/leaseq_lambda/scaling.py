@@ -34,13 +34,12 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any, Literal
 from uuid import UUID
 
 import psycopg
-from leaseq import ClaimedJob, InvalidRequestError, LeaseqError, QueueClient, queries
-from leaseq.db import fetch_rows, translate_errors
+from leaseq import ClaimedJob, InvalidRequestError, LeaseqError, QueueClient
+from leaseq import client as client_calls
 from leaseq.pool import PoolSize, ScaleUp
 from leaseq.settings import PoolSettings
 
@@ -417,21 +416,18 @@ def wake_worker(connection: psycopg.Connection[Any], function_name: str, *,
             "wake_worker was called inside an open transaction: commit the transaction "
             "that enqueued the jobs first, then call wake_worker, so that the worker it "
             "starts can see them")
-    # The wake reserves only when the pool is empty, so the maximum it checks against
-    # is met by any value of at least one: the producer need not know MaxWorkers.
-    params = {"debounce": timedelta(seconds=debounce), "hold": timedelta(seconds=hold),
-              "max_workers": 1}
-    with translate_errors(connection), connection.transaction():
-        rows = fetch_rows(connection, queries.WAKE_WORKER_PLACE, params)
-    place = rows[0]["place"] if rows else None
+    place = client_calls.wake_worker_place(connection, debounce, hold)
     if place is None:
         return False
     invoke = lambda_starter(function_name, lambda_client)
     try:
         invoke(pool_start_event("wake", place))
     except WorkerStartError:
-        # A producer may not give places back (a worker's duty): it expires after ``hold``.
-        logger.warning("worker wake failed; its place expires after the start hold",
-                       extra={"place": str(place)})
+        try:
+            client_calls.release_worker_place(connection, place)
+        except LeaseqError as exc:
+            logger.warning("worker wake failed and its place was not given back; it "
+                           "expires after the start hold",
+                           extra={"place": str(place), "error": exc.message})
         raise
     return True

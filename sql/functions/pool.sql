@@ -30,9 +30,11 @@
 --     invocation that ended without leaving) refreshes its place's expiry; a
 --     reservation it names is consumed too, since its event has arrived.
 --   * Otherwise a new place while the pool has room (fewer than p_max_workers places).
+--   * Otherwise, for a schedule tick or a manual run only, the oldest reserved place:
+--     reservations whose starts were lost never keep the schedule from draining.
 --   * Otherwise false: the invocation returns at once without claiming. That is how a
---     duplicate or retried asynchronous event, and a schedule tick while the pool is
---     full, are kept from exceeding the maximum. A reservation is consumed once: a
+--     duplicate or retried asynchronous event, and a schedule tick while invocations
+--     hold every place, are kept from exceeding the maximum. A reservation is consumed once: a
 --     second delivery of the same event finds it owned and gets only free room.
 --
 -- p_expires_in is how long the place lives without another join: the invocation's
@@ -89,7 +91,21 @@ begin
 
   select count(*) into v_places from app.worker_pool p;
   if v_places >= p_max_workers then
-    return false;
+    if p_reason not in ('schedule', 'manual') or v_places > p_max_workers then
+      return false;
+    end if;
+    -- A tick in a pool that reservations fill (starts asked for and not arrived, or
+    -- lost): it takes the oldest one, so the schedule drains whatever happened to the
+    -- starts. The count is unchanged; the start that arrives late finds no room.
+    update app.worker_pool p
+    set owner = p_owner, reason = p_reason, expires_at = v_expires_at
+    where p.id = (select r.id from app.worker_pool r where r.owner is null
+                  order by r.created_at, r.id limit 1);
+    if not found then
+      return false;
+    end if;
+    update app.worker_pool_state s set changed_at = v_now;
+    return true;
   end if;
   insert into app.worker_pool (owner, reason, created_at, expires_at)
   values (p_owner, p_reason, v_now, v_expires_at);
@@ -163,6 +179,8 @@ grant execute on function app.reserve_worker_places(integer, integer, interval) 
 
 -- The invocation a reservation was made for could not be started (the Invoke call
 -- failed): free its room now. A place an invocation has already taken is left alone.
+-- Producers may call it too, for the place their own wake reserved: it deletes only an
+-- unowned reservation named by its random id, which only its reserver was told.
 create or replace function app.release_worker_place(p_place uuid)
 returns void
 language plpgsql
@@ -175,7 +193,8 @@ begin
 end;
 $$;
 revoke all on function app.release_worker_place(uuid) from public, service_role;
-grant execute on function app.release_worker_place(uuid) to leaseq_worker;
+grant execute on function app.release_worker_place(uuid)
+  to leaseq_worker, leaseq_producer, leaseq_tenant_producer;
 
 -- Wake on enqueue: when no unexpired place exists (nobody is polling and nobody is
 -- starting) and the last wake is older than p_debounce, record the wake and reserve one

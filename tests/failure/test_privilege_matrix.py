@@ -90,7 +90,7 @@ app.release_all_expired_jobs(integer)                                           
 app.release_expired(uuid,integer)                                                                x   .   .    .     .    .    .    .    .
 app.release_expired_jobs(uuid,integer)                                                           x   x   .    .     .    x    .    .    .
 app.release_jobs(text,uuid[],uuid[],uuid[])                                                      x   x   .    .     x    .    .    .    .
-app.release_worker_place(uuid)                                                                   x   x   .    .     x    .    .    .    .
+app.release_worker_place(uuid)                                                                   x   x   x    x     x    .    .    .    .
 app.renew_job_lease(uuid,uuid,text,uuid,interval)                                                x   x   .    .     x    .    .    .    .
 app.repair_tenant_turns(integer)                                                                 x   x   .    .     .    x    x    .    .
 app.reserve_worker_places(integer,integer,interval)                                              x   x   .    .     x    .    .    .    .

@@ -362,12 +362,15 @@ def test_wake_worker_inside_an_open_transaction_is_refused_and_reserves_nothing(
     assert local_invokes.accepted() == 0
 
 
-def test_a_producer_whose_wake_fails_leaves_its_place_to_expire(
+def test_a_producer_whose_wake_fails_gives_its_place_back_so_the_next_wake_can_start_one(
         db: Database, admin: Conn, local_invokes: LocalInvokes) -> None:
-    with db.connect(PRODUCER) as conn, pytest.raises(WorkerStartError, match="NoSuchFunction"):
-        wake_worker(conn, "NoSuchFunction", hold=5)
+    with db.connect(PRODUCER) as conn:
+        with pytest.raises(WorkerStartError, match="NoSuchFunction"):
+            wake_worker(conn, "NoSuchFunction", debounce=0, hold=60)
 
-    # Giving a place back is a worker's duty: the producer's reservation holds its room
-    # until its hold ends, and the schedule runs the jobs meanwhile.
+        # The failed start's place is free at once, not after its hold: the next wake
+        # (here to a function that exists) reserves and starts one.
+        assert places(admin) == []
+        assert wake_worker(conn, "Probe", debounce=0, hold=60)
     (place,) = places(admin)
     assert place["reason"] == "wake"

@@ -161,8 +161,13 @@ def _produce(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
                 (tenant, ids["a"]))
     assert call("get_job_result_by_key", "select * from app.get_job_result_by_key(%s, 'b')",
                 (tenant,))
-    # After an enqueue, the wake: the pool is empty, so it reserves a place (which the
-    # worker's duty below takes).
+    # After an enqueue, the wake: the pool is empty, so it reserves a place; its start
+    # failed, so the producer gives it back, and wakes again (the worker's duty below
+    # finds that place in the pool).
+    (woken,) = call("wake_worker_place",
+                    "select app.wake_worker_place('0 seconds', '90 seconds', 4) as place", ())
+    assert woken["place"] is not None, "the wake reserved nothing"
+    call("release_worker_place", "select app.release_worker_place(%s)", (woken["place"],))
     call("wake_worker_place",
          "select app.wake_worker_place('0 seconds', '90 seconds', 4) as place", ())
 

@@ -120,7 +120,7 @@ def test_racing_joins_and_reservations_from_eight_connections_fill_the_pool_exac
         joined = reserved = 0
         for n in range(25):
             if (i + n) % 3:
-                joined += join(conn, f"racer-{i}-{n}", max_workers=maximum)
+                joined += join(conn, f"racer-{i}-{n}", max_workers=maximum, reason="fanout")
             else:
                 reserved += len(reserve(conn, 2, max_workers=maximum))
         return joined, reserved
@@ -178,9 +178,33 @@ def test_a_full_pool_refuses_a_join_and_a_reservation(pool_worker: Conn, admin: 
     assert join(pool_worker, "a", max_workers=2)
     assert reserve(pool_worker, 5, max_workers=2) != []
 
-    assert join(pool_worker, "b", max_workers=2) is False
+    assert join(pool_worker, "b", max_workers=2, reason="fanout") is False
     assert reserve(pool_worker, 1, max_workers=2) == []
     assert len(places(admin)) == 2
+
+
+def test_a_tick_in_a_pool_full_of_reservations_takes_the_oldest_and_its_start_is_refused(
+    pool_worker: Conn, admin: Conn
+) -> None:
+    """Starts asked for and never arrived (lost events) must not keep the schedule from
+    draining until their hold ends; the count stays at the maximum."""
+    assert join(pool_worker, "a", max_workers=3)
+    (older,) = reserve(pool_worker, 1, max_workers=3)
+    (newer,) = reserve(pool_worker, 1, max_workers=3)
+
+    assert join(pool_worker, "tick", max_workers=3, reason="schedule")
+
+    owners = {p["id"]: p["owner"] for p in places(admin)}
+    assert len(owners) == 3
+    assert owners[older] == "tick"
+    assert owners[newer] is None
+    # The start the older reservation was for arrives late: no room is left for it.
+    assert join(pool_worker, "late", max_workers=3, reservation=older,
+                reason="fanout") is False
+    # With only invocations in the pool, a tick is refused like any other start.
+    assert join(pool_worker, "arrived", max_workers=3, reservation=newer, reason="fanout")
+    assert join(pool_worker, "tick-2", max_workers=3, reason="schedule") is False
+    assert size(pool_worker) == {"live": 3, "reserved": 0}
 
 
 def test_reservations_are_capped_by_the_room_left_and_none_are_made_for_zero(
@@ -308,7 +332,8 @@ def test_an_expired_reservation_frees_its_room_and_a_late_event_gets_only_free_r
     expire(admin, place=late)  # its event never arrived within the hold
 
     (fresh,) = reserve(pool_worker, 1, max_workers=1)
-    assert join(pool_worker, "late-event", max_workers=1, reservation=late) is False
+    assert join(pool_worker, "late-event", max_workers=1, reservation=late,
+                reason="fanout") is False
     assert join(pool_worker, "fresh-event", max_workers=1, reservation=fresh)
 
     assert [(p["id"], p["owner"]) for p in places(admin)] == [(fresh, "fresh-event")]
