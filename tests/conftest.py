@@ -101,7 +101,7 @@ def db(migrated_database: Database) -> Database:
     """The migrated database with empty queue tables."""
     with migrated_database.connect(postgres.OWNER) as conn:
         conn.execute("truncate app.jobs, app.job_events, app.tenant_readers,"
-                     " app.tenant_producers, app.tenant_turns")
+                     " app.tenant_producers, app.tenant_turns, app.kind_turns")
         conn.execute("update app.tenant_turn_sweep set next_tenant_id = null, swept_at = null")
     return migrated_database
 
