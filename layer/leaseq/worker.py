@@ -119,7 +119,8 @@ class Worker:
 
     def recorder(self, report: DrainReport) -> Recorder:
         return Recorder(self.client, self.config.owner, report, self.on_job,
-                        self.config.record_interval)
+                        self.config.record_interval, kinds=self.config.kinds,
+                        exclude_kinds=self.config.exclude_kinds)
 
     def queue_lag(self, job: ClaimedJob) -> float:
         return max(0.0, (self.now() - job.available_at).total_seconds())
