@@ -110,7 +110,7 @@ def crash_a_worker(operator: Operator) -> uuid.UUID | None:
     with translate_errors():
         row = operator.conn.execute(queries.CLAIM_JOBS, {
             "tenant_id": TENANTS["initech"], "owner": CRASHED_OWNER, "limit": 1,
-            "lease": CRASHED_LEASE}).fetchone()
+            "lease": CRASHED_LEASE, "kinds": None, "exclude_kinds": None}).fetchone()
     return row["id"] if row else None
 
 

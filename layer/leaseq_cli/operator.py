@@ -19,6 +19,7 @@ from leaseq.queries import (
     GET_JOB,
     JOB_TIMELINE,
     PRUNE_JOBS,
+    QUEUE_DEPTH,
     QUEUE_STATUS,
     REDRIVE_JOBS,
 )
@@ -59,6 +60,12 @@ class Operator:
 
     def queue_status(self, tenant_id: UUID | None = None) -> list[dict[str, Any]]:
         return self._rows(QUEUE_STATUS, {"tenant_id": tenant_id})
+
+    def queue_depth_by_kind(self) -> list[dict[str, Any]]:
+        """Unfinished jobs per kind (app.queue_depth: pending, ready, running, retry_wait;
+        at most the 200 kinds that have waited longest)."""
+        rows = self._rows(QUEUE_DEPTH, {"tenant_id": None, "kind": None, "limit": 1})
+        return [row for row in rows if row["dimension"] == "kind"]
 
     def get_job(self, job_id: UUID) -> dict[str, Any] | None:
         rows = self._rows(GET_JOB, {"job_id": job_id})
