@@ -229,7 +229,9 @@ revoke all on function app.check_claim(text, integer, interval) from public;
 -- rule: non-blank, at most 128 characters), in a one-dimensional array indexed from 1.
 -- An empty list is refused rather than read as "nothing" or "everything": a worker
 -- configured with one by mistake would otherwise claim nothing, or all. Called by the
--- claims only when a filter is given, so an unfiltered claim pays nothing for it.
+-- claims only when a filter is given, so an unfiltered claim pays nothing for it; a
+-- filtered worker sends the same filter with every claim, so the checks are plain
+-- expressions, one loop over the kinds and no query (a few microseconds).
 create or replace function app.check_kind_filter(p_kinds text[], p_exclude_kinds text[])
 returns void
 language plpgsql
@@ -239,7 +241,8 @@ as $$
 declare
   v_name text := case when p_kinds is not null then 'p_kinds' else 'p_exclude_kinds' end;
   v_kinds text[] := coalesce(p_kinds, p_exclude_kinds);
-  v_bad bigint;
+  v_kind text;
+  v_n integer := 0;
 begin
   if p_kinds is not null and p_exclude_kinds is not null then
     perform app.raise_invalid('p_kinds and p_exclude_kinds cannot both be set: claim some '
@@ -249,21 +252,21 @@ begin
   if v_kinds is null then
     return;
   end if;
-  perform app.check_array(v_name, v_kinds);
+  if array_ndims(v_kinds) <> 1 or array_lower(v_kinds, 1) <> 1 then
+    perform app.check_array(v_name, v_kinds);
+  end if;
   if cardinality(v_kinds) < 1 or cardinality(v_kinds) > 100 then
     perform app.raise_invalid(format('%s must name 1 to 100 kinds (got %s); pass NULL for '
       'no filter', v_name, cardinality(v_kinds)));
   end if;
-  select u.n into v_bad
-  from unnest(v_kinds) with ordinality as u(kind, n)
-  where u.kind is null or length(u.kind) > 128
-     or (ascii(u.kind) not between 33 and 126 and app.is_blank(u.kind))
-  order by u.n
-  limit 1;
-  if found then
-    perform app.raise_invalid(format('%s element %s must be a job kind: a non-blank text of '
-      'at most 128 characters', v_name, v_bad));
-  end if;
+  foreach v_kind in array v_kinds loop
+    v_n := v_n + 1;
+    if v_kind is null or length(v_kind) > 128
+       or (ascii(v_kind) not between 33 and 126 and app.is_blank(v_kind)) then
+      perform app.raise_invalid(format('%s element %s must be a job kind: a non-blank text '
+        'of at most 128 characters', v_name, v_n));
+    end if;
+  end loop;
 end;
 $$;
 revoke all on function app.check_kind_filter(text[], text[]) from public;

@@ -376,7 +376,7 @@ grant execute on function app.release_jobs(text, uuid[], uuid[], uuid[]) to leas
 -- new state; a stale token gives no row), then the jobs claimed (claimed = true, with
 -- what a worker needs to run them). p_limit 0 claims nothing; an empty outcome list
 -- records nothing. p_kinds / p_exclude_kinds are the claim's kind filter
--- (app.claim_ready_jobs), checked before anything is recorded, also when p_limit is 0.
+-- (app.claim_ready_jobs); a bad one refuses the whole call, also when p_limit is 0.
 -- The payload is cast to jsonb because RETURN QUERY wants the declared column types
 -- exactly and the column's type is the domain app.job_payload.
 create or replace function app.finish_and_claim_jobs(
@@ -418,7 +418,8 @@ begin
   if p_limit is null or p_limit < 0 or p_limit > 100 then
     perform app.check_range('p_limit', p_limit, 0, 100);
   end if;
-  if p_kinds is not null or p_exclude_kinds is not null then
+  -- The claim below checks the kind filter; without a claim it is checked here.
+  if p_limit = 0 and (p_kinds is not null or p_exclude_kinds is not null) then
     perform app.check_kind_filter(p_kinds, p_exclude_kinds);
   end if;
   if coalesce(cardinality(p_job_ids), 0) > 0 then
