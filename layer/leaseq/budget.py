@@ -34,15 +34,32 @@ def fits(time_left: float, budget: float, config: WorkerConfig) -> bool:
 
 
 def check_registry(registry: Registry, config: WorkerConfig) -> None:
-    """Refuse kinds whose budget no invocation of this worker can fit.
+    """Refuse a registry this worker could not serve.
 
-    Only when the worker knows what every invocation starts with (``worker_timeout``):
-    such a kind would be claimed and given back on every tick, never run.
+    * a kind of the worker's ``kinds`` filter without a handler: every job of it the
+      worker claimed would die as an unknown kind, so the filter or the handlers module
+      is wrong;
+    * kinds whose budget no invocation of this worker can fit, only when the worker knows
+      what every invocation starts with (``worker_timeout``): such a kind would be
+      claimed and given back on every tick, never run. Kinds the worker does not claim
+      (outside ``kinds``, or in ``exclude_kinds``) are not its concern: the slow worker's
+      long timeouts do not refuse the main worker that leaves them alone.
     """
+    if config.kinds is not None:
+        unknown = [kind for kind in config.kinds if registry.get(kind) is None]
+        if unknown:
+            raise ConfigurationError(
+                f"{config.name('kinds')} names {', '.join(repr(k) for k in unknown)}, which "
+                f"the handlers register no handler for (they register "
+                f"{', '.join(repr(k) for k in registry.kinds) or 'none'}): the worker would "
+                "claim those jobs and make them dead as unknown kinds. Register a handler "
+                f"for each kind of {config.name('kinds')}, or remove it from the list")
     if config.worker_timeout is None:
         return
     unfit = []
     for kind in registry.kinds:
+        if not config.claims(kind):
+            continue
         registration = registry.get(kind)
         budget = budget_of(registration, config)
         needed = needed_for(budget, config.lease_margin)
@@ -53,5 +70,6 @@ def check_registry(registry: Registry, config: WorkerConfig) -> None:
                 f"the worker's invocation leaves {config.worker_timeout:g} s")
     if unfit:
         raise ConfigurationError(
-            "; ".join(unfit) + f": raise {config.name('worker_timeout')} or lower the "
-            "kind's timeout (registry.handler(kind, timeout=...))")
+            "; ".join(unfit) + f": raise {config.name('worker_timeout')}, lower the "
+            "kind's timeout (registry.handler(kind, timeout=...)), or leave the kind to a "
+            f"worker of its own with a longer one ({config.name('exclude_kinds')} here)")

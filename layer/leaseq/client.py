@@ -130,6 +130,13 @@ def _activity_params(tenant_id: UUID | None, kind: str | None, window: timedelta
             "samples": samples}
 
 
+def _kind_filter(kinds: Sequence[str] | None,
+                 exclude_kinds: Sequence[str] | None) -> dict[str, list[str] | None]:
+    """A claim's kind filter as its parameters (None, None: every kind)."""
+    return {"kinds": None if kinds is None else list(kinds),
+            "exclude_kinds": None if exclude_kinds is None else list(exclude_kinds)}
+
+
 def _outcome_params(owner: str, outcomes: Sequence[JobOutcome]) -> dict[str, Any]:
     return {
         "owner": owner,
@@ -255,17 +262,25 @@ class QueueClient:
 
     # Claim and lease ----------------------------------------------------------------
 
-    def claim_ready_jobs(self, owner: str, limit: int, lease: timedelta) -> list[ClaimedJob]:
+    # Every claim takes a kind filter: ``kinds`` (only these) or ``exclude_kinds`` (every
+    # kind but these), not both; None for both claims every kind.
+
+    def claim_ready_jobs(self, owner: str, limit: int, lease: timedelta, *,
+                         kinds: Sequence[str] | None = None,
+                         exclude_kinds: Sequence[str] | None = None) -> list[ClaimedJob]:
         rows = self._query(
-            queries.CLAIM_READY_JOBS, {"owner": owner, "limit": limit, "lease": lease}
+            queries.CLAIM_READY_JOBS, {"owner": owner, "limit": limit, "lease": lease,
+                                       **_kind_filter(kinds, exclude_kinds)}
         )
         return [ClaimedJob.from_row(row) for row in rows]
 
-    def claim_jobs(self, tenant_id: UUID, owner: str, limit: int,
-                   lease: timedelta) -> list[ClaimedJob]:
+    def claim_jobs(self, tenant_id: UUID, owner: str, limit: int, lease: timedelta, *,
+                   kinds: Sequence[str] | None = None,
+                   exclude_kinds: Sequence[str] | None = None) -> list[ClaimedJob]:
         rows = self._query(
             queries.CLAIM_JOBS,
-            {"tenant_id": tenant_id, "owner": owner, "limit": limit, "lease": lease},
+            {"tenant_id": tenant_id, "owner": owner, "limit": limit, "lease": lease,
+             **_kind_filter(kinds, exclude_kinds)},
         )
         return [ClaimedJob.from_row(row) for row in rows]
 
@@ -297,14 +312,16 @@ class QueueClient:
         return {row["job_id"]: JobState(row["state"]) for row in rows}
 
     def finish_and_claim_jobs(
-        self, owner: str, outcomes: Sequence[JobOutcome], limit: int, lease: timedelta
+        self, owner: str, outcomes: Sequence[JobOutcome], limit: int, lease: timedelta, *,
+        kinds: Sequence[str] | None = None, exclude_kinds: Sequence[str] | None = None,
     ) -> tuple[dict[UUID, JobState], list[ClaimedJob]]:
         """Record a batch's outcomes and claim the next batch: one round trip, one commit.
 
         Returns the states of the outcomes applied (a lost lease is absent) and the
         jobs claimed. A refused outcome refuses the claim too (one transaction).
         """
-        params = {**_outcome_params(owner, outcomes), "limit": limit, "lease": lease}
+        params = {**_outcome_params(owner, outcomes), "limit": limit, "lease": lease,
+                  **_kind_filter(kinds, exclude_kinds)}
         rows = self._query(queries.FINISH_AND_CLAIM_JOBS, params)
         states = {row["id"]: JobState(row["state"]) for row in rows if not row["claimed"]}
         return states, [ClaimedJob.from_row(row) for row in rows if row["claimed"]]
@@ -482,6 +499,12 @@ class QueueClient:
         """Unfinished and dead jobs per tenant, per kind and in total (app.queue_depth)."""
         return self._query(queries.QUEUE_DEPTH,
                            {"tenant_id": tenant_id, "kind": kind, "limit": limit})
+
+    def queue_depth_by_kind(self) -> list[dict[str, Any]]:
+        """Unfinished jobs per kind (app.queue_depth's kind rows: pending, ready, running,
+        retry_wait; at most the 200 kinds that have waited longest)."""
+        rows = self.queue_depth(limit=1)
+        return [row for row in rows if row["dimension"] == "kind"]
 
     def job_activity(self, tenant_id: UUID | None = None, kind: str | None = None, *,
                      window: timedelta = timedelta(hours=24), buckets: int = 24,

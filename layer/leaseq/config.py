@@ -5,18 +5,20 @@
 the environment gives) read their defaults and bounds from the ``Bounds`` below, and
 check the rules that relate two values with :func:`contradictions`, so the two can never
 disagree about what is allowed. A contradictory pair (a retry cap below the retry base,
-an invocation too short for the job timeout) is refused with both names in the message;
-nothing is silently repaired.
+an invocation too short for the job timeout, a worker given both the kinds to claim and
+the kinds to leave) is refused with both names in the message; nothing is silently
+repaired.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from leaseq.errors import ConfigurationError
 from leaseq.retry import MAX_RETRY_DELAY, RetryPolicy
+from leaseq.storable import is_blank
 
 #: Seconds kept free after a job's budget to record its outcome before the lease ends.
 FINISH_RESERVE = 1.0
@@ -101,6 +103,35 @@ BOUNDS: dict[str, Bounds] = {
 }
 
 
+#: Kinds a worker's kind filter may name (the SQL contract's bound, app.check_kind_filter).
+MAX_FILTER_KINDS = 100
+
+
+def kind_list_problem(kinds: Sequence[str] | None, name: str | None = None) -> str | None:
+    """Why ``kinds`` cannot be a worker's kind filter, or None; ``name`` (the setting)
+    starts the message when given.
+
+    The SQL contract's rule: 1 to 100 kinds, each a kind that could be enqueued (1 to
+    128 characters, not all of them white space or invisible). None means no filter.
+    """
+    if kinds is None:
+        return None
+    lead = f"{name} " if name else ""
+    if isinstance(kinds, str) or not isinstance(kinds, Sequence):
+        return f"{lead}must be a list of job kinds (got {kinds!r})"
+    if not 1 <= len(kinds) <= MAX_FILTER_KINDS:
+        return (f"{lead}must name 1 to {MAX_FILTER_KINDS} kinds (got {len(kinds)}); leave it "
+                "unset for every kind")
+    for position, kind in enumerate(kinds, 1):
+        if not isinstance(kind, str) or not kind or len(kind) > 128 or is_blank(kind):
+            shown = repr(kind) if not isinstance(kind, str) or len(kind) <= 40 else (
+                f"{kind[:40]!r}... ({len(kind)} characters)")
+            return (f"{name + ': ' if name else ''}kind {position} ({shown}) is not a job "
+                    "kind: use 1 to 128 "
+                    "characters, at least one of them visible")
+    return None
+
+
 def needed_for(budget: float, lease_margin: float) -> float:
     """Seconds an invocation must have left to start a job with ``budget``: the budget,
     the lease margin, and the reserve for recording its outcome."""
@@ -120,6 +151,10 @@ def contradictions(values: Mapping[str, Any], names: Mapping[str, str]) -> list[
     if base is not None and cap is not None and cap < base:
         problems.append(f"{name('retry_max')} ({cap:g}) is less than {name('retry_base')} "
                         f"({base:g}): the retry cap must be at least the first delay")
+    if values.get("kinds") is not None and values.get("exclude_kinds") is not None:
+        problems.append(f"{name('kinds')} and {name('exclude_kinds')} cannot both be set: a "
+                        f"worker claims some kinds only ({name('kinds')}) or every kind but "
+                        f"some ({name('exclude_kinds')})")
     first, longest = values.get("poll_min"), values.get("poll_max")
     if first is not None and longest is not None and longest < first:
         problems.append(f"{name('poll_max')} ({longest:g}) is less than {name('poll_min')} "
@@ -146,6 +181,12 @@ class WorkerConfig:
     ``concurrency`` above 1, or a registry with an ``async def`` handler, runs jobs on an
     event loop (see :mod:`leaseq.slots`); 1 with sync handlers runs them one after the
     other in the calling thread, interrupted by SIGALRM at their budget.
+    ``kinds`` makes the worker claim jobs of those kinds only, ``exclude_kinds`` jobs of
+    every kind but those (not both; None: every kind): a worker of its own for slow kinds,
+    with its own timeout and concurrency, and a main worker that leaves them alone. Claims
+    with a filter keep their own round robin across tenants (sql/README.md, "Kinds'
+    turns"). A worker with ``kinds`` must have a handler for each of them
+    (:func:`leaseq.budget.check_registry`).
     ``setting_names`` only names the settings in error messages (the Lambda runtime passes
     its environment variables).
 
@@ -166,6 +207,8 @@ class WorkerConfig:
     poll_idle: float = POLL_IDLE.default
     worker_timeout: float | None = WORKER_TIMEOUT.default
     loop_stall: float = LOOP_STALL.default
+    kinds: tuple[str, ...] | None = None
+    exclude_kinds: tuple[str, ...] | None = None
     setting_names: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -177,10 +220,16 @@ class WorkerConfig:
             if isinstance(value, bool) or not isinstance(value, int | float) or not (
                     bounds.allows(value)):
                 problems.append(f"{self.name(key)} must be {bounds.describe()} (got {value!r})")
+        for key in ("kinds", "exclude_kinds"):
+            problem = kind_list_problem(getattr(self, key), self.name(key))
+            if problem is None and getattr(self, key) is not None:
+                object.__setattr__(self, key, tuple(getattr(self, key)))  # a list given
+            problems += [problem] if problem else []
         if not problems:
             problems = contradictions(
                 {**{key: getattr(self, key) for key in BOUNDS},
-                 "retry_base": self.retry.base_delay, "retry_max": self.retry.max_delay},
+                 "retry_base": self.retry.base_delay, "retry_max": self.retry.max_delay,
+                 "kinds": self.kinds, "exclude_kinds": self.exclude_kinds},
                 self.setting_names)
         if problems:
             raise ConfigurationError("invalid worker configuration: " + "; ".join(problems))
@@ -188,3 +237,9 @@ class WorkerConfig:
     def name(self, key: str) -> str:
         """How the user spelled setting ``key`` (a field name unless told otherwise)."""
         return self.setting_names.get(key, key)
+
+    def claims(self, kind: str) -> bool:
+        """Whether this worker's claims take jobs of ``kind`` (its kind filter)."""
+        if self.kinds is not None:
+            return kind in self.kinds
+        return self.exclude_kinds is None or kind not in self.exclude_kinds

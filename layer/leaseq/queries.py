@@ -17,12 +17,15 @@ ENQUEUE_JOBS: Final[LiteralString] = (
     " %(available_ats)s::timestamptz[], %(max_attempts)s::integer[], %(correlation_ids)s::text[])"
 )
 
+# The claims' kind filter (kinds, exclude_kinds) is NULL, NULL for every kind.
 CLAIM_READY_JOBS: Final[LiteralString] = (
-    "select * from app.claim_ready_jobs(%(owner)s, %(limit)s, %(lease)s::interval)"
+    "select * from app.claim_ready_jobs(%(owner)s, %(limit)s, %(lease)s::interval,"
+    " %(kinds)s::text[], %(exclude_kinds)s::text[])"
 )
 
 CLAIM_JOBS: Final[LiteralString] = (
-    "select * from app.claim_jobs(%(tenant_id)s, %(owner)s, %(limit)s, %(lease)s::interval)"
+    "select * from app.claim_jobs(%(tenant_id)s, %(owner)s, %(limit)s, %(lease)s::interval,"
+    " %(kinds)s::text[], %(exclude_kinds)s::text[])"
 )
 
 READY_TENANTS: Final[LiteralString] = (
@@ -47,7 +50,8 @@ FINISH_JOBS: Final[LiteralString] = (
 FINISH_AND_CLAIM_JOBS: Final[LiteralString] = (
     "select * from app.finish_and_claim_jobs(%(owner)s, %(tenant_ids)b::uuid[],"
     " %(job_ids)b::uuid[], %(tokens)b::uuid[], %(outcomes)b::text[], %(details)b::jsonb[],"
-    " %(retry_delays)b::interval[], %(limit)s, %(lease)s::interval)"
+    " %(retry_delays)b::interval[], %(limit)s, %(lease)s::interval, %(kinds)s::text[],"
+    " %(exclude_kinds)s::text[])"
 )
 
 RELEASE_JOBS: Final[LiteralString] = (

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
@@ -82,9 +82,13 @@ class Recorder:
 
     def __init__(self, client: QueueClient, owner: str, report: DrainReport,
                  on_job: Callable[[JobRecord], None] | None, interval: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, *,
+                 kinds: Sequence[str] | None = None,
+                 exclude_kinds: Sequence[str] | None = None) -> None:
         self._client = client
         self._owner = owner
+        #: Every claim's kind filter (WorkerConfig.kinds, exclude_kinds).
+        self._kinds = {"kinds": kinds, "exclude_kinds": exclude_kinds}
         self._report = report
         self._on_job = on_job
         self._interval = interval
@@ -147,11 +151,11 @@ class Recorder:
         statement (a plain claim when none waits)."""
         runs = self._take()
         if not runs:
-            return self._client.claim_ready_jobs(self._owner, limit, lease)
+            return self._client.claim_ready_jobs(self._owner, limit, lease, **self._kinds)
         outcomes = [r.outcome for r in runs]
         try:
             states, jobs = self._client.finish_and_claim_jobs(
-                self._owner, outcomes, limit, lease)
+                self._owner, outcomes, limit, lease, **self._kinds)
         except InvalidRequestError as exc:
             logger.error("outcomes refused with the next claim; recording them apart",
                          extra={"error": exc.message, "outcomes": len(runs)})
@@ -161,7 +165,7 @@ class Recorder:
                 self._put_back(runs)
                 raise
             self._tally(runs, recorded, states)
-            return self._client.claim_ready_jobs(self._owner, limit, lease)
+            return self._client.claim_ready_jobs(self._owner, limit, lease, **self._kinds)
         except LeaseqError:
             self._put_back(runs)
             raise

@@ -28,6 +28,7 @@ from pydantic import (
     PrivateAttr,
     SecretStr,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
@@ -136,6 +137,10 @@ class WorkerSettings(BaseModel):
     #: How many registered kinds (the first, by name) get a metric dimension value of
     #: their own; the others share ``other``. Each one is a few billed metrics.
     metric_kinds: int = Field(default=10, ge=0, le=100, alias="LEASEQ_METRIC_KINDS")
+    #: The worker's kind filter, comma-separated kinds (WorkerConfig.kinds, exclude_kinds):
+    #: claim only these kinds, or every kind but these; not both.
+    kinds: tuple[str, ...] | None = Field(default=None, alias="LEASEQ_KINDS")
+    exclude_kinds: tuple[str, ...] | None = Field(default=None, alias="LEASEQ_EXCLUDE_KINDS")
 
     #: WorkerConfig's field -> this model's field.
     CONFIG_FIELDS: ClassVar[dict[str, str]] = {
@@ -146,6 +151,7 @@ class WorkerSettings(BaseModel):
         "poll_idle": "poll_idle_seconds", "worker_timeout": "worker_timeout_seconds",
         "loop_stall": "loop_stall_seconds", "retry_base": "retry_base_seconds",
         "retry_max": "retry_max_seconds",
+        "kinds": "kinds", "exclude_kinds": "exclude_kinds",
     }
 
     @classmethod
@@ -157,6 +163,28 @@ class WorkerSettings(BaseModel):
     def config_values(self) -> dict[str, Any]:
         """These settings as WorkerConfig's field values."""
         return {key: getattr(self, name) for key, name in self.CONFIG_FIELDS.items()}
+
+    @field_validator("kinds", "exclude_kinds", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        """``a,b`` is two kinds; white space around each is not part of it. An empty
+        kind (``a,,b``, a trailing comma) is refused rather than dropped."""
+        if not isinstance(value, str):
+            return value
+        kinds = tuple(kind.strip() for kind in value.split(","))
+        if "" in kinds:
+            raise ValueError(
+                f"kind {kinds.index('') + 1} of {value!r} is empty: separate kinds with single "
+                "commas, as in report.build,invoice.render")
+        return kinds
+
+    @field_validator("kinds", "exclude_kinds", mode="after")
+    @classmethod
+    def _kinds(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        problem = config.kind_list_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> WorkerSettings:

@@ -132,7 +132,8 @@ class Worker:
 
     def recorder(self, report: DrainReport) -> Recorder:
         return Recorder(self.client, self.config.owner, report, self.on_job,
-                        self.config.record_interval)
+                        self.config.record_interval, kinds=self.config.kinds,
+                        exclude_kinds=self.config.exclude_kinds)
 
     def claim(self, recorder: Recorder, limit: int, lease: timedelta) -> list[ClaimedJob]:
         """Claim up to ``limit`` jobs (carrying the outcomes waiting to be recorded), then

@@ -239,7 +239,9 @@ class Runtime:
         The worker's invocation time is LEASEQ_WORKER_TIMEOUT_SECONDS, else the time
         left at the start of the first invocation (``time_left``; Lambda timeouts are
         whole seconds, so rounded up): settings that cannot run a job, and kinds whose
-        timeout no invocation can fit, fail the invocation with a ConfigurationError.
+        timeout no invocation can fit, fail the invocation with a ConfigurationError; so
+        does a kind of LEASEQ_KINDS that the handlers module has no handler for. The kind
+        filter (LEASEQ_KINDS, LEASEQ_EXCLUDE_KINDS) reaches the config with the rest.
         ``poll_idle`` replaces LEASEQ_POLL_IDLE_SECONDS for this invocation only (an
         invocation started by fan-out or wake stops sooner on an empty queue than the
         scheduled one). ``on_claim`` is told every claim (the worker pool's fan-out,
@@ -256,7 +258,9 @@ class Runtime:
                  "worker_timeout": "the function timeout (WorkerTimeoutSeconds, "
                                    "LEASEQ_WORKER_TIMEOUT_SECONDS)",
                  "job_timeout": "LEASEQ_JOB_TIMEOUT_SECONDS (JobTimeoutSeconds)",
-                 "lease_margin": "LEASEQ_LEASE_MARGIN_SECONDS (LeaseMarginSeconds)"}
+                 "lease_margin": "LEASEQ_LEASE_MARGIN_SECONDS (LeaseMarginSeconds)",
+                 "kinds": "LEASEQ_KINDS (SlowKinds)",
+                 "exclude_kinds": "LEASEQ_EXCLUDE_KINDS (SlowKinds)"}
         if poll_idle is not None:
             values["poll_idle"] = poll_idle
             names["poll_idle"] = ("this invocation's poll_idle (in place of "

@@ -6,6 +6,11 @@ job is pending or waiting for a retry, or when the next one is due later than th
 operator is willing to wait; otherwise it sleeps until the next job is due. With
 ``reap`` the reaper handler runs before every worker invocation, as its own schedule
 would, and jobs still running (a lease that has yet to expire) count as work left.
+
+With a kind filter (``--kind`` / ``--exclude-kind``, or LEASEQ_KINDS / LEASEQ_EXCLUDE_KINDS
+in the environment) only jobs of the kinds the worker claims count (app.queue_depth per
+kind, which does not say when the next one is due: the loop then waits up to ``wait``);
+jobs of the other kinds are counted apart, as left to their own worker.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from datetime import timedelta
 from typing import Any, Literal
 
 from leaseq.client import QueueClient
-from leaseq.config import FINISH_RESERVE, needed_for
+from leaseq.config import FINISH_RESERVE, WorkerConfig, needed_for
 from leaseq.db import Connection
 from leaseq.settings import WorkerSettings
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -48,6 +53,8 @@ class DrainTotals:
     stopped: Stop = "queue_empty"
     left: dict[str, int] = field(default_factory=dict)
     next_due_in: float | None = None
+    #: With a kind filter: jobs pending or waiting for a retry of the kinds it leaves.
+    left_to_others: int = 0
 
     def add_worker(self, report: dict[str, Any]) -> None:
         self.invocations += 1
@@ -80,9 +87,15 @@ class Backlog:
     by_state: dict[str, int]
     ready: int
     next_due_in: float | None
+    #: With a kind filter: pending and retry_wait jobs of the kinds the worker leaves.
+    others: int = 0
 
     @classmethod
-    def read(cls, client: QueueClient) -> Backlog:
+    def read(cls, client: QueueClient, claims: WorkerConfig | None = None) -> Backlog:
+        """The whole queue, or with ``claims`` (a worker's kind filter) the jobs of the
+        kinds it claims."""
+        if claims is not None and (claims.kinds or claims.exclude_kinds):
+            return cls._of_kinds(client, claims)
         by_state: dict[str, int] = {}
         ready = 0
         due: list[float] = []
@@ -93,16 +106,43 @@ class Backlog:
                 due.append(max(0.0, row["next_ready_in"].total_seconds()))
         return cls(by_state, ready, min(due) if due else None)
 
+    @classmethod
+    def _of_kinds(cls, client: QueueClient, claims: WorkerConfig) -> Backlog:
+        by_state = {"pending": 0, "retry_wait": 0, "running": 0}
+        ready = others = 0
+        for row in client.queue_depth_by_kind():
+            if not claims.claims(row["kind"]):
+                others += int(row["pending"]) + int(row["retry_wait"])
+                continue
+            for state in by_state:
+                by_state[state] += int(row[state])
+            ready += int(row["ready"])
+        return cls(by_state, ready, None, others)
+
     def waiting(self, *, include_running: bool) -> int:
         states = ("pending", "retry_wait", "running") if include_running else (
             "pending", "retry_wait")
         return sum(self.by_state.get(s, 0) for s in states)
 
 
+def worker_settings() -> WorkerSettings:
+    """The worker's settings as the handler will read them (the drain's environment)."""
+    return WorkerSettings.model_validate(
+        {k: v for k, v in os.environ.items() if k.startswith("LEASEQ_") and v})
+
+
+def kind_filter() -> WorkerConfig | None:
+    """The worker's kind filter, or None when it claims every kind."""
+    settings = worker_settings()
+    if settings.kinds is None and settings.exclude_kinds is None:
+        return None
+    return WorkerConfig(owner="leaseq-drain", kinds=settings.kinds,
+                        exclude_kinds=settings.exclude_kinds)
+
+
 def check_budget(budget: float) -> None:
     """Refuse an invocation budget too short to start a single job, before invoking."""
-    settings = WorkerSettings.model_validate(
-        {k: v for k, v in os.environ.items() if k.startswith("LEASEQ_") and v})
+    settings = worker_settings()
     needed = needed_for(settings.job_timeout_seconds, settings.lease_margin_seconds)
     if budget < needed:
         raise UsageError(
@@ -195,8 +235,9 @@ def drain(
     the progress bar on a terminal.
     """
     check_budget(budget)
+    claims = kind_filter()
     started = time.monotonic()
-    backlog = Backlog.read(client)
+    backlog = Backlog.read(client, claims)
     progress = _Progress(ui, backlog.waiting(include_running=True), count_finished)
     totals = progress.totals
     idle_since: float | None = None
@@ -214,7 +255,7 @@ def drain(
             if int(report.get("claimed", 0) or 0) > 0:
                 idle_since = None
                 continue
-            backlog = Backlog.read(client)
+            backlog = Backlog.read(client, claims)
             if backlog.ready > 0:
                 # Claimed by someone else in the meantime, or given back: look again shortly.
                 sleep(0.1)
@@ -233,21 +274,27 @@ def drain(
                 break
             sleep(min(due if due is not None else 0.5, 1.0) + 0.05)
     totals.elapsed = time.monotonic() - started
-    final = Backlog.read(client)
+    final = Backlog.read(client, claims)
     totals.left = {s: n for s, n in final.by_state.items()
                    if s in ("pending", "retry_wait", "running") and n}
     totals.next_due_in = final.next_due_in
+    totals.left_to_others = final.others
     return totals
 
 
 def describe_stop(totals: DrainTotals) -> str:
+    others = (f"; {totals.left_to_others} of the kinds this drain leaves wait for their own "
+              "worker") if totals.left_to_others else ""
     if totals.stopped == "queue_empty":
+        if others:
+            return "no job of the kinds this drain claims is pending or waiting for a retry" + (
+                others)
         return "the queue is drained: no job is pending or waiting for a retry"
     left = ", ".join(f"{n} {s}" for s, n in sorted(totals.left.items())) or "nothing"
     if totals.stopped == "invocation_limit":
-        return f"stopped after {totals.invocations} invocations; left: {left}"
+        return f"stopped after {totals.invocations} invocations; left: {left}{others}"
     due = timedelta(seconds=totals.next_due_in or 0)
     if totals.stopped == "scheduled_later":
         return (f"left: {left}; the next job is due in {due}, later than --wait: "
-                "run leaseq drain again then")
-    return f"nothing became ready within --wait; left: {left}"
+                f"run leaseq drain again then{others}")
+    return f"nothing became ready within --wait; left: {left}{others}"

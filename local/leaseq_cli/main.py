@@ -158,6 +158,13 @@ def build_parser() -> Parser:
                        help="the default job budget (LEASEQ_JOB_TIMEOUT_SECONDS)")
     drain.add_argument("--reap", action="store_true",
                        help="run the reaper handler before each invocation too")
+    kind_filter = drain.add_mutually_exclusive_group()
+    kind_filter.add_argument("--kind", action="append", dest="kinds", metavar="KIND",
+                             help="claim only jobs of this kind; repeat for more "
+                             "(LEASEQ_KINDS, a slow worker's filter)")
+    kind_filter.add_argument("--exclude-kind", action="append", dest="exclude_kinds",
+                             metavar="KIND", help="claim every kind but this one; repeat "
+                             "for more (LEASEQ_EXCLUDE_KINDS, the main worker's filter)")
 
     reap = _command(sub, "reap", c.cmd_reap, "run the reaper Lambda handler once: expired "
                     "leases of every tenant go back to the queue")

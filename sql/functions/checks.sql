@@ -223,6 +223,54 @@ end;
 $$;
 revoke all on function app.check_claim(text, integer, interval) from public;
 
+-- A claim's kind filter: the kinds to claim (p_kinds) or the kinds to leave
+-- (p_exclude_kinds), never both; NULL for both means every kind. A filter names 1 .. 100
+-- kinds (each costs the claim an index probe or two), each a valid kind (the enqueue
+-- rule: non-blank, at most 128 characters), in a one-dimensional array indexed from 1.
+-- An empty list is refused rather than read as "nothing" or "everything": a worker
+-- configured with one by mistake would otherwise claim nothing, or all. Called by the
+-- claims only when a filter is given, so an unfiltered claim pays nothing for it; a
+-- filtered worker sends the same filter with every claim, so the checks are plain
+-- expressions, one loop over the kinds and no query (a few microseconds).
+create or replace function app.check_kind_filter(p_kinds text[], p_exclude_kinds text[])
+returns void
+language plpgsql
+immutable
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+  v_name text := case when p_kinds is not null then 'p_kinds' else 'p_exclude_kinds' end;
+  v_kinds text[] := coalesce(p_kinds, p_exclude_kinds);
+  v_kind text;
+  v_n integer := 0;
+begin
+  if p_kinds is not null and p_exclude_kinds is not null then
+    perform app.raise_invalid('p_kinds and p_exclude_kinds cannot both be set: claim some '
+      'kinds only (p_kinds) or every kind but some (p_exclude_kinds), or pass NULL for '
+      'both to claim every kind');
+  end if;
+  if v_kinds is null then
+    return;
+  end if;
+  if array_ndims(v_kinds) <> 1 or array_lower(v_kinds, 1) <> 1 then
+    perform app.check_array(v_name, v_kinds);
+  end if;
+  if cardinality(v_kinds) < 1 or cardinality(v_kinds) > 100 then
+    perform app.raise_invalid(format('%s must name 1 to 100 kinds (got %s); pass NULL for '
+      'no filter', v_name, cardinality(v_kinds)));
+  end if;
+  foreach v_kind in array v_kinds loop
+    v_n := v_n + 1;
+    if v_kind is null or length(v_kind) > 128
+       or (ascii(v_kind) not between 33 and 126 and app.is_blank(v_kind)) then
+      perform app.raise_invalid(format('%s element %s must be a job kind: a non-blank text '
+        'of at most 128 characters', v_name, v_n));
+    end if;
+  end loop;
+end;
+$$;
+revoke all on function app.check_kind_filter(text[], text[]) from public;
+
 -- A failure report is never refused: whatever the worker sends becomes a JSON object
 -- that fits the row, so a bad error document cannot lose the failure it describes. One
 -- that could not be stored or read back (over 65,536 bytes, nested more than 100

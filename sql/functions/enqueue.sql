@@ -46,6 +46,7 @@ declare
   v_created uuid[];
   v_new_tenants uuid[];
   v_new_ats timestamptz[];
+  v_new_kinds text[];
 begin
   perform app.check_producer_tenants(p_tenant_ids);
   -- Every array's shape in one plain expression; the shared check, which names the
@@ -149,12 +150,14 @@ begin
            v_now
     from inserted ins
   )
-  select coalesce(array_agg(ins.id), '{}'), array_agg(ins.tenant_id), array_agg(ins.available_at)
-  into v_created, v_new_tenants, v_new_ats
+  select coalesce(array_agg(ins.id), '{}'), array_agg(ins.tenant_id), array_agg(ins.available_at),
+         array_agg(ins.kind)
+  into v_created, v_new_tenants, v_new_ats, v_new_kinds
   from inserted ins;
-  -- The new jobs' tenants are due a turn by their available_at (app.wake_tenants).
+  -- The new jobs' tenants, and their kinds, are due a turn by their available_at
+  -- (app.wake_tenants).
   if v_new_tenants is not null then
-    perform app.wake_tenants(v_new_tenants, v_new_ats);
+    perform app.wake_tenants(v_new_tenants, v_new_ats, v_new_kinds);
   end if;
 
   -- A new statement, so it sees the rows the insert above wrote and those that

@@ -16,6 +16,7 @@ declare
   v_now timestamptz := clock_timestamp();
   v_count integer;
   v_retrying uuid[];
+  v_retrying_kinds text[];
 begin
   with expired as materialized (
     select j.id, j.lease_owner, j.lease_token
@@ -41,7 +42,7 @@ begin
         updated_at = v_now
     from expired e
     where j.id = e.id
-    returning j.id, j.tenant_id, j.state, j.attempts, e.lease_owner, e.lease_token
+    returning j.id, j.tenant_id, j.kind, j.state, j.attempts, e.lease_owner, e.lease_token
   ), audit as (
     insert into app.job_events (tenant_id, job_id, event_type, actor, lease_token, details, created_at)
     select r.tenant_id, r.id,
@@ -54,12 +55,13 @@ begin
            v_now
     from released r
   )
-  select count(*), array_agg(r.tenant_id) filter (where r.state = 'retry_wait')
-  into v_count, v_retrying
+  select count(*), array_agg(r.tenant_id) filter (where r.state = 'retry_wait'),
+         array_agg(r.kind) filter (where r.state = 'retry_wait')
+  into v_count, v_retrying, v_retrying_kinds
   from released r;
-  -- Jobs back in retry_wait are claimable now: their tenants are due a turn.
+  -- Jobs back in retry_wait are claimable now: their tenants and kinds are due a turn.
   if v_retrying is not null then
-    perform app.wake_tenants(v_retrying, null);
+    perform app.wake_tenants(v_retrying, null, v_retrying_kinds);
   end if;
   return v_count;
 end;

@@ -76,6 +76,9 @@ declare
   v_now timestamptz := clock_timestamp();
   v_count integer := coalesce(cardinality(p_job_ids), 0);
   v_bad record;
+  v_retry_tenants uuid[];
+  v_retry_ats timestamptz[];
+  v_retry_kinds text[];
 begin
   if p_owner is null or length(p_owner) > 200
      or (ascii(p_owner) not between 33 and 126 and app.is_blank(p_owner)) then
@@ -126,16 +129,19 @@ begin
                                         v_bad.outcome, v_bad.detail, v_bad.delay);
   end if;
 
-  -- A retry makes its job claimable again at now + delay: its tenant is due a turn then
-  -- (app.wake_tenants, before the update: the turn may then be a little early, never late).
+  -- A retry makes its job claimable again at now + delay: its tenant and kind are due a
+  -- turn then (app.wake_tenants, before the update: the turn may then be a little early,
+  -- never late). The kind is read from the job (one primary-key probe per retry); a job
+  -- not found (a wrong id, which the update then skips) wakes its tenant only.
   if 'retry' = any (p_outcomes) then
-    perform app.wake_tenants(
-      array(select u.tenant_id
-            from unnest(p_tenant_ids, p_outcomes) as u(tenant_id, outcome)
-            where u.outcome = 'retry'),
-      array(select v_now + u.delay
-            from unnest(p_outcomes, p_retry_delays) as u(outcome, delay)
-            where u.outcome = 'retry'));
+    select array_agg(u.tenant_id order by u.n), array_agg(v_now + u.delay order by u.n),
+           array_agg((select j.kind from app.jobs j
+                      where j.id = u.job_id and j.tenant_id = u.tenant_id) order by u.n)
+    into v_retry_tenants, v_retry_ats, v_retry_kinds
+    from unnest(p_tenant_ids, p_job_ids, p_outcomes, p_retry_delays)
+      with ordinality as u(tenant_id, job_id, outcome, delay, n)
+    where u.outcome = 'retry';
+    perform app.wake_tenants(v_retry_tenants, v_retry_ats, v_retry_kinds);
   end if;
 
   return query
@@ -295,8 +301,14 @@ begin
     perform app.raise_invalid('tenant_id, job_id and token are required for every job');
   end if;
 
-  -- A job given back is claimable at once: its tenant is due a turn now.
-  perform app.wake_tenants(p_tenant_ids, null);
+  -- A job given back is claimable at once: its tenant and kind are due a turn now (the
+  -- kind read from the job, one primary-key probe per job).
+  perform app.wake_tenants(
+    p_tenant_ids, null,
+    array(select (select j.kind from app.jobs j
+                  where j.id = u.job_id and j.tenant_id = u.tenant_id)
+          from unnest(p_tenant_ids, p_job_ids) with ordinality as u(tenant_id, job_id, n)
+          order by u.n));
 
   return query
   with input as (
@@ -363,8 +375,10 @@ grant execute on function app.release_jobs(text, uuid[], uuid[], uuid[]) to leas
 -- claims apart). Rows: first one per outcome applied (claimed = false: id and the job's
 -- new state; a stale token gives no row), then the jobs claimed (claimed = true, with
 -- what a worker needs to run them). p_limit 0 claims nothing; an empty outcome list
--- records nothing. The payload is cast to jsonb because RETURN QUERY wants the declared
--- column types exactly and the column's type is the domain app.job_payload.
+-- records nothing. p_kinds / p_exclude_kinds are the claim's kind filter
+-- (app.claim_ready_jobs); a bad one refuses the whole call, also when p_limit is 0.
+-- The payload is cast to jsonb because RETURN QUERY wants the declared column types
+-- exactly and the column's type is the domain app.job_payload.
 create or replace function app.finish_and_claim_jobs(
   p_owner text,
   p_tenant_ids uuid[],
@@ -374,7 +388,9 @@ create or replace function app.finish_and_claim_jobs(
   p_details jsonb[],
   p_retry_delays interval[],
   p_limit integer default 10,
-  p_lease interval default interval '30 seconds'
+  p_lease interval default interval '30 seconds',
+  p_kinds text[] default null,
+  p_exclude_kinds text[] default null
 )
 returns table (
   claimed boolean,
@@ -401,6 +417,10 @@ as $$
 begin
   if p_limit is null or p_limit < 0 or p_limit > 100 then
     perform app.check_range('p_limit', p_limit, 0, 100);
+  end if;
+  -- The claim below checks the kind filter; without a claim it is checked here.
+  if p_limit = 0 and (p_kinds is not null or p_exclude_kinds is not null) then
+    perform app.check_kind_filter(p_kinds, p_exclude_kinds);
   end if;
   if coalesce(cardinality(p_job_ids), 0) > 0 then
     return query
@@ -431,9 +451,9 @@ begin
     select true, c.id, c.tenant_id, c.state, c.operation_key, c.kind, c.payload::jsonb,
            c.attempts, c.max_attempts, c.available_at, c.created_at,
            c.lease_owner, c.lease_token, c.lease_expires_at, c.correlation_id
-    from app.claim_ready_jobs(p_owner, p_limit, p_lease) c;
+    from app.claim_ready_jobs(p_owner, p_limit, p_lease, p_kinds, p_exclude_kinds) c;
   end if;
 end;
 $$;
-revoke all on function app.finish_and_claim_jobs(text, uuid[], uuid[], uuid[], text[], jsonb[], interval[], integer, interval) from public, service_role;
-grant execute on function app.finish_and_claim_jobs(text, uuid[], uuid[], uuid[], text[], jsonb[], interval[], integer, interval) to leaseq_worker;
+revoke all on function app.finish_and_claim_jobs(text, uuid[], uuid[], uuid[], text[], jsonb[], interval[], integer, interval, text[], text[]) from public, service_role;
+grant execute on function app.finish_and_claim_jobs(text, uuid[], uuid[], uuid[], text[], jsonb[], interval[], integer, interval, text[], text[]) to leaseq_worker;

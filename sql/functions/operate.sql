@@ -79,9 +79,9 @@ begin
          array_agg(r.kind order by r.id)
   into v_redriven_ids, v_redriven_tenants, v_redriven_kinds
   from redriven r;
-  -- Redriven jobs are claimable now: their tenants are due a turn.
+  -- Redriven jobs are claimable now: their tenants and kinds are due a turn.
   if v_redriven_ids is not null then
-    perform app.wake_tenants(v_redriven_tenants, null);
+    perform app.wake_tenants(v_redriven_tenants, null, v_redriven_kinds);
   end if;
 
   return query

@@ -86,6 +86,40 @@ def test_drain_with_a_budget_too_short_to_start_a_job_exits_2(cli: Cli, worker: 
         "--job-timeout"]
 
 
+def test_drain_with_a_kind_filter_runs_only_its_kinds_and_says_what_it_left(
+    cli: Cli, tmp_path: Path, owner: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tenant = str(uuid.uuid4())
+    mail = [{"tenant_id": tenant, "operation_key": f"mail-{i}", "kind": "send_welcome_email",
+             "payload": {"to": f"u{i}@example.com"}} for i in range(3)]
+    charge = [{"tenant_id": tenant, "operation_key": f"charge-{i}", "kind": "charge_card",
+               "payload": {"order_id": f"o-{i}", "amount_cents": 100}} for i in range(2)]
+    _enqueue_file(cli, tmp_path / "jobs.jsonl", [*mail, *charge])
+    monkeypatch.setenv("LEASEQ_KINDS", "charge_card")  # replaced by the option below
+
+    slow = cli("drain", "--budget", "20", "--job-timeout", "5", "--wait", "1",
+               "--exclude-kind", "charge_card", "--json")
+    assert slow.code == 0, slow.err
+    assert (slow.json()["succeeded"], slow.json()["stopped"]) == (3, "queue_empty")
+    assert slow.json()["left_to_others"] == 2
+    text = cli("drain", "--budget", "20", "--job-timeout", "5", "--wait", "1",
+               "--exclude-kind", "charge_card")
+    assert "no job of the kinds this drain claims is pending" in text.out
+    assert "2 of the kinds this drain leaves wait for their own worker" in text.out
+    done = cli("drain", "--budget", "20", "--job-timeout", "5", "--kind", "charge_card",
+               "--kind", "resize_image", "--json")
+    assert done.code == 0, done.err
+    assert (done.json()["succeeded"], done.json()["left_to_others"]) == (2, 0)
+    rows = owner.execute("select state::text, count(*) as n from app.jobs group by 1").fetchall()
+    assert rows == [{"state": "succeeded", "n": 5}]
+
+
+def test_drain_refuses_both_a_kind_and_a_kind_to_leave(cli: Cli) -> None:
+    result = cli("drain", "--kind", "a", "--exclude-kind", "b")
+    assert result.code == 2
+    assert "not allowed with argument --kind" in result.err
+
+
 def test_drain_runs_the_example_handlers_named_by_handlers(
     cli: Cli, monkeypatch: pytest.MonkeyPatch, owner: Conn
 ) -> None:

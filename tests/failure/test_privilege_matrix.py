@@ -43,15 +43,17 @@ app.check_array(text,anyarray)                                                  
 app.check_claim(text,integer,interval)                                                           x   .   .    .     .    .    .    .    .
 app.check_filters(uuid[],text,integer)                                                           x   .   .    .     .    .    .    .    .
 app.check_interval(text,interval,interval,interval)                                              x   .   .    .     .    .    .    .    .
+app.check_kind_filter(text[],text[])                                                             x   .   .    .     .    .    .    .    .
 app.check_lease(interval)                                                                        x   .   .    .     .    .    .    .    .
 app.check_owner(text)                                                                            x   .   .    .     .    .    .    .    .
 app.check_producer_tenants(uuid[])                                                               x   .   .    .     .    .    .    .    .
 app.check_range(text,integer,integer,integer)                                                    x   .   .    .     .    .    .    .    .
 app.check_reason(text)                                                                           x   .   .    .     .    .    .    .    .
 app.check_required(text,anyelement)                                                              x   .   .    .     .    .    .    .    .
-app.claim_jobs(uuid,text,integer,interval)                                                       x   x   .    .     x    .    .    .    .
+app.claim_jobs(uuid,text,integer,interval,text[],text[])                                         x   x   .    .     x    .    .    .    .
 app.claim_locked_jobs(uuid[],text,interval,timestamp with time zone)                             x   .   .    .     .    .    .    .    .
-app.claim_ready_jobs(text,integer,interval)                                                      x   x   .    .     x    .    .    .    .
+app.claim_ready_jobs(text,integer,interval,text[],text[])                                        x   x   .    .     x    .    .    .    .
+app.claim_ready_jobs_of_kinds(text,integer,interval,text[],text[])                               x   .   .    .     .    .    .    .    .
 app.complete_job(uuid,uuid,text,uuid,jsonb)                                                      x   x   .    .     x    .    .    .    .
 app.current_tenant_id()                                                                          x   .   .    .     .    .    .    x    .
 app.dead_jobs(uuid,text,integer)                                                                 x   x   .    .     .    .    x    .    .
@@ -62,7 +64,7 @@ app.enqueue_jobs(uuid[],text[],text[],jsonb[],timestamp with time zone[],integer
 app.error_document(jsonb)                                                                        x   .   .    .     .    .    .    .    .
 app.explain_invalid_outcome(bigint,uuid,uuid,uuid,text,jsonb,interval)                           x   .   .    .     .    .    .    .    .
 app.fail_job(uuid,uuid,text,uuid,jsonb,interval)                                                 x   x   .    .     x    .    .    .    .
-app.finish_and_claim_jobs(text,uuid[],uuid[],uuid[],text[],jsonb[],interval[],integer,interval)  x   x   .    .     x    .    .    .    .
+app.finish_and_claim_jobs(text,uuid[],uuid[],uuid[],text[],jsonb[],interval[],integer,interval,text[],text[])  x   x   .    .     x    .    .    .    .
 app.finish_jobs(text,uuid[],uuid[],uuid[],text[],jsonb[],interval[])                             x   x   .    .     x    .    .    .    .
 app.get_job(uuid)                                                                                x   x   .    .     .    .    x    .    .
 app.get_job_result(uuid,uuid)                                                                    x   x   x    x     .    .    .    .    .
@@ -94,7 +96,7 @@ app.release_worker_place(uuid)                                                  
 app.renew_job_lease(uuid,uuid,text,uuid,interval)                                                x   x   .    .     x    .    .    .    .
 app.repair_tenant_turns(integer)                                                                 x   x   .    .     .    x    x    .    .
 app.reserve_worker_places(integer,integer,interval)                                              x   x   .    .     x    .    .    .    .
-app.wake_tenants(uuid[],timestamp with time zone[])                                              x   .   .    .     .    .    .    .    .
+app.wake_tenants(uuid[],timestamp with time zone[],text[])                                       x   .   .    .     .    .    .    .    .
 app.wake_worker_place(interval,interval,integer)                                                 x   x   x    x     x    .    .    .    .
 app.worker_pool_size()                                                                           x   x   .    .     x    .    x    .    .
 """  # noqa: E501
@@ -104,6 +106,7 @@ app.worker_pool_size()                                                          
 TABLES = """
 table                 own    svc prod tprod work reap oper read out
 app.jobs              SIUDT  -   -    -     -    -    -    S    -
+app.kind_turns        SIUDT  -   -    -     -    -    -    -    -
 app.job_events        SIUDT  -   -    -     -    -    -    S    -
 app.tenant_readers    SIUDT  -   -    -     -    -    -    S    -
 app.tenant_producers  SIUDT  -   -    -     -    -    -    -    -

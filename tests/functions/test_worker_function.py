@@ -212,6 +212,49 @@ def test_a_kind_whose_timeout_no_invocation_can_fit_is_refused_at_cold_start(
     assert "lower the kind's timeout" in message
 
 
+def test_the_slow_worker_and_the_main_worker_drain_their_own_kinds_as_the_template_sets_them(
+        worker_app: ModuleType, enqueue_app: ModuleType, lambda_env: pytest.MonkeyPatch,
+        owner: Conn, read_output: Callable[[], Output]) -> None:
+    """SlowKinds=resize_image: LEASEQ_KINDS on the slow worker, LEASEQ_EXCLUDE_KINDS on
+    the main one (template.yaml), the same handlers module."""
+    enqueue(enqueue_app, "enqueue_batch")  # charge_card, send_welcome_email, resize_image
+    read_output()
+    lambda_env.setenv("LEASEQ_KINDS", "resize_image")
+    runtime.reset()
+
+    slow = worker_app.lambda_handler(load_event("worker_schedule"),
+                                     FakeLambdaContext(remaining_ms=60_000))
+
+    assert (slow["claimed"], slow["succeeded"], slow["stopped"]) == (1, 1, "queue_empty")
+    done = owner.execute("select kind from app.jobs where state = 'succeeded'").fetchall()
+    assert [row["kind"] for row in done] == ["resize_image"]
+    lambda_env.delenv("LEASEQ_KINDS")
+    lambda_env.setenv("LEASEQ_EXCLUDE_KINDS", "resize_image")
+    runtime.reset()
+
+    main = worker_app.lambda_handler(load_event("worker_schedule"),
+                                     FakeLambdaContext(remaining_ms=60_000))
+
+    assert (main["claimed"], main["succeeded"]) == (2, 2)
+    assert states(owner) == {"succeeded": 3}
+
+
+@pytest.mark.filterwarnings("ignore:No application metrics to publish")
+def test_a_slow_kind_the_handlers_do_not_register_is_refused_at_cold_start(
+        worker_app: ModuleType, lambda_env: pytest.MonkeyPatch, enqueue_app: ModuleType,
+        owner: Conn) -> None:
+    enqueue(enqueue_app, "enqueue_batch")
+    lambda_env.setenv("LEASEQ_KINDS", "resize_image,render_video")
+    runtime.reset()
+
+    with pytest.raises(ConfigurationError) as refused:
+        worker_app.lambda_handler({}, FakeLambdaContext(remaining_ms=60_000))
+
+    assert "LEASEQ_KINDS (SlowKinds) names 'render_video', which the handlers register no" in (
+        refused.value.message)
+    assert states(owner) == {"pending": 3}
+
+
 def test_the_classic_scheduled_event_and_a_manual_invoke_are_accepted(
         worker_app: ModuleType) -> None:
     rule = worker_app.lambda_handler(load_event("worker_eventbridge_rule"), FakeLambdaContext())

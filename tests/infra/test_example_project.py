@@ -90,6 +90,46 @@ def test_the_worker_loads_the_example_handlers_from_the_two_layers_on_python313(
     assert str(found["humanize"]).startswith(str(built / "HandlersLayer"))
 
 
+def test_both_workers_start_with_the_example_handlers_and_the_stacks_defaults(
+    built: Path,
+) -> None:
+    """The main worker (LEASEQ_EXCLUDE_KINDS, WorkerTimeoutSeconds) and the slow worker
+    (LEASEQ_KINDS, SlowWorkerTimeoutSeconds) accept the example's registry; without
+    SlowKinds the main worker would refuse report.monthly's 600 s timeout."""
+    leaseq = load_sam_template()["Parameters"]
+    slow_kinds = application()["Properties"]["Parameters"]["SlowKinds"]
+    common = {"LEASEQ_LEASE_MARGIN_SECONDS": str(leaseq["LeaseMarginSeconds"]["Default"])}
+    main = {**common, "LEASEQ_EXCLUDE_KINDS": slow_kinds,
+            "LEASEQ_JOB_TIMEOUT_SECONDS": str(leaseq["JobTimeoutSeconds"]["Default"]),
+            "LEASEQ_WORKER_TIMEOUT_SECONDS": str(leaseq["WorkerTimeoutSeconds"]["Default"])}
+    slow = {**common, "LEASEQ_KINDS": slow_kinds,
+            "LEASEQ_JOB_TIMEOUT_SECONDS": str(leaseq["SlowJobTimeoutSeconds"]["Default"]),
+            "LEASEQ_WORKER_TIMEOUT_SECONDS": str(leaseq["SlowWorkerTimeoutSeconds"]["Default"])}
+    alone = {key: value for key, value in main.items() if key != "LEASEQ_EXCLUDE_KINDS"}
+    found = run_isolated(
+        require_lambda_python(),
+        "from leaseq import ConfigurationError, WorkerConfig\n"
+        "from leaseq.budget import check_registry\n"
+        "from leaseq.settings import WorkerSettings\n"
+        "from leaseq_lambda.runtime import load_registry\n"
+        "registry = load_registry('invoice_handlers')\n"
+        "def starts(env):\n"
+        "    values = WorkerSettings.model_validate(env).config_values()\n"
+        "    values.pop('retry_base'); values.pop('retry_max')\n"
+        "    try:\n"
+        "        check_registry(registry, WorkerConfig(owner='w', **values))\n"
+        "    except ConfigurationError as exc:\n"
+        "        return exc.message\n"
+        "    return 'ok'\n"
+        f"print(json.dumps({{'main': starts({main!r}), 'slow': starts({slow!r}),"
+        f" 'alone': starts({alone!r})}}))",
+        [built / "HandlersLayer" / "python", built / "Leaseq" / host_layer() / "python"],
+    )
+
+    assert (found["main"], found["slow"]) == ("ok", "ok")
+    assert "kind 'report.monthly' needs 606 s" in str(found["alone"])
+
+
 def test_the_example_gives_the_stack_parameters_it_has_with_values_it_accepts() -> None:
     leaseq = load_sam_template()["Parameters"]
     given = application()["Properties"]["Parameters"]

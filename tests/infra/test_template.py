@@ -791,7 +791,8 @@ def test_each_function_may_connect_only_as_its_own_login(
 
 # ---- your handlers, and a worker for slow kinds --------------------------------------------
 
-#: Read by the worker once the library's claim filters kinds; the slow worker waits for it.
+#: The workers' kind filter (leaseq.settings.WorkerSettings): the slow worker's kinds, and
+#: the kinds the main worker leaves to it.
 KIND_FILTER_VARIABLES = ("LEASEQ_KINDS", "LEASEQ_EXCLUDE_KINDS")
 
 
@@ -893,16 +894,53 @@ def test_a_slow_worker_has_its_own_limits_schedule_and_kinds_and_the_worker_leav
         "SlowWorkerTimeoutSeconds"]["MaxValue"]
 
 
-def test_the_kind_filter_is_documented_as_pending_exactly_while_the_library_lacks_it() -> None:
-    """The template sets LEASEQ_KINDS / LEASEQ_EXCLUDE_KINDS for the workers; until the
-    library's settings declare them, the docs must say that SlowKinds has no effect yet."""
-    supported = set(KIND_FILTER_VARIABLES) <= settings_variables()
+def test_slow_kinds_reach_both_workers_as_one_list_that_the_library_reads_alike(
+    sam: dict[str, Any], cfn: dict[str, Any],
+) -> None:
+    """Whatever SlowKinds the template accepts, the slow worker claims exactly the kinds
+    the main worker leaves (the same list, parsed by the same settings), and neither
+    worker gets both variables, which the library refuses."""
+    from leaseq.settings import WorkerSettings
+
+    slow = function_properties(cfn, "SlowWorkerFunction")["Environment"]["Variables"]
+    main = function_properties(cfn, "WorkerFunction")["Environment"]["Variables"]
+    assert set(KIND_FILTER_VARIABLES) <= settings_variables()
+    assert set(slow) <= settings_variables() | {
+        "POWERTOOLS_SERVICE_NAME", "POWERTOOLS_METRICS_NAMESPACE", ENVIRONMENT_VARIABLE}
+    assert "LEASEQ_EXCLUDE_KINDS" not in slow
+    assert "LEASEQ_KINDS" not in main
+    pattern = re.compile(sam["Parameters"]["SlowKinds"]["AllowedPattern"])
+    for value, kinds in [
+        ("report.build", ("report.build",)),
+        ("report.build,invoice.render", ("report.build", "invoice.render")),
+        ("report.build ,invoice.render", ("report.build", "invoice.render")),
+        ("x" * 128 + ",y", ("x" * 128, "y")),
+    ]:
+        assert pattern.fullmatch(value), value
+        # As the two functions' environments carry it (an empty variable is unset).
+        claimed = WorkerSettings.model_validate({"LEASEQ_KINDS": value})
+        left = WorkerSettings.model_validate({"LEASEQ_EXCLUDE_KINDS": value})
+        assert claimed.kinds == left.exclude_kinds == kinds, value
+    assert pattern.fullmatch("")  # no slow worker; the main worker then claims every kind
+    # What the library would refuse, the template refuses first.
+    for value in ("report.build,", ",report.build", "report.build,,x", " report.build",
+                  "report.build, x", "x" * 129):
+        assert not pattern.fullmatch(value), value
+
+
+def test_the_kind_filter_is_documented_as_working_now_that_the_library_reads_it() -> None:
+    """The template sets LEASEQ_KINDS / LEASEQ_EXCLUDE_KINDS and the library declares
+    them; no text may still tell deployers that SlowKinds has no effect."""
     deploy = (ROOT / "docs" / "deploy.md").read_text(encoding="utf-8")
     template = (ROOT / "template.yaml").read_text(encoding="utf-8")
-    caveat = "until then leave it empty"
 
-    assert (caveat in deploy) is not supported
-    assert (caveat in template) is not supported
+    assert set(KIND_FILTER_VARIABLES) <= settings_variables()
+    for stale in ("until then leave it empty", "Takes effect once", "takes effect with the "
+                  "library", "does not have yet"):
+        assert stale not in deploy, stale
+        assert stale not in template, stale
+    for variable in KIND_FILTER_VARIABLES:
+        assert variable in deploy, variable
 
 
 def test_the_proxy_role_may_connect_as_each_login_and_no_other(cfn: dict[str, Any]) -> None:

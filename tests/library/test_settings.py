@@ -161,3 +161,73 @@ def test_the_new_worker_variables_are_read() -> None:
     assert (worker.concurrency, worker.record_interval_seconds, worker.poll_min_seconds,
             worker.poll_max_seconds, worker.poll_idle_seconds, worker.worker_timeout_seconds,
             worker.loop_stall_seconds) == (50, 0.5, 0.05, 2.0, 30.0, 120.0, 0.25)
+
+
+def test_the_kind_filter_is_comma_separated_kinds_and_reaches_the_worker_config() -> None:
+    from leaseq import WorkerConfig, WorkerSettings
+
+    worker = LeaseqSettings.from_env({
+        "DATABASE_URL": DSN, "LEASEQ_KINDS": "report.build, invoice.render ,x"}).worker
+    main = LeaseqSettings.from_env({"DATABASE_URL": DSN,
+                                    "LEASEQ_EXCLUDE_KINDS": "report.build"}).worker
+
+    assert (worker.kinds, worker.exclude_kinds) == (("report.build", "invoice.render", "x"), None)
+    assert (main.kinds, main.exclude_kinds) == (None, ("report.build",))
+    values = {k: v for k, v in worker.config_values().items()
+              if k not in ("retry_base", "retry_max")}
+    config = WorkerConfig(owner="w", setting_names=WorkerSettings.setting_names(), **values)
+    assert config.kinds == ("report.build", "invoice.render", "x")
+    assert (config.claims("x"), config.claims("send_receipt")) == (True, False)
+    assert LeaseqSettings.from_env({"DATABASE_URL": DSN}).worker.kinds is None
+
+
+@pytest.mark.parametrize(("value", "problem"), [
+    ("report.build,,x", "kind 2 of 'report.build,,x' is empty: separate kinds with single commas"),
+    ("report.build,", "kind 2 of 'report.build,' is empty"),
+    (" , x", "kind 1 of ' , x' is empty"),
+    (",".join(f"k{n}" for n in range(101)), "must name 1 to 100 kinds (got 101)"),
+    ("x," + "k" * 129, "kind 2 ('kkkk"),
+    ("x,\u200b", "kind 2 ('\\u200b') is not a job kind"),  # shown escaped: it is invisible
+])
+@pytest.mark.parametrize("variable", ["LEASEQ_KINDS", "LEASEQ_EXCLUDE_KINDS"])
+def test_a_kind_filter_that_is_not_a_list_of_kinds_is_refused_naming_the_variable(
+        variable: str, value: str, problem: str) -> None:
+    with pytest.raises(ConfigurationError) as refused:
+        LeaseqSettings.from_env({"DATABASE_URL": DSN, variable: value})
+    assert f"{variable}: " in refused.value.message
+    assert problem in refused.value.message
+
+
+def test_the_kinds_and_the_kinds_to_leave_cannot_both_be_set() -> None:
+    from leaseq import WorkerConfig
+
+    with pytest.raises(ConfigurationError) as refused:
+        LeaseqSettings.from_env({"DATABASE_URL": DSN, "LEASEQ_KINDS": "a",
+                                 "LEASEQ_EXCLUDE_KINDS": "b"})
+    assert "LEASEQ_KINDS and LEASEQ_EXCLUDE_KINDS cannot both be set" in refused.value.message
+    with pytest.raises(ConfigurationError, match="kinds and exclude_kinds cannot both be set"):
+        WorkerConfig(owner="w", kinds=("a",), exclude_kinds=("b",))
+
+
+@pytest.mark.parametrize(("fields", "problem"), [
+    ({"kinds": ()}, "kinds must name 1 to 100 kinds (got 0); leave it unset for every kind"),
+    ({"kinds": "report.build"}, "kinds must be a list of job kinds (got 'report.build')"),
+    ({"exclude_kinds": ["a", " "]}, "exclude_kinds: kind 2 (' ') is not a job kind"),
+    ({"exclude_kinds": ["a", 7]}, "exclude_kinds: kind 2 (7) is not a job kind"),
+])
+def test_worker_config_refuses_a_kind_filter_that_is_not_a_list_of_kinds(
+        fields: dict[str, object], problem: str) -> None:
+    from leaseq import WorkerConfig
+
+    with pytest.raises(ConfigurationError) as refused:
+        WorkerConfig(owner="w", **fields)  # type: ignore[arg-type]
+    assert problem in refused.value.message
+
+
+def test_worker_config_keeps_a_kind_list_as_a_tuple() -> None:
+    from leaseq import WorkerConfig
+
+    config = WorkerConfig(owner="w", exclude_kinds=["a", "b"])  # type: ignore[arg-type]
+    assert config.exclude_kinds == ("a", "b")
+    assert (config.claims("a"), config.claims("c")) == (False, True)
+    assert WorkerConfig(owner="w").claims("anything")

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from leaseq import (
+    ConfigurationError,
     DiscardJob,
     JobContext,
     JobLogFields,
@@ -699,3 +700,77 @@ def test_the_last_batch_is_recorded_on_its_own_when_time_runs_short(
     assert report.stopped == "deadline"
     assert report.succeeded == report.claimed - report.given_back
     assert states(owner).get("running", 0) == 0
+
+
+# A worker of some kinds only, and one of every kind but those ----------------------------
+
+
+def slow_and_quick_registry(*, slow_timeout: float | None = None) -> Registry:
+    registry = echo_registry()
+    registry.register("report.build", lambda payload, ctx: {"built": payload["i"]},
+                      timeout=slow_timeout)
+    return registry
+
+
+@pytest.mark.parametrize("concurrency", [1, 4], ids=["in-turn", "event-loop"])
+def test_a_slow_worker_and_a_main_worker_each_drain_only_their_kinds(
+        client: QueueClient, owner: Conn, concurrency: int) -> None:
+    tenants = [uuid.uuid4() for _ in range(3)]
+    for tenant in tenants:
+        enqueue(client, tenant, 7, kind="report.build", prefix="slow")
+        enqueue(client, tenant, 9, prefix="quick")
+    registry = slow_and_quick_registry()
+    records: list[JobRecord] = []
+
+    # Batches of 4: the claims after the first carry the outcomes (finish_and_claim).
+    slow = make_worker(client, registry, records=records, batch_size=4,
+                       concurrency=concurrency, kinds=("report.build",)).drain(FakeDeadline(60))
+    assert {r.job.kind for r in records} == {"report.build"}
+    assert (slow.claimed, slow.succeeded) == (21, 21)
+    assert states(owner) == {"succeeded": 21, "pending": 27}
+
+    records.clear()
+    main = make_worker(client, registry, records=records, batch_size=4,
+                       concurrency=concurrency, exclude_kinds=("report.build",)).drain(
+        FakeDeadline(60))
+    assert {r.job.kind for r in records} == {"echo"}
+    assert (main.claimed, main.succeeded) == (27, 27)
+    assert states(owner) == {"succeeded": 48}
+
+
+def test_the_main_worker_leaves_slow_jobs_ready_and_stops_when_only_they_are_left(
+        client: QueueClient, owner: Conn) -> None:
+    (slow_job,) = enqueue(client, uuid.uuid4(), kind="report.build", prefix="slow")
+
+    report = make_worker(client, slow_and_quick_registry(),
+                         exclude_kinds=("report.build",)).drain(FakeDeadline(60))
+
+    assert (report.claimed, report.stopped) == (0, "queue_empty")
+    assert event_types(owner, slow_job) == ["created"]
+
+
+def test_a_worker_whose_kinds_have_no_handler_is_refused_before_it_claims_anything(
+        client: QueueClient, owner: Conn) -> None:
+    (job_id,) = enqueue(client, uuid.uuid4(), kind="report.render", prefix="r")
+
+    with pytest.raises(ConfigurationError) as refused:
+        make_worker(client, slow_and_quick_registry(), kinds=("report.build", "report.render"))
+
+    message = refused.value.message
+    assert "kinds names 'report.render', which the handlers register no handler for" in message
+    assert "they register 'echo', 'report.build'" in message
+    assert "make them dead as unknown kinds" in message
+    assert event_types(owner, job_id) == ["created"]
+
+
+def test_only_the_kinds_a_worker_claims_must_fit_its_invocation(client: QueueClient) -> None:
+    """The main worker's short timeout does not refuse the slow kinds it leaves alone."""
+    registry = slow_and_quick_registry(slow_timeout=600)
+
+    make_worker(client, registry, worker_timeout=60, exclude_kinds=("report.build",))
+    make_worker(client, registry, worker_timeout=900, kinds=("report.build",))
+    with pytest.raises(ConfigurationError) as refused:
+        make_worker(client, registry, worker_timeout=60)
+    assert "kind 'report.build' needs 606 s" in refused.value.message
+    assert "leave the kind to a worker of its own with a longer one (exclude_kinds" in (
+        refused.value.message)

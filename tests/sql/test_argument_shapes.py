@@ -1,5 +1,6 @@
 """Argument shapes every function refuses alike: arrays that are not one-dimensional
-and indexed from 1, and names (owner, actor) made only of invisible characters.
+and indexed from 1 (the claims' kind filters among them), and names (owner, actor) made
+only of invisible characters.
 
 Called as a worker (service_role). Each call is otherwise valid, so the refusal is the
 one under test, and a refused call changes nothing.
@@ -56,11 +57,35 @@ def _outcome_arguments(jobs: Jobs, *, empty: bool = False) -> tuple[Argument, ..
     return tuple(Argument(name, type_, [] if empty else value) for name, type_, value in values)
 
 
+def _kind_filter(name: str) -> tuple[Argument, Argument]:
+    """A claim's kind filter: ``name`` (p_kinds or p_exclude_kinds) set, the other NULL."""
+    kinds = ["email.send"]
+    return (Argument("p_kinds", "text[]", kinds if name == "p_kinds" else None),
+            Argument("p_exclude_kinds", "text[]", kinds if name == "p_exclude_kinds" else None))
+
+
+def _claims_by_kind(jobs: Jobs, owner: Argument) -> dict[str, Call]:
+    """The three claims, with each of their two kind filters."""
+    lease = Argument("p_lease", "interval", timedelta(seconds=30))
+    limit = Argument("p_limit", "integer", 1)
+    calls = {}
+    for name in ("p_kinds", "p_exclude_kinds"):
+        calls[f"claim_jobs+{name}"] = Call("claim_jobs", (
+            Argument("p_tenant_id", "uuid", jobs.running["tenant_id"]), owner, limit, lease,
+            *_kind_filter(name)))
+        calls[f"claim_ready_jobs+{name}"] = Call("claim_ready_jobs", (
+            owner, limit, lease, *_kind_filter(name)))
+        calls[f"finish_and_claim_jobs+{name}"] = Call("finish_and_claim_jobs", (
+            owner, *_outcome_arguments(jobs), limit, lease, *_kind_filter(name)))
+    return calls
+
+
 def _calls(jobs: Jobs) -> dict[str, Call]:
     owner = Argument("p_owner", "text", jobs.running["lease_owner"])
     lease = jobs.running
     tenant = new_tenant()
     return {
+        **_claims_by_kind(jobs, owner),
         "enqueue_jobs": Call("enqueue_jobs", (
             Argument("p_tenant_ids", "uuid[]", [tenant]),
             Argument("p_operation_keys", "text[]", ["shape"]),
@@ -103,6 +128,9 @@ ARRAY_ARGUMENTS = [
     *(("release_jobs", name) for name in ("p_tenant_ids", "p_job_ids", "p_tokens")),
     ("redrive_jobs", "p_job_ids"),
     ("cancel_jobs", "p_job_ids"),
+    *((f"{function}+{name}", name)
+      for function in ("claim_jobs", "claim_ready_jobs", "finish_and_claim_jobs")
+      for name in ("p_kinds", "p_exclude_kinds")),
 ]
 
 #: How an array is misshaped: its one element wrapped in a second dimension, or the

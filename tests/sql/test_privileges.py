@@ -22,8 +22,8 @@ from tests.support.postgres import Conn
 SERVICE_FUNCTIONS = {
     "app.enqueue_job(uuid,text,text,jsonb,timestamp with time zone,integer)",
     "app.enqueue_jobs(uuid[],text[],text[],jsonb[],timestamp with time zone[],integer[],text[])",
-    "app.claim_jobs(uuid,text,integer,interval)",
-    "app.claim_ready_jobs(text,integer,interval)",
+    "app.claim_jobs(uuid,text,integer,interval,text[],text[])",
+    "app.claim_ready_jobs(text,integer,interval,text[],text[])",
     "app.ready_tenants(integer)",
     "app.oldest_ready_at()",
     "app.repair_tenant_turns(integer)",
@@ -36,7 +36,8 @@ SERVICE_FUNCTIONS = {
     "app.release_all_expired_jobs(integer)",
 }
 
-TABLES = ["jobs", "job_events", "tenant_readers", "schema_migrations", "tenant_turns"]
+TABLES = ["jobs", "job_events", "tenant_readers", "schema_migrations", "tenant_turns",
+          "kind_turns"]
 
 
 def _app_functions(conn: Conn) -> list[dict[str, Any]]:
@@ -451,6 +452,7 @@ def test_owner_is_not_a_superuser_and_does_not_bypass_rls(owner: Conn) -> None:
     assert {r["relname"]: (r["relrowsecurity"], r["relforcerowsecurity"]) for r in forced} == {
         "job_events": (True, False),
         "jobs": (True, False),
+        "kind_turns": (True, False),
         "schema_functions": (False, False),
         "schema_migrations": (False, False),
         "settings": (False, False),

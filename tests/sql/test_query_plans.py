@@ -38,12 +38,15 @@ LATER_TENANTS = 5_000  # tenants whose one job is due next month: a claim never 
 CALLS = 7  # plpgsql switches to a generic plan after five custom ones
 
 # 100 tenants x 1,000 jobs. Per tenant: 90% succeeded, 5% pending (one in seven of
-# them not due for an hour), 3% running (half of those with an expired lease), 2% dead.
+# them not due for an hour), 3% running (half of those with an expired lease), 2% dead;
+# one job in three of every state is of the kind SLOW, the others of 'plan.check'.
 _POPULATE = """
 insert into app.jobs (tenant_id, operation_key, kind, payload, state, attempts, available_at,
                       lease_owner, lease_token, lease_expires_at, created_at, updated_at,
                       completed_at)
-select s.tenant, 'op-' || g, 'plan.check', jsonb_build_object('g', g), s.state,
+select s.tenant, 'op-' || g,
+       case when (g / %(tenants)s) %% 3 = 0 then 'plan.slow' else 'plan.check' end,
+       jsonb_build_object('g', g), s.state,
        case when s.state = 'pending' then 0 else 1 end,
        clock_timestamp() - interval '1 hour'
          + case when g %% 7 = 0 then interval '2 hours' else interval '0' end,
@@ -74,6 +77,11 @@ from generate_series(1, %(tenants)s) as g
 """
 
 
+SLOW = "plan.slow"
+#: A claim's kind filter (p_kinds, p_exclude_kinds): the slow worker's and the main one's.
+FILTERS = {"kinds": ([SLOW], None), "exclude": (None, [SLOW])}
+
+
 def tenant_uuid(n: int) -> uuid.UUID:
     return uuid.UUID(f"00000000-0000-4000-8000-{n:012x}")
 
@@ -97,15 +105,15 @@ def seq_scans_of_jobs(plans: list[Plan]) -> list[str]:
     return [
         p.query for p in plans for n in _nodes(p.root)
         if n["Node Type"] == "Seq Scan"
-        and n.get("Relation Name") in ("jobs", "job_events", "tenant_turns")
+        and n.get("Relation Name") in ("jobs", "job_events", "tenant_turns", "kind_turns")
     ]
 
 
-def turn_rows_read(plans: list[Plan]) -> int:
-    """The most index entries any one scan of app.tenant_turns returned (per loop)."""
+def turn_rows_read(plans: list[Plan], table: str = "tenant_turns") -> int:
+    """The most index entries any one scan of ``table`` returned (per loop)."""
     return max((n["Actual Rows"] + n.get("Rows Removed by Filter", 0)
                 for p in plans for n in _nodes(p.root)
-                if n.get("Relation Name") == "tenant_turns" and "Scan" in n["Node Type"]),
+                if n.get("Relation Name") == table and "Scan" in n["Node Type"]),
                default=0)
 
 
@@ -213,7 +221,7 @@ def build_big_queue(cluster: Cluster) -> Database:
         conn.execute(_POPULATE, {"jobs": JOBS, "tenants": TENANTS})
         conn.execute(_POPULATE_LATER, {"tenants": LATER_TENANTS})
         conn.execute("select * from app.repair_tenant_turns(10000)")
-        conn.execute("analyze app.jobs, app.tenant_turns")
+        conn.execute("analyze app.jobs, app.tenant_turns, app.kind_turns")
     return database
 
 
@@ -235,6 +243,11 @@ def test_big_queue_has_the_intended_shape(capture: PlanCapture) -> None:
         {"state": "succeeded", "n": 90_000, "tenants": 100},
         {"state": "dead", "n": 2_000, "tenants": 100},
     ]
+    rows, _ = capture.run(
+        "select kind, count(distinct tenant_id) as tenants from app.jobs"
+        " where state = 'pending' and tenant_id < '10000000-0000-0000-0000-000000000000'"
+        " group by kind order by kind")
+    assert rows == [{"kind": "plan.check", "tenants": 100}, {"kind": SLOW, "tenants": 100}]
 
 
 def test_ready_tenants_reads_the_due_turns_and_probes_the_claimable_index_per_tenant(
@@ -331,6 +344,50 @@ def test_claims_read_jobs_through_the_claimable_index_and_sort_only_a_batch(
     assert "jobs_ready_at_idx" not in indexes_used(plans)  # all tenants' ready jobs
 
 
+@pytest.mark.parametrize("kinds", list(FILTERS.values()), ids=list(FILTERS))
+def test_a_filtered_fair_claim_reads_its_kinds_due_turns_and_jobs_and_nothing_else(
+    capture: PlanCapture, kinds: tuple[list[str] | None, list[str] | None],
+) -> None:
+    """The slow worker's claim and the main worker's: the due turns of their kinds only
+    (not the 5,000 due next month), and no scan of app.jobs that walks past jobs of the
+    other kinds, whose backlog is a third of every tenant's."""
+    plans: list[Plan] = []
+    for _ in range(CALLS):
+        rows, captured = capture.run(
+            "select id, kind from app.claim_ready_jobs('plan-check', 10, '30 seconds', %s, %s)",
+            kinds)
+        assert len(rows) == 10
+        assert ({r["kind"] for r in rows} == {SLOW}) is (kinds[0] is not None)
+        plans += captured
+
+    assert seq_scans_of_jobs(plans) == []
+    assert large_sorts_of_jobs(plans, max_rows=2 * 10) == []
+    assert {"kind_turns_due_idx", "jobs_kind_claimable_idx"} <= indexes_used(plans)
+    assert "jobs_ready_at_idx" not in indexes_used(plans)
+    assert turn_rows_read(plans, "kind_turns") <= TENANTS
+    assert turn_rows_read(plans, "tenant_turns") == 0  # the tenants' turns are not read
+    assert turn_rows_read(plans, "jobs") <= 2 * 10  # a share, never a tenant's backlog
+
+
+@pytest.mark.parametrize("kinds", list(FILTERS.values()), ids=list(FILTERS))
+def test_a_filtered_claim_of_one_tenant_reads_the_kinds_index_only(
+    capture: PlanCapture, kinds: tuple[list[str] | None, list[str] | None],
+) -> None:
+    plans: list[Plan] = []
+    for n in range(CALLS):
+        rows, captured = capture.run(
+            "select id from app.claim_jobs(%s, 'plan-check', 10, '30 seconds', %s, %s)",
+            (tenant_uuid(n), *kinds))
+        assert len(rows) == 10
+        plans += captured
+
+    assert seq_scans_of_jobs(plans) == []
+    assert large_sorts_of_jobs(plans, max_rows=2 * 10) == []
+    assert "jobs_kind_claimable_idx" in indexes_used(plans)
+    assert "jobs_claimable_idx" not in indexes_used(plans)
+    assert turn_rows_read(plans, "jobs") <= 10
+
+
 def test_finish_finds_each_job_by_its_primary_key_not_by_walking_the_running_ones(
     capture: PlanCapture,
 ) -> None:
@@ -370,6 +427,16 @@ def _markdown(cluster: Cluster) -> str:
                      "select id from app.claim_jobs(%s, 'w', 10)", (tenant_uuid(5),)),
                     ("app.claim_ready_jobs('w', 10)",
                      "select id from app.claim_ready_jobs('w', 10)", ()),
+                    ("app.claim_ready_jobs('w', 10, '30 seconds', p_kinds => '{plan.slow}')",
+                     "select id from app.claim_ready_jobs('w', 10, '30 seconds',"
+                     " p_kinds => '{plan.slow}')", ()),
+                    ("app.claim_ready_jobs('w', 10, '30 seconds', p_exclude_kinds =>"
+                     " '{plan.slow}')",
+                     "select id from app.claim_ready_jobs('w', 10, '30 seconds',"
+                     " p_exclude_kinds => '{plan.slow}')", ()),
+                    ("app.claim_jobs(tenant, 'w', 10, '30 seconds', null, '{plan.slow}')",
+                     "select id from app.claim_jobs(%s, 'w', 10, '30 seconds', null,"
+                     " '{plan.slow}')", (tenant_uuid(6),)),
                     ("app.oldest_ready_at()", "select app.oldest_ready_at()", ()),
                     ("app.repair_tenant_turns(1000)",
                      "select * from app.repair_tenant_turns(1000)", ()),
@@ -378,7 +445,8 @@ def _markdown(cluster: Cluster) -> str:
                     _, plans = capture.run(call, params)
                     shown = [
                         p for p in plans
-                        if ("app.jobs" in p.query or "app.tenant_turns" in p.query)
+                        if ("app.jobs" in p.query or "app.tenant_turns" in p.query
+                            or "app.kind_turns" in p.query)
                         and "FOR KEY SHARE" not in p.query
                     ]
                     out.append(f"### {title}\n")

@@ -177,9 +177,9 @@ def _work(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
     call("ready_tenants", "select * from app.ready_tenants(10)", ())
     call("oldest_ready_at", "select app.oldest_ready_at()", ())
 
-    def claim() -> dict[str, Any]:
-        rows = call("claim_jobs", "select id, lease_token from app.claim_jobs(%s, 'w1', 1)",
-                    (tenant,))
+    def claim(kinds: str = "null, null") -> dict[str, Any]:
+        rows = call("claim_jobs", "select id, lease_token from app.claim_jobs(%s, 'w1', 1,"
+                    f" '30 seconds', {kinds})", (tenant,))
         assert rows, "nothing left to claim"
         return rows[0]
 
@@ -191,7 +191,7 @@ def _work(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
     job = claim()
     call("fail_job", "select app.fail_job(%s, %s, 'w1', %s, %s, '0 seconds')",
          (tenant, job["id"], job["lease_token"], Jsonb({"message": "boom"})))
-    job = claim()
+    job = claim("null, array['report.build']")
     call("discard_job", "select app.discard_job(%s, %s, 'w1', %s, %s)",
          (tenant, job["id"], job["lease_token"], Jsonb({"message": "bad"})))
     job = claim()
@@ -199,10 +199,19 @@ def _work(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
          "select * from app.finish_jobs('w1', array[%s]::uuid[], array[%s]::uuid[],"
          " array[%s]::uuid[], array['retry'], array[%s]::jsonb[], array['1 second']::interval[])",
          (tenant, job["id"], job["lease_token"], Jsonb({"message": "again"})))
-    job = claim()
+    job = claim("array['email.send'], null")  # a kind filter (its own statements)
     call("release_jobs",
          "select * from app.release_jobs('w1', array[%s]::uuid[], array[%s]::uuid[],"
          " array[%s]::uuid[])", (tenant, job["id"], job["lease_token"]))
+    # The fair claim with a kind filter (the kinds' turns), then without one.
+    rows = call("claim_ready_jobs", "select id, lease_token from app.claim_ready_jobs('w1', 1,"
+                " '30 seconds', array['email.send'])", ())
+    assert rows
+    call("finish_and_claim_jobs",
+         "select * from app.finish_and_claim_jobs('w1', array[%s]::uuid[], array[%s]::uuid[],"
+         " array[%s]::uuid[], array['succeeded'], array['{}']::jsonb[],"
+         " array[null]::interval[], 1, '30 seconds', null, array['report.build'])",
+         (tenant, rows[0]["id"], rows[0]["lease_token"]))
     rows = call("claim_ready_jobs", "select id, lease_token from app.claim_ready_jobs('w1', 2)",
                 ())
     assert rows

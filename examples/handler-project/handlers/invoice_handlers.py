@@ -41,7 +41,7 @@ def render_invoice(payload: Invoice, ctx: JobContext) -> dict[str, Any]:
 
 @registry.handler("report.monthly", timeout=600)
 def monthly_report(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
-    # A slow kind: the stack's SlowKinds parameter gives it a worker with a longer timeout.
+    # A slow kind: SlowKinds (the example's template) gives it a worker with a longer timeout.
     month = payload.get("month")
     if not isinstance(month, str):
         raise DiscardJob("payload.month must be a string such as 2026-11")

@@ -85,6 +85,12 @@ def handlers_env(args: argparse.Namespace, target: Target) -> dict[str, str | No
                                   "LEASEQ_HANDLERS": handlers}
     if getattr(args, "job_timeout", None):
         env["LEASEQ_JOB_TIMEOUT_SECONDS"] = f"{args.job_timeout:g}"
+    # --kind / --exclude-kind replace whichever filter the environment sets.
+    for option, variable in (("kinds", "LEASEQ_KINDS"),
+                             ("exclude_kinds", "LEASEQ_EXCLUDE_KINDS")):
+        if getattr(args, option, None):
+            env["LEASEQ_KINDS"] = env["LEASEQ_EXCLUDE_KINDS"] = None
+            env[variable] = ",".join(getattr(args, option))
     # The command waits between invocations itself (--wait), so an invocation ends as
     # soon as the queue is empty, unless the environment asks it to poll.
     if not os.environ.get("LEASEQ_POLL_IDLE_SECONDS"):
