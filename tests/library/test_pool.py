@@ -133,7 +133,7 @@ def test_the_client_joins_reserves_releases_wakes_and_counts_the_pool(
     reserved = client.reserve_worker_places(5, max_workers=3, hold=90.0)
     assert len(reserved) == 2
     assert client.worker_pool_size() == PoolSize(live=1, reserved=2)
-    assert client.join_worker_pool("tick", "schedule", None, max_workers=3,
+    assert client.join_worker_pool("duplicate", "fanout", woken, max_workers=3,
                                    expires_in=65.0) is False
 
     client.release_worker_place(reserved[0])
