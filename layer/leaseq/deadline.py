@@ -17,9 +17,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Protocol
 
-#: The SQL contract's lease bounds (sql/0003).
-MIN_LEASE = timedelta(seconds=1)
-MAX_LEASE = timedelta(days=1)
+from leaseq.limits import MAX_LEASE as MAX_LEASE
+from leaseq.limits import MIN_LEASE as MIN_LEASE
 
 
 class Deadline(Protocol):

@@ -7,7 +7,11 @@ documented in ``sql/README.md`` instead of on message text.
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 
 class LeaseqError(Exception):
@@ -143,3 +147,27 @@ def error_type_for(sqlstate: str | None) -> type[LeaseqError]:
 def client_error_type(failure: ClientFailure) -> type[LeaseqError]:
     """The library's exception type for a client-side failure (see CLIENT_ERRORS)."""
     return CLIENT_ERRORS[failure]
+
+
+def field_path(error: Mapping[str, Any], whole: str = "input") -> str:
+    """Where one of pydantic's errors is, dotted (``jobs.3.kind``); ``whole`` for an
+    error about the whole value."""
+    return ".".join(str(part) for part in error["loc"]) or whole
+
+
+def one_line(exc: ValidationError, whole: str = "input") -> str:
+    """Pydantic's errors as one line, ``field: problem; other.field: problem``: the form
+    of every validation message leaseq writes (settings, events, command-line input), so
+    that a log line or an error message names each bad field once. Inputs are left out,
+    so a message never echoes a secret or a payload back.
+
+    >>> from pydantic import BaseModel, Field, ValidationError
+    >>> class Batch(BaseModel):
+    ...     size: int = Field(ge=1)
+    >>> try:
+    ...     Batch(size=0)
+    ... except ValidationError as exc:
+    ...     print(one_line(exc))
+    size: Input should be greater than or equal to 1
+    """
+    return "; ".join(f"{field_path(error, whole)}: {error['msg']}" for error in exc.errors())

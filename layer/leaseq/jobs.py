@@ -11,6 +11,7 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from leaseq.decoding import UndecodableJson
+from leaseq.limits import MAX_ATTEMPTS
 from leaseq.storable import (
     MAX_DOCUMENT_BYTES,
     MAX_PAYLOAD_DEPTH,
@@ -50,7 +51,7 @@ class EnqueueRequest(BaseModel):
     payload: dict[str, Any] = Field(default_factory=dict)
     available_at: datetime | None = None
     # Strict: pydantic would otherwise read true as 1 and "5" as 5.
-    max_attempts: int | None = Field(default=None, ge=1, le=20, strict=True)
+    max_attempts: int | None = Field(default=None, ge=1, le=MAX_ATTEMPTS, strict=True)
     correlation_id: str | None = Field(default=None, min_length=1, max_length=200)
 
     @field_validator("operation_key", "kind")

@@ -32,7 +32,8 @@ from pydantic import (
 )
 
 from leaseq import config
-from leaseq.errors import ConfigurationError
+from leaseq.errors import ConfigurationError, one_line
+from leaseq.reaper import REAPER_LIMIT, RETENTION_DAYS
 from leaseq.tls import SslMode, TlsOptions, choose_tls
 
 
@@ -171,10 +172,10 @@ class ReaperSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, populate_by_name=True)
 
-    limit: int = Field(default=1000, ge=1, le=10_000, alias="LEASEQ_REAPER_LIMIT")
+    limit: int = Field(alias="LEASEQ_REAPER_LIMIT", **REAPER_LIMIT.field())
     #: Finished jobs (succeeded, dead, cancelled) and their events are deleted this long
     #: after they finished; 0 keeps them for ever.
-    retention_days: float = Field(default=14.0, ge=0, le=3650, alias="LEASEQ_RETENTION_DAYS")
+    retention_days: float = Field(alias="LEASEQ_RETENTION_DAYS", **RETENTION_DAYS.field())
 
     @property
     def retention(self) -> timedelta | None:
@@ -198,10 +199,8 @@ class LeaseqSettings(BaseModel):
                 reaper=ReaperSettings.model_validate(_known(env, ReaperSettings)),
             )
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc']) or 'settings'}: {err['msg']}"
-                for err in exc.errors())
-            raise ConfigurationError(f"invalid leaseq settings: {problems}") from exc
+            raise ConfigurationError(
+                f"invalid leaseq settings: {one_line(exc, 'settings')}") from exc
 
 
 def _known(env: Mapping[str, Any], model: type[BaseModel]) -> dict[str, Any]:
