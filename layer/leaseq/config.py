@@ -114,6 +114,12 @@ class WorkerConfig:
 
     >>> WorkerConfig(owner="worker-1", concurrency=50, poll_idle=0).concurrency
     50
+    >>> try:
+    ...     WorkerConfig(owner="worker-1", poll_min=2, poll_max=1)
+    ... except ConfigurationError as exc:
+    ...     print(exc.message)
+    invalid worker configuration: poll_max (1) is less than poll_min (2): the longest
+    wait between polls must be at least the first
     """
 
     owner: str

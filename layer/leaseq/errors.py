@@ -24,7 +24,16 @@ class LeaseqError(Exception):
 
 
 class ConfigurationError(LeaseqError):
-    """Settings, secrets or handler registrations are missing or invalid."""
+    """Settings, secrets or handler registrations are missing or invalid: raised before
+    any job runs (at registration, when a worker is built, at cold start), so that a
+    wrong setting fails loudly instead of losing jobs.
+
+    >>> from leaseq import Registry
+    >>> Registry().register("", lambda payload, ctx: None)
+    Traceback (most recent call last):
+    ...
+    leaseq.errors.ConfigurationError: job kind '' is invalid: use 1 to 128 characters, ...
+    """
 
 
 class TlsVerificationError(ConfigurationError):
@@ -47,10 +56,6 @@ class IdempotencyConflictError(InvalidRequestError):
 
 class JobNotFoundError(LeaseqError):
     """No job has that id (for this tenant)."""
-
-
-class LeaseLostError(LeaseqError):
-    """The lease fence refused a stale owner/token; raised only when a caller asks."""
 
 
 class SchemaVersionError(LeaseqError):

@@ -179,10 +179,26 @@ class ReaperSettings(BaseModel):
 
     @property
     def retention(self) -> timedelta | None:
+        """How long finished jobs are kept, or None to keep them for ever (0 days)."""
         return timedelta(days=self.retention_days) if self.retention_days else None
 
 
 class LeaseqSettings(BaseModel):
+    """Every setting of a leaseq function, read from the environment once, at cold start.
+
+    Each section validates its own variables; a missing or bad one is a
+    :class:`ConfigurationError` that names the variable, before any connection is made.
+
+    >>> url = "postgresql://localhost/app"
+    >>> LeaseqSettings.from_env({"DATABASE_URL": url, "LEASEQ_BATCH_SIZE": "20"}).worker.batch_size
+    20
+    >>> try:
+    ...     LeaseqSettings.from_env({"DATABASE_URL": url, "LEASEQ_BATCH_SIZE": "500"})
+    ... except ConfigurationError as exc:
+    ...     print(exc.message)
+    invalid leaseq settings: LEASEQ_BATCH_SIZE: Input should be less than or equal to 100
+    """
+
     model_config = ConfigDict(frozen=True)
 
     database: DatabaseSettings
@@ -191,6 +207,8 @@ class LeaseqSettings(BaseModel):
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> LeaseqSettings:
+        """The settings in ``environ`` (the process's environment when None); an empty
+        variable counts as unset, a variable leaseq does not declare is ignored."""
         env: Mapping[str, Any] = os.environ if environ is None else environ
         try:
             return cls(

@@ -73,6 +73,7 @@ class DrainReport:
     stopped: Stopped = "not_started"
 
     def as_dict(self) -> dict[str, Any]:
+        """The report as a log line's or a trace annotation's fields."""
         return dict(self.__dict__)
 
 
@@ -85,8 +86,23 @@ def log_start(job: ClaimedJob, budget: float) -> None:
 class Worker:
     """Drains the queue with one client and one registry.
 
-    >>> worker = Worker(client, registry, WorkerConfig(owner="worker-1", concurrency=50))
+    ``owner`` (in the config) names this worker in every lease it takes, so give each
+    concurrent worker its own. A drain is one pass of the scheduler's loop: call
+    :meth:`drain` again on the next tick (the Lambda worker function does).
+
+    >>> from uuid import uuid4
+    >>> from leaseq import (EnqueueRequest, MonotonicDeadline, QueueClient, Registry,
+    ...                     WorkerConfig, connect)
+    >>> client = QueueClient(lambda: connect(dsn))  # dsn: the database's URL
+    >>> registry = Registry()
+    >>> _ = registry.register("send_receipt", lambda payload, ctx: None)
+    >>> _ = client.enqueue_jobs([EnqueueRequest(tenant_id=uuid4(), operation_key=f"k-{n}",
+    ...                                         kind="send_receipt") for n in range(3)])
+    >>> worker = Worker(client, registry, WorkerConfig(owner="worker-1", concurrency=50,
+    ...                                                poll_idle=0))
     >>> report = worker.drain(MonotonicDeadline(60))
+    >>> report.succeeded, report.stopped
+    (3, 'queue_empty')
     """
 
     def __init__(
@@ -118,10 +134,12 @@ class Worker:
         return self.config.concurrency > 1 or self.registry.has_async
 
     def recorder(self, report: DrainReport) -> Recorder:
+        """The recorder of one drain's outcomes, counting into ``report``."""
         return Recorder(self.client, self.config.owner, report, self.on_job,
                         self.config.record_interval)
 
     def queue_lag(self, job: ClaimedJob) -> float:
+        """Seconds ``job`` waited between becoming due and being claimed."""
         return max(0.0, (self.now() - job.available_at).total_seconds())
 
     # The drain ----------------------------------------------------------------------
