@@ -49,6 +49,7 @@ class EnqueueRequest(BaseModel):
 
     ``operation_key`` names the operation for its tenant: enqueueing it again (a
     producer's retry) finds the job already there instead of making a second.
+    ``max_attempts`` left None takes the queue's default of 6.
 
     >>> from uuid import UUID
     >>> tenant = UUID("6f1c2d3e-0000-4000-8000-000000000001")
