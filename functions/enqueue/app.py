@@ -38,6 +38,8 @@ def _client() -> QueueClient:
 @logger.inject_lambda_context(clear_state=True)
 @telemetry.count_failures(metrics, logger)
 def lambda_handler(event: Any, context: LambdaContext) -> dict[str, Any]:
+    """Enqueue one job or a batch; answer every item, log each and count them (see the
+    module docstring for what raises)."""
     batch = parse_enqueue(event, context.aws_request_id)
     # The id items without their own correlation id get: on every line of the call.
     logger.set_correlation_id(

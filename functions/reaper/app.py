@@ -1,4 +1,6 @@
-"""Scheduled reaper: release the expired leases of every tenant, within its time."""
+"""Scheduled reaper: release the expired leases of every tenant, check a page of tenants'
+turns, then delete finished jobs past their retention (LEASEQ_RETENTION_DAYS), each in
+bounded pages and within the invocation's time (see leaseq.reaper)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,9 @@ tracer = telemetry.make_tracer()
 @logger.inject_lambda_context(clear_state=True)
 @telemetry.count_failures(metrics, logger)
 def lambda_handler(event: Any, context: LambdaContext) -> dict[str, Any]:
+    """One reaper pass per schedule tick; its report is logged, counted and traced. A
+    database or settings failure raises, so the invocation fails and the Errors alarm
+    fires; an event that is no tick is refused without touching the database."""
     try:
         tick = parse_tick(event, "reaper")
     except InvalidEventError as exc:

@@ -1,4 +1,5 @@
-"""Scheduled worker: drain the queue until the invocation's time runs short.
+"""Scheduled worker: drain the queue until the invocation's time runs short or the queue
+has stayed empty for LEASEQ_POLL_IDLE_SECONDS.
 
 Job handlers come from the module named in LEASEQ_HANDLERS (see leaseq_lambda.runtime).
 With the worker pool on (LEASEQ_MAX_WORKERS above 0) an invocation first takes a place
@@ -27,6 +28,9 @@ tracer = telemetry.make_tracer()
 @logger.inject_lambda_context(clear_state=True)
 @telemetry.count_failures(metrics, logger)
 def lambda_handler(event: Any, context: LambdaContext) -> dict[str, Any]:
+    """One drain per schedule tick; every job is logged and counted, the drain's report is
+    logged, counted and traced. A database or settings failure raises, so the invocation
+    fails and the Errors alarm fires; an event that is no tick is refused."""
     try:
         tick = parse_tick(event, "worker")
     except InvalidEventError as exc:

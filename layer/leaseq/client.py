@@ -185,6 +185,7 @@ class QueueClient:
     # Connection lifecycle -------------------------------------------------------
 
     def close(self) -> None:
+        """Close the connection; the next call opens a new one."""
         with self._lock:
             if self._conn is not None:
                 self._conn.close()
@@ -218,6 +219,8 @@ class QueueClient:
 
     @property
     def connection(self) -> Connection:
+        """The open connection (opened now if there is none or it broke), for a caller's
+        own transaction around :func:`enqueue_jobs`."""
         with self._lock:
             if self._conn is None or self._conn.closed or self._conn.broken:
                 return self._fresh_connection()
@@ -238,11 +241,14 @@ class QueueClient:
     # Enqueue ------------------------------------------------------------------------
 
     def enqueue_jobs(self, requests: Sequence[EnqueueRequest]) -> list[EnqueueResult]:
+        """Enqueue a batch in one round trip (app.enqueue_jobs): one result per request,
+        in order, created, existing, conflict or rejected (see :class:`EnqueueResult`)."""
         if not requests:
             return []
         return self._call(lambda conn: enqueue_jobs(conn, requests))
 
     def enqueue_job(self, request: EnqueueRequest) -> EnqueueResult:
+        """Enqueue one job; a conflict or a rejection raises (see :func:`enqueue_job`)."""
         return self._call(lambda conn: enqueue_job(conn, request))
 
     def get_job_result(self, tenant_id: UUID, job_id: UUID) -> dict[str, Any] | None:
@@ -268,6 +274,8 @@ class QueueClient:
     def claim_ready_jobs(self, owner: str, limit: int, lease: timedelta, *,
                          kinds: Sequence[str] | None = None,
                          exclude_kinds: Sequence[str] | None = None) -> list[ClaimedJob]:
+        """Lease up to ``limit`` ready jobs of every tenant, fairly (tenants take turns),
+        to ``owner`` for ``lease``."""
         rows = self._query(
             queries.CLAIM_READY_JOBS, {"owner": owner, "limit": limit, "lease": lease,
                                        **_kind_filter(kinds, exclude_kinds)}
@@ -277,6 +285,7 @@ class QueueClient:
     def claim_jobs(self, tenant_id: UUID, owner: str, limit: int, lease: timedelta, *,
                    kinds: Sequence[str] | None = None,
                    exclude_kinds: Sequence[str] | None = None) -> list[ClaimedJob]:
+        """Lease up to ``limit`` ready jobs of one tenant, oldest first."""
         rows = self._query(
             queries.CLAIM_JOBS,
             {"tenant_id": tenant_id, "owner": owner, "limit": limit, "lease": lease,
@@ -285,6 +294,8 @@ class QueueClient:
         return [ClaimedJob.from_row(row) for row in rows]
 
     def ready_tenants(self, limit: int = 100) -> list[dict[str, Any]]:
+        """Up to ``limit`` tenants with a job ready now, in tenant id order, each with its
+        oldest ready job's ``oldest_ready_at``."""
         return self._query(queries.READY_TENANTS, {"limit": limit})
 
     def oldest_ready_at(self) -> datetime | None:
@@ -295,6 +306,8 @@ class QueueClient:
         return oldest
 
     def renew_job_lease(self, job: ClaimedJob, lease: timedelta) -> bool:
+        """Extend ``job``'s lease to ``lease`` from now; False when the lease was lost
+        (expired and taken back, or taken by another worker), fenced by its token."""
         rows = self._query(
             queries.RENEW_JOB_LEASE,
             {"tenant_id": job.tenant_id, "job_id": job.id, "owner": job.lease_owner,
@@ -398,10 +411,13 @@ class QueueClient:
     # Reaper -------------------------------------------------------------------------
 
     def release_expired_jobs(self, tenant_id: UUID, limit: int = 100) -> int:
+        """Give one tenant's expired leases back to the queue; how many were released."""
         rows = self._query(queries.RELEASE_EXPIRED_JOBS, {"tenant_id": tenant_id, "limit": limit})
         return int(rows[0]["released"])
 
     def release_all_expired_jobs(self, limit: int = 1000) -> int:
+        """Give up to ``limit`` expired leases of every tenant back, oldest expiry first
+        (the reaper's call); fewer than ``limit`` means none are left."""
         rows = self._query(queries.RELEASE_ALL_EXPIRED_JOBS, {"limit": limit})
         return int(rows[0]["released"])
 

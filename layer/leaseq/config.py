@@ -16,45 +16,26 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from leaseq import limits
 from leaseq.errors import ConfigurationError
-from leaseq.retry import MAX_RETRY_DELAY, RetryPolicy
+from leaseq.limits import Bounds
+from leaseq.retry import RETRY_BASE as RETRY_BASE
+from leaseq.retry import RETRY_MAX as RETRY_MAX
+from leaseq.retry import RetryPolicy
 from leaseq.storable import is_blank
 
 #: Seconds kept free after a job's budget to record its outcome before the lease ends.
 FINISH_RESERVE = 1.0
 
 
-@dataclass(frozen=True)
-class Bounds:
-    """A setting's default and the closed range it must lie in (``above``: the low end
-    itself is excluded, for values that must be positive)."""
-
-    default: Any
-    low: float
-    high: float
-    above: bool = False
-
-    def allows(self, value: float) -> bool:
-        return (value > self.low if self.above else value >= self.low) and value <= self.high
-
-    def describe(self) -> str:
-        low = f"more than {self.low:g}" if self.above else f"at least {self.low:g}"
-        return f"{low} and at most {self.high:g}"
-
-    def field(self) -> dict[str, Any]:
-        """Keyword arguments of a pydantic ``Field`` with this default and range."""
-        low = {"gt": self.low} if self.above else {"ge": self.low}
-        return {"default": self.default, "le": self.high, **low}
-
-
 #: Jobs per claim statement (the SQL contract's claim limit).
-BATCH_SIZE = Bounds(10, 1, 100)
+BATCH_SIZE = Bounds(10, 1, limits.MAX_CLAIM)
 #: Seconds between a lease's end and the invocation's end.
 LEASE_MARGIN = Bounds(5.0, 0.5, 600)
 #: A kind's budget when it names no timeout of its own.
 JOB_TIMEOUT = Bounds(30.0, 0, 86_400, above=True)
 #: Longest lease taken at once (None: as long as the invocation allows).
-MAX_LEASE = Bounds(None, 1, 86_400)
+MAX_LEASE = Bounds(None, limits.MIN_LEASE.total_seconds(), limits.MAX_LEASE.total_seconds())
 #: Jobs run at once in one invocation.
 CONCURRENCY = Bounds(1, 1, 1000)
 #: Longest a finished job's outcome waits before it is recorded.
@@ -68,9 +49,8 @@ POLL_IDLE = Bounds(10.0, 0, 86_400)
 WORKER_TIMEOUT = Bounds(None, 1, 86_400)
 #: Seconds the event loop may be held by one handler before it is reported.
 LOOP_STALL = Bounds(0.5, 0, 60, above=True)
-#: Retry backoff: first delay and cap.
-RETRY_BASE = Bounds(5.0, 0, 86_400)
-RETRY_MAX = Bounds(3600.0, 0, MAX_RETRY_DELAY.total_seconds())
+#: Retry backoff: the first delay and the cap (RETRY_BASE, RETRY_MAX, imported above) are
+#: RetryPolicy's own, in leaseq.retry.
 
 #: The worker pool (``leaseq.settings.PoolSettings``): most worker invocations at once
 #: (0: no pool, no fan-out, no wake: one scheduled worker as before), how long a started
@@ -192,6 +172,12 @@ class WorkerConfig:
 
     >>> WorkerConfig(owner="worker-1", concurrency=50, poll_idle=0).concurrency
     50
+    >>> try:
+    ...     WorkerConfig(owner="worker-1", poll_min=2, poll_max=1)
+    ... except ConfigurationError as exc:
+    ...     print(exc.message)
+    invalid worker configuration: poll_max (1) is less than poll_min (2): the longest
+    wait between polls must be at least the first
     """
 
     owner: str

@@ -17,25 +17,41 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Protocol
 
-#: The SQL contract's lease bounds (sql/0003).
-MIN_LEASE = timedelta(seconds=1)
-MAX_LEASE = timedelta(days=1)
+from leaseq.limits import MAX_LEASE as MAX_LEASE
+from leaseq.limits import MIN_LEASE as MIN_LEASE
 
 
 class Deadline(Protocol):
+    """How long the caller has: the only clock the worker and the reaper read, so a
+    Lambda context (``leaseq_lambda.context.LambdaDeadline``), a wall clock or a test's
+    manual clock can drive the same code.
+
+    >>> class Fixed:
+    ...     def remaining(self) -> float:
+    ...         return 42.0
+    >>> lease_for(Fixed().remaining(), margin=5)
+    datetime.timedelta(seconds=37)
+    """
+
     def remaining(self) -> float:
         """Seconds left, never negative."""
         ...
 
 
 class MonotonicDeadline:
-    """A deadline ``seconds`` from now on a monotonic clock."""
+    """A deadline ``seconds`` from now on a monotonic clock: for a worker outside Lambda
+    (a script, a container, a test) that should stop after a while.
+
+    >>> MonotonicDeadline(60).remaining() > 59
+    True
+    """
 
     def __init__(self, seconds: float, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._end = clock() + seconds
 
     def remaining(self) -> float:
+        """Seconds left, never negative."""
         return max(0.0, self._end - self._clock())
 
 

@@ -7,7 +7,11 @@ documented in ``sql/README.md`` instead of on message text.
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 
 class LeaseqError(Exception):
@@ -20,7 +24,16 @@ class LeaseqError(Exception):
 
 
 class ConfigurationError(LeaseqError):
-    """Settings, secrets or handler registrations are missing or invalid."""
+    """Settings, secrets or handler registrations are missing or invalid: raised before
+    any job runs (at registration, when a worker is built, at cold start), so that a
+    wrong setting fails loudly instead of losing jobs.
+
+    >>> from leaseq import Registry
+    >>> Registry().register("", lambda payload, ctx: None)
+    Traceback (most recent call last):
+    ...
+    leaseq.errors.ConfigurationError: job kind '' is invalid: use 1 to 128 characters, ...
+    """
 
 
 class TlsVerificationError(ConfigurationError):
@@ -39,14 +52,6 @@ class InvalidRequestError(LeaseqError):
 
 class IdempotencyConflictError(InvalidRequestError):
     """The operation key already names a job with a different kind or payload (23505)."""
-
-
-class JobNotFoundError(LeaseqError):
-    """No job has that id (for this tenant)."""
-
-
-class LeaseLostError(LeaseqError):
-    """The lease fence refused a stale owner/token; raised only when a caller asks."""
 
 
 class SchemaVersionError(LeaseqError):
@@ -143,3 +148,27 @@ def error_type_for(sqlstate: str | None) -> type[LeaseqError]:
 def client_error_type(failure: ClientFailure) -> type[LeaseqError]:
     """The library's exception type for a client-side failure (see CLIENT_ERRORS)."""
     return CLIENT_ERRORS[failure]
+
+
+def field_path(error: Mapping[str, Any], whole: str = "input") -> str:
+    """Where one of pydantic's errors is, dotted (``jobs.3.kind``); ``whole`` for an
+    error about the whole value."""
+    return ".".join(str(part) for part in error["loc"]) or whole
+
+
+def one_line(exc: ValidationError, whole: str = "input") -> str:
+    """Pydantic's errors as one line, ``field: problem; other.field: problem``: the form
+    of every validation message leaseq writes (settings, events, command-line input), so
+    that a log line or an error message names each bad field once. Inputs are left out,
+    so a message never echoes a secret or a payload back.
+
+    >>> from pydantic import BaseModel, Field, ValidationError
+    >>> class Batch(BaseModel):
+    ...     size: int = Field(ge=1)
+    >>> try:
+    ...     Batch(size=0)
+    ... except ValidationError as exc:
+    ...     print(one_line(exc))
+    size: Input should be greater than or equal to 1
+    """
+    return "; ".join(f"{field_path(error, whole)}: {error['msg']}" for error in exc.errors())

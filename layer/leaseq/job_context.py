@@ -26,15 +26,26 @@ class JobContext:
     """What a handler knows about its own run: the job, the time its budget leaves, its
     lease, and whether it should stop.
 
-    Every method works in a sync and in an ``async def`` handler; the ``_async`` forms
-    never block the event loop::
+    Every method works in a sync and in an ``async def`` handler; in an ``async def``
+    one use the ``_async`` forms, which never block the event loop.
 
-        @registry.handler("export", timeout=120)
-        async def export(payload: dict, ctx: JobContext) -> None:
-            for page in pages(payload):
-                if ctx.stop_requested or not await ctx.renew_lease_async():
-                    return  # the budget is spent or the lease is gone: stop cleanly
-                await upload(page, idempotency_key=f"{ctx.job.id}-{page.number}")
+    >>> from uuid import uuid4
+    >>> from leaseq import (EnqueueRequest, MonotonicDeadline, QueueClient, Registry,
+    ...                     Worker, WorkerConfig, connect)
+    >>> registry = Registry()
+    >>> @registry.handler("export", timeout=120)
+    ... def export(payload: dict, ctx: JobContext) -> None:
+    ...     for page in range(payload["pages"]):
+    ...         if ctx.stop_requested or not ctx.renew_lease():
+    ...             return  # the budget is spent or the lease is gone: stop cleanly
+    ...         print(f"{ctx.job.kind} page {page}, attempt {ctx.attempt}")
+    >>> client = QueueClient(lambda: connect(dsn))  # dsn: the database's URL
+    >>> _ = client.enqueue_job(EnqueueRequest(tenant_id=uuid4(), operation_key="export-1",
+    ...                                       kind="export", payload={"pages": 2}))
+    >>> _ = Worker(client, registry, WorkerConfig(owner="worker-1", poll_idle=0)).drain(
+    ...     MonotonicDeadline(300))
+    export page 0, attempt 1
+    export page 1, attempt 1
     """
 
     job: ClaimedJob
@@ -51,10 +62,12 @@ class JobContext:
 
     @property
     def attempt(self) -> int:
+        """This run's attempt number, 1 for the first (a retry's is higher)."""
         return self.job.attempts
 
     @property
     def correlation_id(self) -> str | None:
+        """The producer's correlation id of the job, to pass on to the services it calls."""
         return self.job.correlation_id
 
     def remaining(self) -> float:
@@ -121,7 +134,12 @@ class JobContext:
 
 
 def current_job() -> ClaimedJob | None:
-    """The job whose handler is running in this context, if any."""
+    """The job whose handler is running in this context, if any: for code a handler
+    calls that has no :class:`JobContext` at hand (a library's hook, a log filter).
+
+    >>> current_job() is None  # no handler is running here
+    True
+    """
     return _current_job.get()
 
 
@@ -145,7 +163,8 @@ class running:
 
 
 def job_log_fields(job: ClaimedJob) -> dict[str, Any]:
-    """The fields every log line about ``job`` carries (None values are left out)."""
+    """The fields every log line about ``job`` carries (None values are left out), for a
+    handler that logs to a logger of its own."""
     fields: dict[str, Any] = {
         "job_id": str(job.id),
         "tenant_id": str(job.tenant_id),
@@ -161,6 +180,7 @@ class JobLogFields(logging.Filter):
     """Add the running job's fields to every record that does not already carry them."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        """Add the fields; never drops a record."""
         job = _current_job.get()
         if job is not None:
             for key, value in job_log_fields(job).items():

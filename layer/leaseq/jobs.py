@@ -11,6 +11,7 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from leaseq.decoding import UndecodableJson
+from leaseq.limits import MAX_ATTEMPTS
 from leaseq.storable import (
     MAX_DOCUMENT_BYTES,
     MAX_PAYLOAD_DEPTH,
@@ -24,7 +25,13 @@ from leaseq.storable import (
 
 
 class JobState(StrEnum):
-    """The states of ``app.job_state``."""
+    """The states of ``app.job_state``: a job waits (``pending``, ``retry_wait``), runs
+    under a lease (``running``), and ends ``succeeded``, ``dead`` or ``cancelled``. A
+    ``str`` too, so it compares with the database's text.
+
+    >>> JobState("retry_wait") is JobState.RETRY_WAIT, JobState.DEAD == "dead"
+    (True, True)
+    """
 
     PENDING = "pending"
     RUNNING = "running"
@@ -38,7 +45,24 @@ class EnqueueRequest(BaseModel):
     """One job to enqueue. The bounds mirror the SQL contract, so bad input is refused
     before it reaches the database, with pydantic's field-by-field explanation: in a
     batch, a value PostgreSQL would refuse costs the whole statement, a value refused
-    here costs only its own item."""
+    here costs only its own item.
+
+    ``operation_key`` names the operation for its tenant: enqueueing it again (a
+    producer's retry) finds the job already there instead of making a second.
+    ``max_attempts`` left None takes the queue's default of 6.
+
+    >>> from uuid import UUID
+    >>> tenant = UUID("6f1c2d3e-0000-4000-8000-000000000001")
+    >>> EnqueueRequest(tenant_id=tenant, operation_key="order-42/receipt",
+    ...                kind="send_receipt", payload={"order": 42}).max_attempts is None
+    True
+    >>> EnqueueRequest(tenant_id=tenant, operation_key=" ", kind="send_receipt")
+    Traceback (most recent call last):
+    ...
+    pydantic_core._pydantic_core.ValidationError: 1 validation error for EnqueueRequest
+    operation_key
+    ...
+    """
 
     # Built on first use: a worker never enqueues, so it does not pay for the schema
     # at import (about a fifth of the worker handler module's import time).
@@ -50,7 +74,7 @@ class EnqueueRequest(BaseModel):
     payload: dict[str, Any] = Field(default_factory=dict)
     available_at: datetime | None = None
     # Strict: pydantic would otherwise read true as 1 and "5" as 5.
-    max_attempts: int | None = Field(default=None, ge=1, le=20, strict=True)
+    max_attempts: int | None = Field(default=None, ge=1, le=MAX_ATTEMPTS, strict=True)
     correlation_id: str | None = Field(default=None, min_length=1, max_length=200)
 
     @field_validator("operation_key", "kind")
@@ -117,7 +141,17 @@ class EnqueueResult:
     was written for it, so ``job_id`` and ``state`` are None, while the batch's other
     items were stored). A result per item, like a conflict, rather than an exception:
     the other items of the batch are stored either way, and the caller needs to know
-    which."""
+    which.
+
+    >>> from uuid import uuid4
+    >>> from leaseq import EnqueueRequest, QueueClient, connect
+    >>> client = QueueClient(lambda: connect(dsn))  # dsn: the database's URL
+    >>> request = EnqueueRequest(tenant_id=uuid4(), operation_key="order-42/receipt",
+    ...                          kind="send_receipt", payload={"order": 42})
+    >>> (first,), (again,) = client.enqueue_jobs([request]), client.enqueue_jobs([request])
+    >>> first.status, again.status, again.job_id == first.job_id, again.created
+    ('created', 'existing', True, False)
+    """
 
     index: int
     job_id: UUID | None
@@ -127,10 +161,12 @@ class EnqueueResult:
 
     @property
     def created(self) -> bool:
+        """Whether this request made a new job."""
         return self.status == "created"
 
     @property
     def rejected(self) -> bool:
+        """Whether the database refused this item (``error`` says why)."""
         return self.status == "rejected"
 
 
@@ -139,7 +175,18 @@ class ClaimedJob:
     """A job this worker holds a lease on; ``lease_token`` fences every later write.
 
     ``payload_error`` is set (and ``payload`` empty) when the stored payload cannot be
-    decoded by Python: the worker then records the job dead without running it.
+    decoded by Python: the worker then records the job dead without running it. A handler
+    sees its job as ``ctx.job``.
+
+    >>> from datetime import timedelta
+    >>> from uuid import uuid4
+    >>> from leaseq import EnqueueRequest, QueueClient, connect
+    >>> client = QueueClient(lambda: connect(dsn))  # dsn: the database's URL
+    >>> _ = client.enqueue_job(EnqueueRequest(tenant_id=uuid4(), operation_key="k-1",
+    ...                                       kind="send_receipt", payload={"order": 42}))
+    >>> (job,) = client.claim_ready_jobs("worker-1", 10, timedelta(seconds=30))
+    >>> job.kind, job.payload, job.attempts, job.is_last_attempt, job.lease_owner
+    ('send_receipt', {'order': 42}, 1, False, 'worker-1')
     """
 
     id: UUID
@@ -183,6 +230,8 @@ class ClaimedJob:
 
     @property
     def is_last_attempt(self) -> bool:
+        """Whether a failure of this run makes the job dead rather than retried (by its
+        own ``max_attempts``; a kind's RetryPolicy may stop it sooner)."""
         return self.attempts >= self.max_attempts
 
 
@@ -191,7 +240,22 @@ OutcomeKind = Literal["succeeded", "retry", "dead", "exhausted"]
 
 @dataclass(frozen=True)
 class JobOutcome:
-    """The result of running one job, waiting to be recorded under its lease."""
+    """The result of running one job, waiting to be recorded under its lease: ``succeeded``
+    (``detail`` is the result), ``retry`` after ``retry_delay``, ``dead`` (``detail`` is
+    the error), or ``exhausted`` (a retry with no attempt left: dead, reason
+    max_attempts). The worker makes them; a caller of the client's claim and finish
+    functions makes its own.
+
+    >>> from datetime import timedelta
+    >>> from uuid import uuid4
+    >>> from leaseq import EnqueueRequest, QueueClient, connect
+    >>> client = QueueClient(lambda: connect(dsn))  # dsn: the database's URL
+    >>> _ = client.enqueue_job(EnqueueRequest(tenant_id=uuid4(), operation_key="k-1",
+    ...                                       kind="send_receipt"))
+    >>> (job,) = client.claim_ready_jobs("worker-1", 10, timedelta(seconds=30))
+    >>> client.finish_jobs("worker-1", [JobOutcome(job, "succeeded", {"sent": True})])[job.id]
+    <JobState.SUCCEEDED: 'succeeded'>
+    """
 
     job: ClaimedJob
     outcome: OutcomeKind

@@ -22,8 +22,9 @@ from pydantic import BaseModel, ValidationError
 from leaseq.execution import STOPPED_BY, Execution
 from leaseq.job_context import job_log_fields
 from leaseq.jobs import ClaimedJob, JobOutcome
+from leaseq.limits import MAX_RETRY_DELAY
 from leaseq.registry import Registration
-from leaseq.retry import MAX_RETRY_DELAY, RetryPolicy
+from leaseq.retry import RetryPolicy
 from leaseq.signals import DiscardJob, RetryJob
 from leaseq.storable import MAX_DOCUMENT_BYTES, json_size, storage_problem
 

@@ -27,13 +27,26 @@ from typing import Any
 
 from leaseq.client import QueueClient
 from leaseq.deadline import Deadline
+from leaseq.limits import MAX_PAGE, MAX_RETENTION, Bounds
 from leaseq.retention import prune_in_pages
 
 logger = logging.getLogger("leaseq.reaper")
 
+#: Rows per call of each paged function (LEASEQ_REAPER_LIMIT): a page of expired leases,
+#: of tenants' turns, of finished jobs to delete.
+REAPER_LIMIT = Bounds(1000, 1, MAX_PAGE)
+#: Days a finished job is kept (LEASEQ_RETENTION_DAYS; 0 keeps it for ever).
+RETENTION_DAYS = Bounds(14.0, 0, MAX_RETENTION.days)
+
 
 @dataclass
 class ReapReport:
+    """What one reaper pass did: the expired leases it released (``released``, in
+    ``calls`` calls; ``complete`` once a call came back short, so none were left), the
+    tenants' turns it checked and repaired, the finished jobs and events it deleted, and
+    the seconds left when it ended. The reaper function logs it and turns it into
+    metrics."""
+
     released: int = 0
     calls: int = 0
     complete: bool = False
@@ -44,21 +57,23 @@ class ReapReport:
     time_left: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
+        """The report as a log line's or a trace annotation's fields."""
         return dict(self.__dict__)
 
 
-def reap_once(client: QueueClient, deadline: Deadline, *, limit: int = 1000,
+def reap_once(client: QueueClient, deadline: Deadline, *, limit: int = REAPER_LIMIT.default,
               max_calls: int = 100, margin: float = 2.0,
               retention: timedelta | None = None, turn_pages: int = 10) -> ReapReport:
     """Release expired leases of every tenant until none are left or time is short;
     then check up to ``turn_pages`` pages of tenants' turns; then, with a ``retention``,
     delete jobs that finished longer ago than that."""
-    if not 1 <= limit <= 10_000:
-        raise ValueError("limit must be between 1 and 10000")
+    if not REAPER_LIMIT.allows(limit):
+        raise ValueError(f"limit must be between 1 and {MAX_PAGE} (got {limit!r})")
     if turn_pages < 0:
         raise ValueError("turn_pages must not be negative")
-    if retention is not None and retention < timedelta(0):
-        raise ValueError("retention must not be negative")
+    if retention is not None and not timedelta(0) <= retention <= MAX_RETENTION:
+        raise ValueError(f"retention must be between 0 and {MAX_RETENTION.days} days "
+                         f"(got {retention})")
     report = ReapReport()
     while report.calls < max_calls and deadline.remaining() > margin:
         released = client.release_all_expired_jobs(limit)

@@ -60,6 +60,8 @@ class JobRecord:
 
     @property
     def lease_lost(self) -> bool:
+        """Whether the outcome was refused because the lease was no longer this
+        worker's (another worker may have run the job since)."""
         return self.state is None
 
 

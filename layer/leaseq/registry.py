@@ -55,10 +55,21 @@ class Registration:
 class Registry:
     """Kinds and their handlers, looked up by the worker for every claimed job.
 
+    One registry per handlers module (``LEASEQ_HANDLERS`` names it in Lambda). A kind's
+    ``timeout`` is its budget in seconds (the worker's ``job_timeout`` otherwise),
+    ``payload`` a pydantic model the payload must fit, ``retry`` its backoff.
+
+    >>> from pydantic import BaseModel
+    >>> from leaseq import RetryPolicy
+    >>> class Receipt(BaseModel):
+    ...     order: int
     >>> registry = Registry()
-    >>> @registry.handler("send_receipt", timeout=10)
-    ... async def send_receipt(payload: dict, ctx: JobContext) -> None:
+    >>> @registry.handler("send_receipt", payload=Receipt, timeout=10,
+    ...                   retry=RetryPolicy(base_delay=2, max_attempts=5))
+    ... async def send_receipt(receipt: Receipt, ctx: JobContext) -> None:
     ...     await ctx.renew_lease_async()
+    >>> registry.kinds, registry.get("send_receipt").is_async
+    (['send_receipt'], True)
     """
 
     def __init__(self) -> None:
@@ -73,6 +84,9 @@ class Registry:
         timeout: float | None = None,
         retry: RetryPolicy | None = None,
     ) -> Registration:
+        """Register ``handler`` for ``kind`` (see the class docstring for the options);
+        a kind the queue would refuse, a kind registered twice or a timeout that is not
+        positive is a :class:`ConfigurationError`."""
         # The enqueue rule for kinds: a kind that shows nothing could never be enqueued.
         if not kind or is_blank(kind) or len(kind) > 128:
             raise ConfigurationError(
@@ -105,6 +119,8 @@ class Registry:
         return decorate
 
     def get(self, kind: str) -> Registration | None:
+        """The registration of ``kind``, or None (the worker records a job of a kind it
+        does not know dead, with code UNKNOWN_KIND)."""
         return self._by_kind.get(kind)
 
     @property
@@ -115,6 +131,7 @@ class Registry:
 
     @property
     def kinds(self) -> list[str]:
+        """The registered kinds, sorted."""
         return sorted(self._by_kind)
 
     def __len__(self) -> int:

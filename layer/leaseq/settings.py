@@ -33,7 +33,8 @@ from pydantic import (
 )
 
 from leaseq import config
-from leaseq.errors import ConfigurationError
+from leaseq.errors import ConfigurationError, one_line
+from leaseq.reaper import REAPER_LIMIT, RETENTION_DAYS
 from leaseq.tls import SslMode, TlsOptions, choose_tls
 
 
@@ -199,13 +200,14 @@ class ReaperSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, populate_by_name=True)
 
-    limit: int = Field(default=1000, ge=1, le=10_000, alias="LEASEQ_REAPER_LIMIT")
+    limit: int = Field(alias="LEASEQ_REAPER_LIMIT", **REAPER_LIMIT.field())
     #: Finished jobs (succeeded, dead, cancelled) and their events are deleted this long
     #: after they finished; 0 keeps them for ever.
-    retention_days: float = Field(default=14.0, ge=0, le=3650, alias="LEASEQ_RETENTION_DAYS")
+    retention_days: float = Field(alias="LEASEQ_RETENTION_DAYS", **RETENTION_DAYS.field())
 
     @property
     def retention(self) -> timedelta | None:
+        """How long finished jobs are kept, or None to keep them for ever (0 days)."""
         return timedelta(days=self.retention_days) if self.retention_days else None
 
 
@@ -253,6 +255,21 @@ class PoolSettings(BaseModel):
 
 
 class LeaseqSettings(BaseModel):
+    """Every setting of a leaseq function, read from the environment once, at cold start.
+
+    Each section validates its own variables; a missing or bad one is a
+    :class:`ConfigurationError` that names the variable, before any connection is made.
+
+    >>> url = "postgresql://localhost/app"
+    >>> LeaseqSettings.from_env({"DATABASE_URL": url, "LEASEQ_BATCH_SIZE": "20"}).worker.batch_size
+    20
+    >>> try:
+    ...     LeaseqSettings.from_env({"DATABASE_URL": url, "LEASEQ_BATCH_SIZE": "500"})
+    ... except ConfigurationError as exc:
+    ...     print(exc.message)
+    invalid leaseq settings: LEASEQ_BATCH_SIZE: Input should be less than or equal to 100
+    """
+
     model_config = ConfigDict(frozen=True)
 
     database: DatabaseSettings
@@ -262,6 +279,8 @@ class LeaseqSettings(BaseModel):
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> LeaseqSettings:
+        """The settings in ``environ`` (the process's environment when None); an empty
+        variable counts as unset, a variable leaseq does not declare is ignored."""
         env: Mapping[str, Any] = os.environ if environ is None else environ
         try:
             return cls(
@@ -271,10 +290,8 @@ class LeaseqSettings(BaseModel):
                 pool=PoolSettings.model_validate(_known(env, PoolSettings)),
             )
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc']) or 'settings'}: {err['msg']}"
-                for err in exc.errors())
-            raise ConfigurationError(f"invalid leaseq settings: {problems}") from exc
+            raise ConfigurationError(
+                f"invalid leaseq settings: {one_line(exc, 'settings')}") from exc
 
 
 def _known(env: Mapping[str, Any], model: type[BaseModel]) -> dict[str, Any]:

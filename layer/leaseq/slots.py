@@ -42,6 +42,7 @@ from leaseq.errors import LeaseqError
 from leaseq.execution import Attempt
 from leaseq.job_context import JobContext, job_log_fields
 from leaseq.jobs import ClaimedJob, JobOutcome
+from leaseq.limits import MAX_CLAIM
 from leaseq.polling import PollSchedule
 from leaseq.recorder import JobRun, Recorder
 from leaseq.registry import Registration
@@ -52,9 +53,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("leaseq.worker")
 T = TypeVar("T")
-
-#: The SQL contract's bound on one claim.
-MAX_CLAIM = 100
 
 #: Handler threads of this process that overran their budget and still run: each keeps
 #: its slot until it returns, in whichever drain it started (Lambda reuses the process).

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from leaseq.budget import budget_of, check_registry, fits
 from leaseq.client import QueueClient
@@ -44,8 +44,18 @@ logger = logging.getLogger("leaseq.worker")
 
 __all__ = ["FINISH_RESERVE", "ClaimHook", "DrainReport", "JobRecord", "Worker", "WorkerConfig"]
 
-#: Told after every claim of a drain: the jobs claimed (maybe none) and the limit asked.
-ClaimHook = Callable[[Sequence[ClaimedJob], int], None]
+class ClaimHook(Protocol):
+    """What ``Worker(on_claim=...)`` takes: told after every claim of a drain, with the
+    jobs claimed (none for a poll of an empty queue) and the limit asked. A scale-up
+    policy sees a backlog here (``leaseq_lambda.scaling.FanOut`` is one).
+
+    >>> seen = []
+    >>> hook: ClaimHook = lambda claimed, limit: seen.append((len(claimed), limit))
+    >>> hook([], 10); seen
+    [(0, 10)]
+    """
+
+    def __call__(self, claimed: Sequence[ClaimedJob], limit: int, /) -> None: ...
 
 #: Why a drain stopped: the queue stayed empty for ``poll_idle``; the time left could not
 #: fit another job (or a job had to be given back); or every slot is still held by a
@@ -76,6 +86,7 @@ class DrainReport:
     stopped: Stopped = "not_started"
 
     def as_dict(self) -> dict[str, Any]:
+        """The report as a log line's or a trace annotation's fields."""
         return dict(self.__dict__)
 
 
@@ -88,8 +99,23 @@ def log_start(job: ClaimedJob, budget: float) -> None:
 class Worker:
     """Drains the queue with one client and one registry.
 
-    >>> worker = Worker(client, registry, WorkerConfig(owner="worker-1", concurrency=50))
+    ``owner`` (in the config) names this worker in every lease it takes, so give each
+    concurrent worker its own. A drain is one pass of the scheduler's loop: call
+    :meth:`drain` again on the next tick (the Lambda worker function does).
+
+    >>> from uuid import uuid4
+    >>> from leaseq import (EnqueueRequest, MonotonicDeadline, QueueClient, Registry,
+    ...                     WorkerConfig, connect)
+    >>> client = QueueClient(lambda: connect(dsn))  # dsn: the database's URL
+    >>> registry = Registry()
+    >>> _ = registry.register("send_receipt", lambda payload, ctx: None)
+    >>> _ = client.enqueue_jobs([EnqueueRequest(tenant_id=uuid4(), operation_key=f"k-{n}",
+    ...                                         kind="send_receipt") for n in range(3)])
+    >>> worker = Worker(client, registry, WorkerConfig(owner="worker-1", concurrency=50,
+    ...                                                poll_idle=0))
     >>> report = worker.drain(MonotonicDeadline(60))
+    >>> report.succeeded, report.stopped
+    (3, 'queue_empty')
 
     ``on_job`` is told each job's record once its outcome is recorded. ``on_claim`` is
     told every claim, with the jobs claimed (none for a poll of an empty queue) and the
@@ -131,6 +157,7 @@ class Worker:
         return self.config.concurrency > 1 or self.registry.has_async
 
     def recorder(self, report: DrainReport) -> Recorder:
+        """The recorder of one drain's outcomes, counting into ``report``."""
         return Recorder(self.client, self.config.owner, report, self.on_job,
                         self.config.record_interval, kinds=self.config.kinds,
                         exclude_kinds=self.config.exclude_kinds)
@@ -149,6 +176,7 @@ class Worker:
         return jobs
 
     def queue_lag(self, job: ClaimedJob) -> float:
+        """Seconds ``job`` waited between becoming due and being claimed."""
         return max(0.0, (self.now() - job.available_at).total_seconds())
 
     # The drain ----------------------------------------------------------------------

@@ -34,6 +34,8 @@ def _work(seconds: float = 0.04) -> None:
 
 
 class WelcomeEmail(BaseModel):
+    """The payload of ``send_welcome_email``: an unknown field is refused."""
+
     model_config = ConfigDict(extra="forbid")
 
     to: str = Field(min_length=3, max_length=320)
@@ -41,6 +43,9 @@ class WelcomeEmail(BaseModel):
 
 
 class ChargeCard(BaseModel):
+    """The payload of ``charge_card``; ``fail_times`` is how many attempts the gateway
+    times out before one succeeds."""
+
     model_config = ConfigDict(extra="forbid")
 
     order_id: str = Field(min_length=1, max_length=100)
@@ -49,6 +54,8 @@ class ChargeCard(BaseModel):
 
 
 class ResizeImage(BaseModel):
+    """The payload of ``resize_image``: a size out of range makes the job dead at once."""
+
     model_config = ConfigDict(extra="forbid")
 
     url: str = Field(min_length=1, max_length=2000)
@@ -62,12 +69,14 @@ class GatewayTimeout(Exception):
 
 @registry.handler("send_welcome_email", payload=WelcomeEmail, timeout=5)
 def send_welcome_email(payload: WelcomeEmail, ctx: JobContext) -> dict[str, Any]:
+    """Succeeds: the job every run of the demo completes on the first attempt."""
     _work()
     return {"delivered_to": payload.to}
 
 
 @registry.handler("charge_card", payload=ChargeCard, timeout=5, retry=DEMO_RETRY)
 def charge_card(payload: ChargeCard, ctx: JobContext) -> dict[str, Any]:
+    """Fails its first ``fail_times`` attempts, then succeeds: retries with backoff."""
     _work()
     if ctx.attempt <= payload.fail_times:
         raise GatewayTimeout(
@@ -78,12 +87,14 @@ def charge_card(payload: ChargeCard, ctx: JobContext) -> dict[str, Any]:
 
 @registry.handler("resize_image", payload=ResizeImage, timeout=5, retry=DEMO_RETRY)
 def resize_image(payload: ResizeImage, ctx: JobContext) -> dict[str, Any]:
+    """Succeeds for a payload its model accepts; the others are dead before it runs."""
     _work(0.08)
     return {"thumbnail": f"{payload.url}?w={payload.width}&h={payload.height}"}
 
 
 @registry.handler("sync_crm", timeout=5, retry=DEMO_RETRY)
 def sync_crm(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """Discards a job without an account: no retry could ever process it."""
     _work()
     if payload.get("account") is None:
         raise DiscardJob("the CRM account is unknown; no retry can fix that")

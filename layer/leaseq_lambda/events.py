@@ -32,12 +32,14 @@ from uuid import UUID
 from aws_lambda_powertools.utilities.parser import parse
 from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
 from leaseq import EnqueueRequest, InvalidRequestError
+from leaseq.errors import field_path, one_line
+from leaseq.limits import MAX_ENQUEUE
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 Task = Literal["worker", "reaper"]
 
 #: The SQL contract's bound on one enqueue call.
-MAX_BATCH = 1000
+MAX_BATCH = MAX_ENQUEUE
 ENQUEUE_DETAIL_TYPE = "leaseq.enqueue"
 SCHEDULE_SOURCE = "leaseq.schedule"
 POOL_SOURCE = "leaseq.pool"
@@ -47,20 +49,16 @@ class InvalidEventError(InvalidRequestError):
     """The event is none of the shapes this function accepts."""
 
 
-def _field(err: Any) -> str:
-    return ".".join(str(p) for p in err["loc"]) or "event"
-
-
 def describe(exc: ValidationError) -> str:
     """Pydantic's errors as one line: ``field: problem; other.field: problem``."""
-    return "; ".join(f"{_field(err)}: {err['msg']}" for err in exc.errors())
+    return one_line(exc, "event")
 
 
 def problems(exc: ValidationError) -> tuple[FieldProblem, ...]:
     """Pydantic's errors one by one, for a caller that acts on them: the field, the
     kind of problem (pydantic's error type) and the message. Inputs are left out, so
     that a rejection never echoes a payload back."""
-    return tuple(FieldProblem(_field(err), err["type"], err["msg"])
+    return tuple(FieldProblem(field_path(err, "event"), err["type"], err["msg"])
                  for err in exc.errors(include_url=False, include_input=False))
 
 

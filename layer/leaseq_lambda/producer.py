@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from leaseq import EnqueueRequest
+from leaseq.limits import MAX_ENQUEUE
 
 __all__ = [
     "ENQUEUE_DETAIL_TYPE",
@@ -41,7 +42,7 @@ __all__ = [
 #: The detail-type the stack's rule routes to the enqueue function.
 ENQUEUE_DETAIL_TYPE = "leaseq.enqueue"
 #: The SQL contract's bound on one enqueue call (and so on one invocation).
-MAX_JOBS_PER_CALL = 1000
+MAX_JOBS_PER_CALL = MAX_ENQUEUE
 #: Lambda's synchronous payload limit is 6 MB; keep room for the envelope.
 MAX_INVOKE_BYTES = 5_500_000
 #: PutEvents takes 10 entries and 256 KB per call; one entry may be at most 256 KB.

@@ -224,6 +224,8 @@ class Runtime:
         self.client.check()
 
     def registry(self) -> Registry:
+        """The handlers' registry, imported on first use (a worker's; the reaper and the
+        enqueue function never import the handlers module)."""
         if self._registry is None:
             self._registry = load_registry(self.settings.worker.handlers_module,
                                            self.deps.import_module)
@@ -279,10 +281,14 @@ class Runtime:
         return max(0.0, ((now or datetime.now(UTC)) - oldest).total_seconds())
 
     def close(self) -> None:
+        """Close the connection (the environment is being reset)."""
         self.client.close()
 
 
 def build(deps: Dependencies | None = None) -> Runtime:
+    """A new runtime from the environment: settings validated (a ConfigurationError
+    naming the variable otherwise) and a client that connects on first use, so a cold
+    start with a bad setting fails before any connection is tried."""
     deps = deps or Dependencies()
     environ = os.environ if deps.environ is None else deps.environ
     settings = LeaseqSettings.from_env(environ)

@@ -138,14 +138,16 @@ class PoolMembership:
     With the pool off (``LEASEQ_MAX_WORKERS`` 0) every invocation is admitted, nothing
     is written and nothing started: the worker behaves as it did before the pool.
 
-    >>> pool = PoolMembership(client, settings.pool, owner)
-    >>> if pool.join(tick, deadline.remaining()):
-    ...     try:
-    ...         worker = runtime.worker(owner, poll_idle=pool.poll_idle,
-    ...                                 on_claim=pool.fan_out)
-    ...         worker.drain(deadline)
-    ...     finally:
-    ...         pool.finish(deadline.remaining())
+    For example::
+
+        pool = PoolMembership(client, settings.pool, owner)
+        if pool.join(tick, deadline.remaining()):
+            try:
+                worker = runtime.worker(owner, poll_idle=pool.poll_idle,
+                                        on_claim=pool.fan_out)
+                worker.drain(deadline)
+            finally:
+                pool.finish(deadline.remaining())
     """
 
     def __init__(self, client: QueueClient, settings: PoolSettings, owner: str, *,
@@ -239,8 +241,10 @@ class FanOut:
     gives its place back and is logged and counted. :meth:`close` ends it before the
     invocation returns, so no thread is left to run in a frozen environment.
 
-    >>> fan_out = FanOut(client, settings.pool)
-    >>> worker = Worker(client, registry, config, on_claim=fan_out)
+    For example::
+
+        fan_out = FanOut(client, settings.pool)
+        worker = Worker(client, registry, config, on_claim=fan_out)
     """
 
     def __init__(self, client: QueueClient, settings: PoolSettings, *,
@@ -402,11 +406,13 @@ def wake_worker(connection: psycopg.Connection[Any], function_name: str, *,
     Best effort by design: when it raises (the database or Lambda failing), the jobs are
     committed all the same and the scheduled worker runs them within one tick.
 
-    >>> with conn.transaction():
-    ...     order_id = save_order(conn, order)
-    ...     leaseq.enqueue_jobs(conn, [EnqueueRequest(tenant_id=tenant, kind="ship",
-    ...                                operation_key=f"ship-{order_id}", payload={...})])
-    >>> wake_worker(conn, "my-stack-worker")
+    For example::
+
+        with conn.transaction():
+            order_id = save_order(conn, order)
+            leaseq.enqueue_jobs(conn, [EnqueueRequest(tenant_id=tenant, kind="ship",
+                                       operation_key=f"ship-{order_id}", payload={...})])
+        wake_worker(conn, "my-stack-worker")
 
     Called inside an open transaction it raises :class:`leaseq.InvalidRequestError` and
     does nothing: a worker woken before the commit would not see the jobs.

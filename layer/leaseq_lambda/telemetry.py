@@ -89,6 +89,8 @@ class _CurrentStdout(io.TextIOBase):
 
 
 def service_name() -> str:
+    """The service every log line and metric is filed under: POWERTOOLS_SERVICE_NAME as
+    the stack sets it, else ``leaseq``, so local runs and tests log as deployed."""
     return os.environ.get("POWERTOOLS_SERVICE_NAME") or SERVICE
 
 
@@ -288,6 +290,9 @@ def count_failures(metrics: Metrics, logger: Logger) -> Callable[[Handler], Hand
 
 
 def record_drain(metrics: Metrics, report: DrainReport, oldest_ready_age: float | None) -> None:
+    """A worker invocation's counts as metrics (what the alarms and the dashboard read),
+    and the age of the oldest ready job when it was measured: the queue's lag, which
+    OldestReadyAgeAlarm watches."""
     for name, value in (("JobsClaimed", report.claimed), ("JobsSucceeded", report.succeeded),
                         ("JobsRetried", report.retried), ("JobsDead", report.dead),
                         ("LeasesLost", report.lost_leases), ("JobsGivenBack", report.given_back)):
@@ -298,12 +303,17 @@ def record_drain(metrics: Metrics, report: DrainReport, oldest_ready_age: float 
 
 
 def record_reap(metrics: Metrics, report: ReapReport) -> None:
+    """A reaper pass's counts as metrics: leases released (crashed or killed workers),
+    finished jobs pruned (the retention period at work), tenants' turns repaired (a
+    defect or a hand edit; anything above 0 is worth a look)."""
     metrics.add_metric(name="JobsReleased", unit=MetricUnit.Count, value=report.released)
     metrics.add_metric(name="JobsPruned", unit=MetricUnit.Count, value=report.pruned_jobs)
     metrics.add_metric(name="TurnsRepaired", unit=MetricUnit.Count, value=report.turns_repaired)
 
 
 def record_enqueue(metrics: Metrics, created: int, existing: int, rejected: int) -> None:
+    """An enqueue invocation's items as metrics: new jobs, repeats of jobs enqueued before
+    (idempotent retries of a producer), and items refused with a reason."""
     metrics.add_metric(name="JobsEnqueued", unit=MetricUnit.Count, value=created)
     metrics.add_metric(name="EnqueueExisting", unit=MetricUnit.Count, value=existing)
     metrics.add_metric(name="EnqueueRejected", unit=MetricUnit.Count, value=rejected)

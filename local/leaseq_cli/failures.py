@@ -14,7 +14,6 @@ from leaseq.errors import (
     DatabaseUnavailableError,
     IdempotencyConflictError,
     InvalidRequestError,
-    JobNotFoundError,
     LeaseqError,
     PermissionDeniedError,
     SchemaVersionError,
@@ -127,8 +126,6 @@ def _describe_leaseq(exc: LeaseqError) -> tuple[str, ExitCode]:
         return _one_line(exc.message), ExitCode.CONFLICT
     if isinstance(exc, InvalidRequestError | ConfigurationError):
         return _one_line(exc.message), ExitCode.USAGE
-    if isinstance(exc, JobNotFoundError):
-        return _one_line(exc.message), ExitCode.NOT_FOUND
     if exc.sqlstate == "3F000" or exc.sqlstate == "42883":
         return (
             _one_line(f"{exc.message}. The schema is missing or out of date: run "

@@ -171,9 +171,11 @@ def test_expired_leases_are_released_before_anything_is_pruned(
     assert (report.released, report.complete, report.pruned_jobs) == (1, True, 4)
 
 
-def test_a_negative_retention_is_refused(client: QueueClient) -> None:
-    with pytest.raises(ValueError, match="retention must not be negative"):
-        reap_once(client, FakeDeadline(60), retention=timedelta(days=-1))
+@pytest.mark.parametrize("days", [-1, 3651])
+def test_a_retention_outside_the_sql_bounds_is_refused(
+        client: QueueClient, days: int) -> None:
+    with pytest.raises(ValueError, match="retention must be between 0 and 3650 days"):
+        reap_once(client, FakeDeadline(60), retention=timedelta(days=days))
 
 
 def test_a_reaper_login_applies_its_retention_but_never_prunes_below_the_owners_floor(

@@ -58,6 +58,7 @@ def test_a_kind_limit_below_the_jobs_own_limit_wins_and_never_raises_it() -> Non
 
 @pytest.mark.parametrize("fields", [
     {"base_delay": -1},
+    {"base_delay": 86_401, "max_delay": 90_000},
     {"base_delay": 10, "max_delay": 5},
     {"max_delay": 31 * 86_400},
     {"max_attempts": 0},
@@ -66,3 +67,22 @@ def test_a_kind_limit_below_the_jobs_own_limit_wins_and_never_raises_it() -> Non
 def test_a_policy_outside_the_sql_bounds_is_refused_when_made(fields: dict[str, float]) -> None:
     with pytest.raises(ValueError, match=r"must|need"):
         RetryPolicy(**fields)  # type: ignore[arg-type]
+
+
+def test_a_cap_below_the_first_delay_is_refused_naming_both() -> None:
+    with pytest.raises(ValueError, match=r"max_delay \(10\) is less than base_delay \(60\)"):
+        RetryPolicy(base_delay=60, max_delay=10)
+
+
+def test_the_policy_and_the_worker_settings_share_one_default_and_one_range() -> None:
+    from leaseq import LeaseqSettings
+    from leaseq.retry import RETRY_BASE, RETRY_MAX
+
+    worker = LeaseqSettings.from_env({"DATABASE_URL": "postgresql://h/db"}).worker
+    assert (RetryPolicy().base_delay, RetryPolicy().max_delay) == (
+        worker.retry_base_seconds, worker.retry_max_seconds) == (
+        RETRY_BASE.default, RETRY_MAX.default)
+    for bounds, name in ((RETRY_BASE, "base_delay"), (RETRY_MAX, "max_delay")):
+        RetryPolicy(**{"base_delay": 0, "max_delay": bounds.high, name: bounds.high})
+        with pytest.raises(ValueError, match=f"{name} must be at least 0 and at most"):
+            RetryPolicy(**{"base_delay": 0, "max_delay": bounds.high, name: bounds.high + 1})

@@ -1,0 +1,65 @@
+"""The SQL contract's bounds as Python names, and the type of a setting's default and range.
+
+The database refuses a value outside these bounds (SQLSTATE 22023, see sql/README.md).
+Python checks the same bounds before anything is sent, so that a setting or a request
+that can never work is refused where it was written, naming the setting instead of a
+function argument. Each bound has one name here; the modules that check or size a call
+(the settings, the worker, the reaper, the enqueue function, the producers' client)
+import it rather than repeat the number.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+#: Jobs one claim may take (app.claim_ready_jobs, claim_jobs, finish_and_claim_jobs).
+MAX_CLAIM = 100
+#: Jobs one app.enqueue_jobs call may carry.
+MAX_ENQUEUE = 1000
+#: Rows one call of the reaper's paged functions may touch (app.release_all_expired_jobs,
+#: repair_tenant_turns, prune_jobs, prune_retained_jobs).
+MAX_PAGE = 10_000
+#: Attempts a job may be given (EnqueueRequest.max_attempts, RetryPolicy.max_attempts).
+MAX_ATTEMPTS = 20
+#: The shortest and the longest lease a claim or renewal may take.
+MIN_LEASE = timedelta(seconds=1)
+MAX_LEASE = timedelta(days=1)
+#: The longest wait before a retry.
+MAX_RETRY_DELAY = timedelta(days=30)
+#: The longest retention a prune accepts.
+MAX_RETENTION = timedelta(days=3650)
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """A setting's default and the closed range it must lie in (``above``: the low end
+    itself is excluded, for values that must be positive).
+
+    One value per setting, read by every place that takes the setting (the library's
+    arguments, the environment's settings, the template's test), so they cannot drift:
+
+    >>> margin = Bounds(5.0, 0.5, 600)
+    >>> margin.allows(0.4), margin.describe()
+    (False, 'at least 0.5 and at most 600')
+    """
+
+    default: Any
+    low: float
+    high: float
+    above: bool = False
+
+    def allows(self, value: float) -> bool:
+        """Whether ``value`` lies in the range."""
+        return (value > self.low if self.above else value >= self.low) and value <= self.high
+
+    def describe(self) -> str:
+        """The range in words, for an error message."""
+        low = f"more than {self.low:.15g}" if self.above else f"at least {self.low:.15g}"
+        return f"{low} and at most {self.high:.15g}"
+
+    def field(self) -> dict[str, Any]:
+        """Keyword arguments of a pydantic ``Field`` with this default and range."""
+        low = {"gt": self.low} if self.above else {"ge": self.low}
+        return {"default": self.default, "le": self.high, **low}
