@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 from uuid import UUID
 
 from leaseq.client import QueueClient
@@ -35,9 +35,7 @@ from leaseq.errors import InvalidRequestError, LeaseqError
 from leaseq.job_context import job_log_fields
 from leaseq.jobs import ClaimedJob, JobOutcome, JobState
 from leaseq.outcomes import error_document
-
-if TYPE_CHECKING:
-    from leaseq.worker import DrainReport
+from leaseq.report import DrainReport
 
 logger = logging.getLogger("leaseq.worker")
 

@@ -33,26 +33,68 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from datetime import timedelta
+from typing import Any, Protocol, TypeVar
 
 from leaseq.budget import budget_of, fits
-from leaseq.config import FINISH_RESERVE
+from leaseq.config import FINISH_RESERVE, WorkerConfig
 from leaseq.deadline import Deadline, lease_for
 from leaseq.errors import LeaseqError
 from leaseq.execution import Attempt
 from leaseq.job_context import JobContext, job_log_fields
 from leaseq.jobs import ClaimedJob, JobOutcome
 from leaseq.limits import MAX_CLAIM
+from leaseq.outcomes import Judge
 from leaseq.polling import PollSchedule
 from leaseq.recorder import JobRun, Recorder
-from leaseq.registry import Registration
+from leaseq.registry import Registration, Registry
+from leaseq.report import DrainReport, Stopped, log_start
 from leaseq.watchdog import LoopWatchdog
-
-if TYPE_CHECKING:
-    from leaseq.worker import DrainReport, Stopped, Worker
 
 logger = logging.getLogger("leaseq.worker")
 T = TypeVar("T")
+
+
+class LoopWorker(Protocol):
+    """What the event-loop drain uses of its worker (:class:`leaseq.worker.Worker` is
+    the one): its settings, kinds and judge, its clock, and the steps both drains share.
+
+    A protocol rather than the class itself, so that this module needs nothing of the
+    worker's: the worker calls the drain here, never the other way round.
+    """
+
+    @property
+    def config(self) -> WorkerConfig:
+        """The worker's settings."""
+
+    @property
+    def registry(self) -> Registry:
+        """The handlers, by kind."""
+
+    @property
+    def judge(self) -> Judge:
+        """Prepares each job's payload and turns its handler's end into an outcome."""
+
+    @property
+    def timer(self) -> Callable[[], float]:
+        """The clock of the jobs' run times."""
+
+    def recorder(self, report: DrainReport) -> Recorder:
+        """The recorder of one drain's outcomes, counting into ``report``."""
+
+    def claim(self, recorder: Recorder, limit: int, lease: timedelta) -> list[ClaimedJob]:
+        """Claim up to ``limit`` jobs, carrying the outcomes waiting to be recorded."""
+
+    def give_back(self, jobs: list[ClaimedJob], recorder: Recorder,
+                  deadline: Deadline) -> None:
+        """Hand back claimed jobs that were never started."""
+
+    def queue_lag(self, job: ClaimedJob) -> float:
+        """Seconds ``job`` waited between becoming due and being claimed."""
+
+    def renew(self, job: ClaimedJob, deadline: Deadline) -> float | None:
+        """Extend ``job``'s lease; its new end (in time-left units), or None if lost."""
+
 
 #: Handler threads of this process that overran their budget and still run: each keeps
 #: its slot until it returns, in whichever drain it started (Lambda reuses the process).
@@ -66,7 +108,7 @@ def straggling_threads() -> int:
     return len(_straggling_threads)
 
 
-def drain_on_new_loop(worker: Worker, deadline: Deadline) -> DrainReport:
+def drain_on_new_loop(worker: LoopWorker, deadline: Deadline) -> DrainReport:
     """Run :func:`drain_on_loop` on an event loop of its own, then close that loop.
 
     Not ``asyncio.run``: when it ends it waits for every task it cancels, so one
@@ -97,10 +139,8 @@ def drain_on_new_loop(worker: Worker, deadline: Deadline) -> DrainReport:
         loop.close()
 
 
-async def drain_on_loop(worker: Worker, deadline: Deadline) -> DrainReport:
+async def drain_on_loop(worker: LoopWorker, deadline: Deadline) -> DrainReport:
     """The event-loop drain, on the running loop (see the module docstring)."""
-    from leaseq.worker import DrainReport
-
     report = DrainReport(concurrency=worker.config.concurrency)
     recorder = worker.recorder(report)
     recorder.start()
@@ -139,7 +179,7 @@ class Slot:
 class SlotDrain:
     """One drain on the event loop: claims, slots, renewals (see the module docstring)."""
 
-    def __init__(self, worker: Worker, deadline: Deadline, report: DrainReport,
+    def __init__(self, worker: LoopWorker, deadline: Deadline, report: DrainReport,
                  recorder: Recorder) -> None:
         self.worker = worker
         self.config = worker.config
@@ -372,8 +412,6 @@ class SlotDrain:
             _stop_async=asyncio.Event(),
         )
         slot.context = context
-        from leaseq.worker import log_start
-
         log_start(job, budget)
         attempt = Attempt.start(slot.registration, prepared.payload, context, self.loop)
         slot.attempt = attempt

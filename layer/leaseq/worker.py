@@ -15,6 +15,7 @@ Either way an outcome waits at most ``record_interval`` before it is recorded
 (:mod:`leaseq.recorder`), outcomes are fenced by lease token (a worker that lost its
 lease cannot overwrite what another did: that case is counted, logged and survived),
 and every job start is logged at INFO with its id, tenant, kind, attempt and budget.
+Each drain returns what it did, a :class:`~leaseq.report.DrainReport`.
 """
 
 from __future__ import annotations
@@ -23,9 +24,8 @@ import logging
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, Protocol
+from typing import Protocol
 
 from leaseq.budget import budget_of, check_registry, fits
 from leaseq.client import QueueClient
@@ -39,6 +39,9 @@ from leaseq.outcomes import Judge
 from leaseq.polling import PollSchedule
 from leaseq.recorder import JobRecord, JobRun, Recorder
 from leaseq.registry import Registration, Registry
+from leaseq.report import DrainReport, log_start
+from leaseq.report import Stopped as Stopped  # re-exported: it was defined here
+from leaseq.slots import drain_on_loop, drain_on_new_loop
 
 logger = logging.getLogger("leaseq.worker")
 
@@ -56,45 +59,6 @@ class ClaimHook(Protocol):
     """
 
     def __call__(self, claimed: Sequence[ClaimedJob], limit: int, /) -> None: ...
-
-#: Why a drain stopped: the queue stayed empty for ``poll_idle``; the time left could not
-#: fit another job (or a job had to be given back); or every slot is still held by a
-#: handler thread that overran its budget in an earlier drain.
-Stopped = Literal["queue_empty", "deadline", "no_free_slot", "not_started"]
-
-
-@dataclass
-class DrainReport:
-    """What one drain did, counted per job (the worker function logs it and turns it
-    into metrics)."""
-
-    claimed: int = 0
-    succeeded: int = 0
-    retried: int = 0
-    dead: int = 0
-    lost_leases: int = 0
-    given_back: int = 0
-    #: Claims that found work; claims that found nothing (polls of an empty queue).
-    batches: int = 0
-    polls: int = 0
-    #: Handlers that returned after their budget (result discarded, JOB_TIMEOUT kept).
-    late_returns: int = 0
-    #: Times a handler held the event loop longer than ``loop_stall``.
-    loop_stalls: int = 0
-    concurrency: int = 1
-    time_left: float = 0.0
-    stopped: Stopped = "not_started"
-
-    def as_dict(self) -> dict[str, Any]:
-        """The report as a log line's or a trace annotation's fields."""
-        return dict(self.__dict__)
-
-
-def log_start(job: ClaimedJob, budget: float) -> None:
-    """The line that says which job an invocation is running, without the database."""
-    if logger.isEnabledFor(logging.INFO):
-        logger.info("job started", extra={**job_log_fields(job), "budget": budget})
-
 
 class Worker:
     """Drains the queue with one client and one registry.
@@ -187,8 +151,6 @@ class Worker:
         From a thread that runs an event loop, use :meth:`drain_async` instead.
         """
         if self.uses_event_loop:
-            from leaseq.slots import drain_on_new_loop
-
             return drain_on_new_loop(self, deadline)
         report = DrainReport()
         recorder = self.recorder(report)
@@ -205,8 +167,6 @@ class Worker:
     async def drain_async(self, deadline: Deadline) -> DrainReport:
         """:meth:`drain` for a caller already running an event loop: always the
         event-loop way (sync handlers in threads), whatever the concurrency."""
-        from leaseq.slots import drain_on_loop
-
         return await drain_on_loop(self, deadline)
 
     def _drain_in_turn(self, deadline: Deadline, report: DrainReport, recorder: Recorder,
