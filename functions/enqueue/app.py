@@ -6,6 +6,9 @@ database or bad settings are, so that the caller retries and the Errors alarm fi
 An asynchronous invocation (EventBridge, or a batch marked ``"asynchronous": true``)
 has nobody to answer: with rejected jobs it raises :class:`EnqueueRejectedError` after
 enqueueing the others, so the rejections reach the on-failure destination.
+With the worker pool on, a created job that is ready now wakes a worker after the
+commit when none is polling (debounced in the database; best effort: a failed wake is
+logged and counted, and the scheduled worker runs the job within one tick).
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ from typing import Any
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from leaseq import LeaseqError, QueueClient
 from leaseq_lambda import runtime, telemetry
-from leaseq_lambda.enqueue import rejection_error, response, submit
+from leaseq_lambda.enqueue import ready_now, rejection_error, response, submit
 from leaseq_lambda.events import parse_enqueue
+from leaseq_lambda.scaling import wake_after_enqueue
 
 logger = telemetry.make_logger()
 metrics = telemetry.make_metrics()
@@ -57,6 +61,10 @@ def lambda_handler(event: Any, context: LambdaContext) -> dict[str, Any]:
             logger.info("job enqueued", extra=fields)
     answer = response(results)
     telemetry.record_enqueue(metrics, answer["created"], answer["existing"], answer["rejected"])
+    if ready_now(results) and runtime.get().settings.pool.enabled:
+        rt = runtime.get()
+        started, failed = wake_after_enqueue(rt.client, rt.settings.pool)
+        telemetry.record_wake(metrics, started=started, failed=failed)
     counts = {f"jobs_{status}": answer[status] for status in ("created", "existing", "rejected")}
     logger.info("enqueue finished", extra={"origin": batch.origin, **counts})
     if batch.asynchronous and answer["rejected"]:

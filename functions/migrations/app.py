@@ -1,9 +1,12 @@
 """CloudFormation custom resource: apply sql/ as the schema owner, ensure the logins by duty.
 
-Create and Update run the migrations that the layer carries (applied ones are skipped, so a
-re-run is cheap) and then make each function's login a member of its one duty group: the
-worker's of leaseq_worker, the reaper's of leaseq_reaper, the enqueue function's of
-leaseq_producer and the operators' of leaseq_operator. Delete touches nothing: removing the
+Create and Update first check what the stack asks of the database: that its name leaves
+room for the names made from it (``stack_name.py``) and that the connections its functions
+can open fit the database's connection budget (``connection_budget.py``). Then they run the
+migrations that the layer carries (applied ones are skipped, so a re-run is cheap) and make
+each function's login a member of its one duty group: the worker's of leaseq_worker, the
+reaper's of leaseq_reaper, the enqueue function's of leaseq_producer and the operators' of
+leaseq_operator. Delete touches nothing: removing the
 stack must never drop the schema or its jobs. Every request is answered: on success, on any
 exception (the library is imported inside the guarded block, so even a broken layer is
 reported), and by a watchdog shortly before the function's own timeout, which would
@@ -237,17 +240,24 @@ def _migrate_and_ensure_role(
     retry_delays: Sequence[float],
 ) -> dict[str, str]:
     # Imported here so that a layer that fails to import is answered FAILED, not left hanging.
+    from connection_budget import check_connection_budget, stack_connections
     from leaseq.migrate import migrate
     from owner_connection import owner_dsn_from_environment, secrets_manager_reader
     from runtime_role import check_duty_group_names, ensure_login_roles
+    from stack_name import check_stack_name
 
     reader = read_secret or secrets_manager_reader()
     properties: Mapping[str, Any] = event.get("ResourceProperties") or {}
     rolling_back = _is_previous_version(properties)
     specs = login_specs(properties, reader)
+    # Rolling back to a template without the budget: nothing to check (and nothing to fail).
+    stack = None if rolling_back else stack_connections(properties)
+    if stack is not None:
+        check_stack_name(str(event.get("StackId", "")))
     dsn = owner_dsn() if owner_dsn is not None else owner_dsn_from_environment(os.environ, reader)
 
     conn = _connect_with_retries(dsn, retry_delays)
+    budget = "not checked: the request carries no ConnectionBudget (an earlier template)"
     with conn:
         applied: tuple[int, ...] = ()
         if rolling_back:
@@ -255,6 +265,8 @@ def _migrate_and_ensure_role(
                                " from app.schema_migrations").fetchone()
             version = int(row["version"]) if row else 0
         else:
+            if stack is not None:
+                budget = check_connection_budget(conn, stack)
             check_duty_group_names(conn)
             report = migrate(conn)
             applied, version = report.applied, report.current_version
@@ -273,6 +285,8 @@ def _migrate_and_ensure_role(
     if rolling_back:
         data["RuntimeDbUser"] = logins[0].name
     else:
+        logger.info("connection budget: %s", budget)
+        data["ConnectionBudget"] = budget
         for duty, login in zip(_duties(), logins, strict=True):
             data[duty.user_property] = login.name
     return data

@@ -1,6 +1,10 @@
 """Scheduled worker: drain the queue until the invocation's time runs short.
 
 Job handlers come from the module named in LEASEQ_HANDLERS (see leaseq_lambda.runtime).
+With the worker pool on (LEASEQ_MAX_WORKERS above 0) an invocation first takes a place
+in the pool and returns at once when the pool is full; while it drains it starts more
+invocations of itself as long as the backlog lasts, and it frees its place when it ends
+(leaseq_lambda.scaling).
 """
 
 from __future__ import annotations
@@ -9,7 +13,7 @@ from typing import Any
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from leaseq import DatabaseError, LeaseqError
-from leaseq_lambda import runtime, telemetry
+from leaseq_lambda import runtime, scaling, telemetry
 from leaseq_lambda.context import LambdaDeadline, owner_id
 from leaseq_lambda.events import InvalidEventError, parse_tick
 
@@ -33,11 +37,24 @@ def lambda_handler(event: Any, context: LambdaContext) -> dict[str, Any]:
         rt = runtime.get()
         rt.check()
         owner = owner_id(context, rt.settings.worker.worker_id)
-        kinds = telemetry.KindDimension(rt.registry().kinds, rt.settings.worker.metric_kinds)
         deadline = LambdaDeadline(context)
-        worker = rt.worker(owner, on_job=telemetry.JobTelemetry(logger, metrics, kinds),
-                           time_left=deadline.remaining())
-        report = worker.drain(deadline)
+        pool = scaling.PoolMembership(rt.client, rt.settings.pool, owner)
+        if not pool.join(tick, deadline.remaining()):
+            size = pool.size()
+            telemetry.record_pool(metrics, size, full=True)
+            refused = {"task": "worker", "status": "pool_full", "owner": owner,
+                       "trigger": tick.origin, "pool_live": size.live if size else None}
+            logger.info("worker pool full: not draining", extra=refused)
+            return refused
+        try:
+            kinds = telemetry.KindDimension(rt.registry().kinds, rt.settings.worker.metric_kinds)
+            worker = rt.worker(owner, on_job=telemetry.JobTelemetry(logger, metrics, kinds),
+                               time_left=deadline.remaining(), poll_idle=pool.poll_idle,
+                               on_claim=pool.fan_out)
+            size = pool.size()
+            report = worker.drain(deadline)
+        finally:
+            fan_out = pool.finish(deadline.remaining())
     except LeaseqError as exc:
         logger.exception("drain failed", extra={"error": exc.message, "sqlstate": exc.sqlstate})
         raise
@@ -50,5 +67,8 @@ def lambda_handler(event: Any, context: LambdaContext) -> dict[str, Any]:
     telemetry.annotate(tracer, report.as_dict())
     summary = {"task": "worker", "status": "ok", "owner": owner, **report.as_dict(),
                "oldest_ready_age_seconds": oldest, "trigger": tick.origin}
+    if fan_out is not None:
+        telemetry.record_pool(metrics, size, full=False, fan_out=fan_out)
+        summary.update(fan_out.as_dict(), pool_live=size.live if size else None)
     logger.info("drain finished", extra=summary)
     return summary

@@ -22,15 +22,23 @@ from leaseq.errors import (
 from leaseq.job_context import JobContext, JobLogFields, current_job, job_log_fields
 from leaseq.jobs import ClaimedJob, EnqueueRequest, EnqueueResult, JobOutcome, JobState
 from leaseq.migrate import MigrationReport, migrate
+from leaseq.pool import PoolSize, ScaleUp
 from leaseq.reaper import ReapReport, reap_once
 from leaseq.recorder import JobRecord
 from leaseq.registry import Registration, Registry
 from leaseq.retry import RetryPolicy
-from leaseq.settings import DatabaseSettings, LeaseqSettings, ReaperSettings, WorkerSettings
+from leaseq.settings import (
+    DatabaseSettings,
+    LeaseqSettings,
+    PoolSettings,
+    ReaperSettings,
+    WorkerSettings,
+)
 from leaseq.signals import DiscardJob, JobTimeout, RetryJob
-from leaseq.worker import DrainReport, Worker
+from leaseq.worker import ClaimHook, DrainReport, Worker
 
 __all__ = [
+    "ClaimHook",
     "ClaimedJob",
     "ConfigurationError",
     "DatabaseError",
@@ -57,6 +65,8 @@ __all__ = [
     "MigrationReport",
     "MonotonicDeadline",
     "PermissionDeniedError",
+    "PoolSettings",
+    "PoolSize",
     "QueueClient",
     "ReapReport",
     "ReaperSettings",
@@ -64,6 +74,7 @@ __all__ = [
     "Registry",
     "RetryJob",
     "RetryPolicy",
+    "ScaleUp",
     "SchemaVersionError",
     "TlsVerificationError",
     "UndecodableJson",

@@ -13,6 +13,7 @@ with its reconnect, one step, so the statements of one connection never interlea
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -27,6 +28,7 @@ from leaseq import queries
 from leaseq.db import Connection, fetch_rows, prepare_connection
 from leaseq.errors import DatabaseUnavailableError, IdempotencyConflictError, InvalidRequestError
 from leaseq.jobs import ClaimedJob, EnqueueRequest, EnqueueResult, JobOutcome, JobState
+from leaseq.pool import PoolSize
 
 T = TypeVar("T")
 
@@ -96,6 +98,19 @@ def _outcome_params(owner: str, outcomes: Sequence[JobOutcome]) -> dict[str, Any
         "details": [None if o.detail is None else Jsonb(o.detail) for o in outcomes],
         "retry_delays": [o.retry_delay for o in outcomes],
     }
+
+
+def _seconds(name: str, value: float) -> timedelta:
+    """A duration given in seconds, as the interval the SQL function takes; a value no
+    interval can hold is refused here, naming the argument (the function checks the
+    range)."""
+    try:
+        if isinstance(value, bool) or not math.isfinite(value):
+            raise ValueError
+        return timedelta(seconds=value)
+    except (ValueError, TypeError, OverflowError):
+        raise InvalidRequestError(
+            f"{name} must be a finite number of seconds (got {value!r})") from None
 
 
 class QueueClient:
@@ -261,6 +276,63 @@ class QueueClient:
              "job_ids": [j.id for j in jobs], "tokens": [j.lease_token for j in jobs]},
         )
         return {row["job_id"] for row in rows}
+
+    # Worker pool --------------------------------------------------------------------
+    #
+    # Each is safe to repeat after a reconnect: a join refreshes the owner's own place,
+    # leave and release delete at most one, a wake is debounced; a reservation repeated
+    # after its first try committed holds its room until its hold ends, never more than
+    # the maximum.
+
+    def join_worker_pool(self, owner: str, reason: str, reservation: UUID | None,
+                         max_workers: int, expires_in: float) -> bool:
+        """Take a place in the worker pool for this invocation: the one ``reservation``
+        names (reserved for it by a fan-out or a wake), the owner's own place (its
+        expiry refreshed), or free room under ``max_workers``. False when the pool is
+        full: the invocation must return without claiming (a duplicate or retried
+        event, a tick while the pool is full). ``reason`` is ``schedule``, ``manual``,
+        ``fanout`` or ``wake``; the place expires ``expires_in`` seconds from now (the
+        invocation's time left plus a margin) unless joined again or left."""
+        rows = self._query(queries.JOIN_WORKER_POOL, {
+            "owner": owner, "reason": reason, "reservation": reservation,
+            "max_workers": max_workers, "expires_in": _seconds("expires_in", expires_in)})
+        return bool(rows[0]["joined"])
+
+    def leave_worker_pool(self, owner: str) -> None:
+        """Free the owner's place at once (the end of its invocation, also after a
+        failure); nothing when it holds none."""
+        self._query(queries.LEAVE_WORKER_POOL, {"owner": owner})
+
+    def reserve_worker_places(self, wanted: int, max_workers: int,
+                              hold: float) -> list[UUID]:
+        """Reserve up to ``wanted`` places, as many as ``max_workers`` leaves room for:
+        one per invocation to start, each named by that invocation's event. A
+        reservation no invocation takes frees its room after ``hold`` seconds."""
+        rows = self._query(queries.RESERVE_WORKER_PLACES, {
+            "wanted": wanted, "max_workers": max_workers, "hold": _seconds("hold", hold)})
+        return [row["place"] for row in rows]
+
+    def release_worker_place(self, place: UUID) -> None:
+        """Free a reservation whose invocation could not be started (the invoke failed);
+        a place an invocation already took is left alone."""
+        self._query(queries.RELEASE_WORKER_PLACE, {"place": place})
+
+    def wake_worker_place(self, debounce: float, hold: float, max_workers: int) -> UUID | None:
+        """After an enqueue: a reserved place for one invocation to start, when no worker
+        is polling or starting and the last wake is older than ``debounce`` seconds;
+        else None (the common answer, without waiting for any lock). The reservation
+        frees its room after ``hold`` seconds unless an invocation takes it."""
+        (row,) = self._query(queries.WAKE_WORKER_PLACE, {
+            "debounce": _seconds("debounce", debounce), "hold": _seconds("hold", hold),
+            "max_workers": max_workers})
+        place: UUID | None = row["place"]
+        return place
+
+    def worker_pool_size(self) -> PoolSize:
+        """The unexpired places: held by running invocations and reserved for starting
+        ones."""
+        (row,) = self._query(queries.WORKER_POOL_SIZE, {})
+        return PoolSize(live=int(row["live"]), reserved=int(row["reserved"]))
 
     # Reaper -------------------------------------------------------------------------
 

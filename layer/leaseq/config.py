@@ -1,4 +1,5 @@
-"""The worker's configuration: one value, and the one table of its defaults and bounds.
+"""The worker's configuration: one value, and the one table of its defaults and bounds
+(and those of the worker pool's settings).
 
 ``WorkerConfig`` (what the library takes) and ``leaseq.settings.WorkerSettings`` (what
 the environment gives) read their defaults and bounds from the ``Bounds`` below, and
@@ -68,6 +69,22 @@ LOOP_STALL = Bounds(0.5, 0, 60, above=True)
 #: Retry backoff: first delay and cap.
 RETRY_BASE = Bounds(5.0, 0, 86_400)
 RETRY_MAX = Bounds(3600.0, 0, MAX_RETRY_DELAY.total_seconds())
+
+#: The worker pool (``leaseq.settings.PoolSettings``): most worker invocations at once
+#: (0: no pool, no fan-out, no wake: one scheduled worker as before), how long a started
+#: invocation polls an empty queue, the wake's debounce (SQL: 0 s .. 1 h) and how long a
+#: reserved place waits for its invocation (SQL: 1 s .. 1 day).
+MAX_WORKERS = Bounds(0, 0, 1000)
+FANOUT_IDLE = Bounds(10.0, 0, 86_400)
+WAKE_DEBOUNCE = Bounds(1.0, 0, 3600)
+START_HOLD = Bounds(90.0, 1, 86_400)
+
+POOL_BOUNDS: dict[str, Bounds] = {
+    "max_workers": MAX_WORKERS,
+    "fanout_idle": FANOUT_IDLE,
+    "wake_debounce": WAKE_DEBOUNCE,
+    "start_hold": START_HOLD,
+}
 
 BOUNDS: dict[str, Bounds] = {
     "batch_size": BATCH_SIZE,

@@ -69,6 +69,24 @@ REPAIR_TENANT_TURNS: Final[LiteralString] = (
     "select tenants_checked, turns_repaired from app.repair_tenant_turns(%(limit)s)"
 )
 
+# The worker pool (sql/functions/pool.sql): places of running and starting invocations,
+# bounded by a maximum, for fan-out and wake-on-enqueue.
+JOIN_WORKER_POOL: Final[LiteralString] = (
+    "select app.join_worker_pool(%(owner)s, %(reason)s, %(reservation)s::uuid,"
+    " %(max_workers)s, %(expires_in)s::interval) as joined"
+)
+LEAVE_WORKER_POOL: Final[LiteralString] = "select app.leave_worker_pool(%(owner)s)"
+RESERVE_WORKER_PLACES: Final[LiteralString] = (
+    "select r.place from app.reserve_worker_places(%(wanted)s, %(max_workers)s,"
+    " %(hold)s::interval) as r(place)"
+)
+RELEASE_WORKER_PLACE: Final[LiteralString] = "select app.release_worker_place(%(place)s::uuid)"
+WAKE_WORKER_PLACE: Final[LiteralString] = (
+    "select app.wake_worker_place(%(debounce)s::interval, %(hold)s::interval,"
+    " %(max_workers)s) as place"
+)
+WORKER_POOL_SIZE: Final[LiteralString] = "select live, reserved from app.worker_pool_size()"
+
 # Operator functions (sql/0006), used by the command line.
 
 QUEUE_STATUS: Final[LiteralString] = (

@@ -181,12 +181,56 @@ class ReaperSettings(BaseModel):
         return timedelta(days=self.retention_days) if self.retention_days else None
 
 
+class PoolSettings(BaseModel):
+    """The worker pool: how many worker invocations may drain at once, started by busy
+    workers (fan-out) and by enqueues on an idle queue (wake). Defaults and bounds are
+    ``leaseq.config``'s ``POOL_BOUNDS``.
+
+    ``max_workers`` 0 (the default) turns all of it off: no pool, no fan-out, no wake,
+    the scheduled worker alone, as before. Above 0 the invocations to start need the
+    worker function's name or ARN (``worker_function``), so that pair is checked here.
+    """
+
+    model_config = ConfigDict(frozen=True, populate_by_name=True)
+
+    max_workers: int = Field(alias="LEASEQ_MAX_WORKERS", **config.MAX_WORKERS.field())
+    #: The worker function's name or ARN, which fan-out and wake invoke.
+    worker_function: str | None = Field(default=None, min_length=1, max_length=256,
+                                        alias="LEASEQ_WORKER_FUNCTION")
+    #: A started (fan-out or wake) invocation stops after this long without work; the
+    #: scheduled one keeps LEASEQ_POLL_IDLE_SECONDS.
+    fanout_idle_seconds: float = Field(alias="LEASEQ_FANOUT_IDLE_SECONDS",
+                                       **config.FANOUT_IDLE.field())
+    #: At most one wake per this many seconds, however many enqueues ask.
+    wake_debounce_seconds: float = Field(alias="LEASEQ_WAKE_DEBOUNCE_SECONDS",
+                                         **config.WAKE_DEBOUNCE.field())
+    #: How long a reserved place waits for its invocation before its room is free again:
+    #: longer than the asynchronous event may wait (the worker's maximum event age).
+    start_hold_seconds: float = Field(alias="LEASEQ_START_HOLD_SECONDS",
+                                      **config.START_HOLD.field())
+
+    @property
+    def enabled(self) -> bool:
+        """Whether there is a pool at all (``max_workers`` above 0)."""
+        return self.max_workers > 0
+
+    @model_validator(mode="after")
+    def _function_to_start(self) -> PoolSettings:
+        if self.max_workers > 0 and self.worker_function is None:
+            raise ValueError(
+                f"LEASEQ_MAX_WORKERS is {self.max_workers} but LEASEQ_WORKER_FUNCTION is not "
+                "set: name the worker function (its name or ARN) that fan-out and wake "
+                "invoke, or set LEASEQ_MAX_WORKERS to 0 for the scheduled worker alone")
+        return self
+
+
 class LeaseqSettings(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     database: DatabaseSettings
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     reaper: ReaperSettings = Field(default_factory=ReaperSettings)
+    pool: PoolSettings = Field(default_factory=PoolSettings)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> LeaseqSettings:
@@ -196,6 +240,7 @@ class LeaseqSettings(BaseModel):
                 database=DatabaseSettings.model_validate(_known(env, DatabaseSettings)),
                 worker=WorkerSettings.model_validate(_known(env, WorkerSettings)),
                 reaper=ReaperSettings.model_validate(_known(env, ReaperSettings)),
+                pool=PoolSettings.model_validate(_known(env, PoolSettings)),
             )
         except ValidationError as exc:
             problems = "; ".join(

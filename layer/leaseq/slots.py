@@ -302,7 +302,8 @@ class SlotDrain:
         time_left = self.deadline.remaining()
         lease = lease_for(time_left, margin=cfg.lease_margin, cap=cfg.max_lease)
         assert lease is not None  # the time left fits a job, so it fits a lease
-        jobs = await self._db_call(self.recorder.record_and_claim, limit, lease)
+        # In the database thread: the worker's on_claim hook is told there, too.
+        jobs = await self._db_call(self.worker.claim, self.recorder, limit, lease)
         now = self.loop.time()
         if not jobs:
             busy = bool(self._slots or self._waiting)

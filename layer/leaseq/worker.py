@@ -22,9 +22,9 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from leaseq.budget import budget_of, check_registry, fits
@@ -42,7 +42,10 @@ from leaseq.registry import Registration, Registry
 
 logger = logging.getLogger("leaseq.worker")
 
-__all__ = ["FINISH_RESERVE", "DrainReport", "JobRecord", "Worker", "WorkerConfig"]
+__all__ = ["FINISH_RESERVE", "ClaimHook", "DrainReport", "JobRecord", "Worker", "WorkerConfig"]
+
+#: Told after every claim of a drain: the jobs claimed (maybe none) and the limit asked.
+ClaimHook = Callable[[Sequence[ClaimedJob], int], None]
 
 #: Why a drain stopped: the queue stayed empty for ``poll_idle``; the time left could not
 #: fit another job (or a job had to be given back); or every slot is still held by a
@@ -87,6 +90,14 @@ class Worker:
 
     >>> worker = Worker(client, registry, WorkerConfig(owner="worker-1", concurrency=50))
     >>> report = worker.drain(MonotonicDeadline(60))
+
+    ``on_job`` is told each job's record once its outcome is recorded. ``on_claim`` is
+    told every claim, with the jobs claimed (none for a poll of an empty queue) and the
+    limit asked, in the thread that made the claim (the drain's own, or the event
+    loop's database thread), before the jobs start: what a scale-up policy needs to see
+    a backlog (:class:`leaseq.pool.ScaleUp`). The next statement of the drain waits for
+    it, so it should only hand work on (to a thread of its own). An exception from
+    either is logged and the drain goes on.
     """
 
     def __init__(
@@ -96,6 +107,7 @@ class Worker:
         config: WorkerConfig,
         *,
         on_job: Callable[[JobRecord], None] | None = None,
+        on_claim: ClaimHook | None = None,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
         rand: Callable[[], float] = random.random,
         timer: Callable[[], float] = time.perf_counter,
@@ -108,6 +120,7 @@ class Worker:
         self.config = config
         self.judge = Judge(config.retry, rand)
         self.on_job = on_job
+        self.on_claim = on_claim
         self.now = now
         self.timer = timer
         self._sleep = sleep
@@ -120,6 +133,19 @@ class Worker:
     def recorder(self, report: DrainReport) -> Recorder:
         return Recorder(self.client, self.config.owner, report, self.on_job,
                         self.config.record_interval)
+
+    def claim(self, recorder: Recorder, limit: int, lease: timedelta) -> list[ClaimedJob]:
+        """Claim up to ``limit`` jobs (carrying the outcomes waiting to be recorded), then
+        tell ``on_claim``, in this thread. Both drains claim through here."""
+        jobs = recorder.record_and_claim(limit, lease)
+        hook = self.on_claim
+        if hook is not None:
+            try:
+                hook(jobs, limit)
+            except Exception:
+                logger.exception("on_claim hook failed; the drain goes on",
+                                 extra={"claimed": len(jobs), "limit": limit})
+        return jobs
 
     def queue_lag(self, job: ClaimedJob) -> float:
         return max(0.0, (self.now() - job.available_at).total_seconds())
@@ -166,7 +192,7 @@ class Worker:
                 report.stopped = "deadline"
                 return
             lease_ends_at = time_left - lease.total_seconds()
-            jobs = recorder.record_and_claim(cfg.batch_size, lease)
+            jobs = self.claim(recorder, cfg.batch_size, lease)
             if not jobs:
                 wait = poll.after_empty()
                 report.polls += 1

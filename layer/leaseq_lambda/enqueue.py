@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Literal
 from uuid import UUID
 
@@ -92,6 +93,15 @@ def submit(connect: Callable[[], QueueClient], batch: EnqueueBatch) -> list[Item
             done = _one_by_one(client, pending)
         results.update((r.index, r) for r in done)
     return [results[i] for i in range(len(batch.items))]
+
+
+def ready_now(results: list[ItemResult], now: datetime | None = None) -> bool:
+    """Whether a job this call created can be claimed at once (no ``available_at`` in
+    the future): only then is a worker worth waking."""
+    moment = now or datetime.now(UTC)
+    return any(r.status == "created" and r.request is not None
+               and (r.request.available_at is None or r.request.available_at <= moment)
+               for r in results)
 
 
 def response(results: list[ItemResult]) -> dict[str, Any]:

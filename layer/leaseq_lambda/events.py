@@ -6,6 +6,11 @@ Scheduled ticks (worker, reaper):
   * the classic EventBridge rule envelope (``"detail-type": "Scheduled Event"``);
   * ``{}``, a manual invoke from the console or the CLI.
 
+Pool starts (worker only): an asynchronous invoke by a busy worker (fan-out) or by a
+producer after its commit (wake), holding the place reserved for it in the worker pool:
+``{"source": "leaseq.pool", "reason": "fanout" | "wake", "reservation": "<uuid>"}``
+(see :mod:`leaseq_lambda.scaling`).
+
 Enqueue (direct invoke from another Lambda, or an EventBridge event):
   * one job ``{tenant_id, operation_key, kind, payload, available_at?, max_attempts?,
     correlation_id?}`` or a batch ``{"jobs": [...]}`` of at most 1000;
@@ -22,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
+from uuid import UUID
 
 from aws_lambda_powertools.utilities.parser import parse
 from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
@@ -34,6 +40,7 @@ Task = Literal["worker", "reaper"]
 MAX_BATCH = 1000
 ENQUEUE_DETAIL_TYPE = "leaseq.enqueue"
 SCHEDULE_SOURCE = "leaseq.schedule"
+POOL_SOURCE = "leaseq.pool"
 
 
 class InvalidEventError(InvalidRequestError):
@@ -70,12 +77,51 @@ class ScheduleInput(BaseModel):
     scheduled_time: datetime | None = None
 
 
+class PoolStartInput(BaseModel):
+    """The event a worker invocation is started with by fan-out or by a wake."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: Literal["leaseq.pool"]
+    reason: Literal["fanout", "wake"]
+    reservation: UUID
+
+
+Origin = Literal["scheduler", "eventbridge-rule", "manual", "fanout", "wake"]
+#: Why an invocation joins the worker pool (``app.join_worker_pool``'s ``p_reason``).
+PoolReason = Literal["schedule", "manual", "fanout", "wake"]
+
+
 @dataclass(frozen=True)
 class Tick:
-    """A validated schedule tick: where it came from and when it was due."""
+    """A validated start of a scheduled function: where it came from, when it was due
+    (schedules), and the pool place reserved for it (fan-out and wake starts)."""
 
-    origin: Literal["scheduler", "eventbridge-rule", "manual"]
+    origin: Origin
     scheduled_time: datetime | None = None
+    reservation: UUID | None = None
+
+    @property
+    def started(self) -> bool:
+        """Started by another invocation (fan-out or wake), not by a schedule or a person:
+        such an invocation stops after the pool's idle time instead of the worker's."""
+        return self.origin in ("fanout", "wake")
+
+    @property
+    def pool_reason(self) -> PoolReason:
+        """The reason the invocation gives when it joins the worker pool."""
+        if self.origin in ("fanout", "wake", "manual"):
+            return self.origin
+        return "schedule"
+
+
+def _shapes(task: Task) -> str:
+    shapes = (f'a schedule tick {{"source": "{SCHEDULE_SOURCE}", "task": "{task}", '
+              '"scheduled_time": "<iso>"}, an EventBridge \'Scheduled Event\', ')
+    if task == "worker":
+        shapes += (f'a pool start {{"source": "{POOL_SOURCE}", "reason": "fanout" or "wake", '
+                   '"reservation": "<uuid>"}, ')
+    return shapes + "or {} for a manual run"
 
 
 def parse_tick(event: Any, task: Task) -> Tick:
@@ -93,16 +139,31 @@ def parse_tick(event: Any, task: Task) -> Tick:
                 f"this is the {task} function, but the schedule's input names task "
                 f"{tick.task!r}: point each schedule at its own function")
         return Tick("scheduler", tick.scheduled_time)
+    if isinstance(event, dict) and event.get("source") == POOL_SOURCE:
+        if task != "worker":
+            raise InvalidEventError(
+                f"this is the {task} function, but the event is a worker pool start: "
+                f"set LEASEQ_WORKER_FUNCTION to the worker function. The {task} function "
+                f"expects {_shapes(task)}")
+        try:
+            start = parse(event=event, model=PoolStartInput)
+        except ValidationError as exc:
+            raise InvalidEventError(
+                f"invalid pool start: {describe(exc)}. The worker function expects "
+                f"{_shapes(task)}") from exc
+        return Tick(start.reason, reservation=start.reservation)
     if isinstance(event, dict) and event.get("detail-type") == "Scheduled Event":
         try:
             envelope = parse(event=event, model=EventBridgeModel)
         except ValidationError as exc:
             raise InvalidEventError(f"invalid scheduled event: {describe(exc)}") from exc
         return Tick("eventbridge-rule", envelope.time)
-    raise InvalidEventError(
-        f"the {task} function expects a schedule tick: "
-        f'{{"source": "{SCHEDULE_SOURCE}", "task": "{task}", "scheduled_time": "<iso>"}}, '
-        "an EventBridge 'Scheduled Event', or {} for a manual run")
+    raise InvalidEventError(f"the {task} function expects {_shapes(task)}")
+
+
+def pool_start_event(reason: Literal["fanout", "wake"], reservation: UUID) -> dict[str, str]:
+    """The event a worker invocation is started with to take the place ``reservation``."""
+    return {"source": POOL_SOURCE, "reason": reason, "reservation": str(reservation)}
 
 
 # Enqueue ------------------------------------------------------------------------------------

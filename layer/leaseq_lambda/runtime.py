@@ -55,6 +55,7 @@ from leaseq import (
     WorkerSettings,
     connect,
 )
+from leaseq.worker import ClaimHook
 
 Connection = Any  # leaseq.db.Connection; kept loose so tests may pass any connect function
 ConnectFunction = Callable[..., Connection]
@@ -230,13 +231,19 @@ class Runtime:
 
     def worker(self, owner: str, *,
                on_job: Callable[[JobRecord], None] | None = None,
-               time_left: float | None = None) -> Worker:
+               time_left: float | None = None,
+               poll_idle: float | None = None,
+               on_claim: ClaimHook | None = None) -> Worker:
         """A worker for one invocation: the cached client and registry, this owner id.
 
         The worker's invocation time is LEASEQ_WORKER_TIMEOUT_SECONDS, else the time
         left at the start of the first invocation (``time_left``; Lambda timeouts are
         whole seconds, so rounded up): settings that cannot run a job, and kinds whose
         timeout no invocation can fit, fail the invocation with a ConfigurationError.
+        ``poll_idle`` replaces LEASEQ_POLL_IDLE_SECONDS for this invocation only (an
+        invocation started by fan-out or wake stops sooner on an empty queue than the
+        scheduled one). ``on_claim`` is told every claim (the worker pool's fan-out,
+        :class:`leaseq_lambda.scaling.FanOut`).
         """
         ws = self.settings.worker
         if self._worker_timeout is None:
@@ -250,8 +257,12 @@ class Runtime:
                                    "LEASEQ_WORKER_TIMEOUT_SECONDS)",
                  "job_timeout": "LEASEQ_JOB_TIMEOUT_SECONDS (JobTimeoutSeconds)",
                  "lease_margin": "LEASEQ_LEASE_MARGIN_SECONDS (LeaseMarginSeconds)"}
+        if poll_idle is not None:
+            values["poll_idle"] = poll_idle
+            names["poll_idle"] = ("this invocation's poll_idle (in place of "
+                                  "LEASEQ_POLL_IDLE_SECONDS)")
         config = WorkerConfig(owner=owner, retry=retry, setting_names=names, **values)
-        return Worker(self.client, self.registry(), config, on_job=on_job)
+        return Worker(self.client, self.registry(), config, on_job=on_job, on_claim=on_claim)
 
     def oldest_ready_age(self, now: datetime | None = None) -> float:
         """Seconds the oldest claimable job of any tenant has waited (0 when none).

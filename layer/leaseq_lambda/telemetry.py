@@ -31,6 +31,10 @@ publish" warning.
   ``LEASEQ_METRIC_KINDS`` registered kinds by name, or ``other``: its cardinality is
   bounded by code, never by what was enqueued. Tenants never become dimensions (each
   would be a billed metric); they are log fields and metadata instead.
+  With the worker pool on, the worker adds ``WorkerPoolSize`` (live places after it
+  joined: the alarm's "at MaxWorkers" reading), ``PoolFull`` (1 when it was refused a
+  place), ``WorkersStarted`` and ``WorkerStartsFailed`` (fan-out invokes); the enqueue
+  function adds ``WorkersStarted`` and ``WorkerStartsFailed`` for its wake.
 * **Traces.** Powertools Tracer, active only in Lambda with tracing on. Only botocore
   is patched: the X-Ray SDK's psycopg patch also wraps ``psycopg_pool``, which the
   layer does not ship, and fails half-way without it.
@@ -58,6 +62,9 @@ from leaseq import (
     ReapReport,
     job_log_fields,
 )
+from leaseq.pool import PoolSize
+
+from leaseq_lambda.scaling import FanOutReport
 
 SERVICE = "leaseq"
 NAMESPACE = "Leaseq"
@@ -300,6 +307,27 @@ def record_enqueue(metrics: Metrics, created: int, existing: int, rejected: int)
     metrics.add_metric(name="JobsEnqueued", unit=MetricUnit.Count, value=created)
     metrics.add_metric(name="EnqueueExisting", unit=MetricUnit.Count, value=existing)
     metrics.add_metric(name="EnqueueRejected", unit=MetricUnit.Count, value=rejected)
+
+
+def record_pool(metrics: Metrics, size: PoolSize | None, *, full: bool,
+                fan_out: FanOutReport | None = None) -> None:
+    """A pooled worker invocation: the live places (``WorkerPoolSize``, when it could be
+    read), whether it was refused a place (``PoolFull``), and what its fan-out started
+    (``WorkersStarted``) or failed to start (``WorkerStartsFailed``)."""
+    if size is not None:
+        metrics.add_metric(name="WorkerPoolSize", unit=MetricUnit.Count, value=size.live)
+    metrics.add_metric(name="PoolFull", unit=MetricUnit.Count, value=int(full))
+    if fan_out is not None:
+        metrics.add_metric(name="WorkersStarted", unit=MetricUnit.Count, value=fan_out.started)
+        metrics.add_metric(name="WorkerStartsFailed", unit=MetricUnit.Count,
+                           value=fan_out.failed)
+
+
+def record_wake(metrics: Metrics, *, started: bool, failed: bool) -> None:
+    """The enqueue function's wake: a worker started (``WorkersStarted``) or a start
+    that failed (``WorkerStartsFailed``; the jobs are stored either way)."""
+    metrics.add_metric(name="WorkersStarted", unit=MetricUnit.Count, value=int(started))
+    metrics.add_metric(name="WorkerStartsFailed", unit=MetricUnit.Count, value=int(failed))
 
 
 def record_rejected_event(metrics: Metrics) -> None:

@@ -70,6 +70,8 @@ app.get_job_result_by_key(uuid,text)                                            
 app.is_blank(text)                                                                               x   .   .    .     .    .    .    .    .
 app.job_activity(uuid,text,interval,integer,integer)                                             x   x   .    .     .    .    x    .    .
 app.job_timeline(uuid,integer)                                                                   x   x   .    .     .    .    x    .    .
+app.join_worker_pool(text,text,uuid,integer,interval)                                            x   x   .    .     x    .    .    .    .
+app.leave_worker_pool(text)                                                                      x   x   .    .     x    .    .    .    .
 app.list_jobs(app.job_state,uuid,text,timestamp with time zone,timestamp with time zone,timestamp with time zone,uuid,integer)  x   x   .    .     .    .    x    .    .
 app.oldest_ready_at()                                                                            x   x   .    .     x    .    x    .    .
 app.prune_jobs(interval,integer)                                                                 x   x   .    .     .    .    x    .    .
@@ -88,9 +90,13 @@ app.release_all_expired_jobs(integer)                                           
 app.release_expired(uuid,integer)                                                                x   .   .    .     .    .    .    .    .
 app.release_expired_jobs(uuid,integer)                                                           x   x   .    .     .    x    .    .    .
 app.release_jobs(text,uuid[],uuid[],uuid[])                                                      x   x   .    .     x    .    .    .    .
+app.release_worker_place(uuid)                                                                   x   x   .    .     x    .    .    .    .
 app.renew_job_lease(uuid,uuid,text,uuid,interval)                                                x   x   .    .     x    .    .    .    .
 app.repair_tenant_turns(integer)                                                                 x   x   .    .     .    x    x    .    .
+app.reserve_worker_places(integer,integer,interval)                                              x   x   .    .     x    .    .    .    .
 app.wake_tenants(uuid[],timestamp with time zone[])                                              x   .   .    .     .    .    .    .    .
+app.wake_worker_place(interval,interval,integer)                                                 x   x   x    x     x    .    .    .    .
+app.worker_pool_size()                                                                           x   x   .    .     x    .    x    .    .
 """  # noqa: E501
 
 # S select (every column unless listed under "columns"), I insert, U update, D delete,
@@ -106,6 +112,8 @@ app.schema_migrations SIUDT  -   -    -     -    -    -    -    -
 app.schema_functions  SIUDT  -   -    -     -    -    -    -    -
 app.tenant_turns      SIUDT  -   -    -     -    -    -    -    -
 app.tenant_turn_sweep SIUDT  -   -    -     -    -    -    -    -
+app.worker_pool       SIUDT  -   -    -     -    -    -    -    -
+app.worker_pool_state SIUDT  -   -    -     -    -    -    -    -
 """
 
 #: Columns a role with SELECT on the table may still not read.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,3 +126,59 @@ def reaper_app(lambda_env: pytest.MonkeyPatch) -> ModuleType:
 @pytest.fixture
 def enqueue_app(lambda_env: pytest.MonkeyPatch) -> ModuleType:
     return load_app("enqueue")
+
+
+LOCAL_TEMPLATE = ROOT / "tests" / "lambda_local" / "template.yaml"
+
+
+@dataclass
+class LocalInvokes:
+    """The local Lambda service the functions' Lambda client reaches
+    (``AWS_ENDPOINT_URL_LAMBDA``), whose ``Probe`` function stands in for the worker
+    function: it records every event it is invoked with."""
+
+    service: Any
+    folder: Path
+
+    def events(self, count: int | None = None, timeout: float = 30.0) -> list[dict[str, Any]]:
+        """The events Probe ran with (waiting until ``count`` have run), oldest first."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = []
+            for path in self.folder.glob("*.json"):
+                try:
+                    found.append(json.loads(path.read_text()))
+                except ValueError:
+                    continue  # being written
+            if count is None or len(found) >= count or time.monotonic() > deadline:
+                return [r["event"] for r in sorted(found, key=lambda r: r["start"])]
+            time.sleep(0.05)
+
+    def accepted(self, function: str = "Probe") -> int:
+        """Asynchronous invokes of ``function`` the service accepted."""
+        return int(self.service.service.stats()["functions"][function]["async_accepted"])
+
+
+@pytest.fixture
+def local_invokes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalInvokes]:
+    """The local Lambda service on a free port, with the functions' Lambda client
+    pointed at it."""
+    from leaseq_lambda import invoker
+    from leaseq_lambda_local import LocalConfig, LocalLambda
+
+    folder = tmp_path / "invocations"
+    folder.mkdir()
+    service = LocalLambda(LocalConfig(
+        template=LOCAL_TEMPLATE, port=0, schedules=False, log=lambda function, line: None,
+        env_vars={"Parameters": {"PROBE_RECORD_DIR": str(folder)}}))
+    service.start()
+    for key, value in {"AWS_ENDPOINT_URL_LAMBDA": service.url, "AWS_DEFAULT_REGION": "us-east-1",
+                       "AWS_ACCESS_KEY_ID": "testing",
+                       "AWS_SECRET_ACCESS_KEY": "testing"}.items():
+        monkeypatch.setenv(key, value)
+    invoker.reset()
+    try:
+        yield LocalInvokes(service, folder)
+    finally:
+        service.close()
+        invoker.reset()

@@ -7,6 +7,7 @@ kinds the sample events in events/ use, plus a few that misbehave on purpose.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from aws_lambda_powertools import Logger
@@ -20,6 +21,9 @@ logger = Logger(service="leaseq", child=True)
 
 #: Set by tests to let "stuck" handlers (abandoned in a thread) finish.
 release_stuck = threading.Event()
+#: Called by send_welcome_email while it runs, when a test sets it (to look at the
+#: database from inside an invocation).
+on_run: Callable[[], None] | None = None
 
 
 class WelcomeEmail(BaseModel):
@@ -42,6 +46,8 @@ class ResizeImage(BaseModel):
 @registry.handler("send_welcome_email", payload=WelcomeEmail, timeout=5)
 def send_welcome_email(email: WelcomeEmail, ctx: JobContext) -> dict[str, Any]:
     logger.info("sending the welcome email", extra={"recipient": email.to})
+    if on_run is not None:
+        on_run()
     return {"sent_to": email.to}
 
 

@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 from leaseq import DatabaseUnavailableError
+from leaseq_lambda import runtime
 from leaseq_lambda.enqueue import EnqueueRejectedError
 
-from tests.functions.conftest import Output, load_event
+from tests.functions.conftest import LocalInvokes, Output, load_event
 from tests.library.support import job, jobs
 from tests.support.fakes import FakeLambdaContext
 from tests.support.postgres import Conn
@@ -318,3 +319,94 @@ def test_an_unreachable_database_fails_the_invocation_so_the_caller_retries(
     (line,) = read_output().messages("enqueue failed")
     assert line["level"] == "ERROR"
     assert "database unavailable" in line["error"]
+
+
+# Waking a worker -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def pooled(lambda_env: pytest.MonkeyPatch, local_invokes: LocalInvokes) -> LocalInvokes:
+    """The pool on; the worker function to wake is the local service's Probe."""
+    lambda_env.setenv("LEASEQ_MAX_WORKERS", "2")
+    lambda_env.setenv("LEASEQ_WORKER_FUNCTION", "Probe")
+    runtime.reset()
+    return local_invokes
+
+
+def _places(admin: Conn) -> list[dict[str, Any]]:
+    return admin.execute("select id, owner, reason from app.worker_pool"
+                         " where expires_at > clock_timestamp()").fetchall()
+
+
+def test_a_ready_job_on_an_idle_queue_wakes_one_worker_after_the_commit(
+        enqueue_app: ModuleType, pooled: LocalInvokes, owner: Conn, admin: Conn,
+        read_output: Callable[[], Output]) -> None:
+    answer = invoke(enqueue_app, load_event("enqueue_direct"))
+
+    assert answer["created"] == 1
+    (event,) = pooled.events(1)
+    (place,) = _places(admin)
+    assert event == {"source": "leaseq.pool", "reason": "wake", "reservation": str(place["id"])}
+    assert [row["state"] for row in jobs(owner)] == ["pending"]  # committed before the wake
+    out = read_output()
+    assert (out.metric("WorkersStarted"), out.metric("WorkerStartsFailed")) == ([1], [0])
+
+
+def test_enqueues_while_a_worker_is_on_its_way_wake_no_other(
+        enqueue_app: ModuleType, pooled: LocalInvokes, admin: Conn,
+        read_output: Callable[[], Output]) -> None:
+    invoke(enqueue_app, load_event("enqueue_direct"))
+    invoke(enqueue_app, load_event("enqueue_batch"), request_id="req-2")
+    invoke(enqueue_app, load_event("enqueue_eventbridge"), request_id="req-3")
+
+    assert len(_places(admin)) == 1
+    assert pooled.accepted() == 1
+    assert read_output().metric("WorkersStarted") == [1, 0, 0]
+
+
+def test_a_job_for_later_or_one_that_existed_wakes_nobody(
+        enqueue_app: ModuleType, pooled: LocalInvokes, lambda_env: pytest.MonkeyPatch,
+        admin: Conn, read_output: Callable[[], Output]) -> None:
+    lambda_env.setenv("LEASEQ_WAKE_DEBOUNCE_SECONDS", "0")
+    runtime.reset()
+    later = {**load_event("enqueue_direct"), "operation_key": "later",
+             "available_at": (datetime.now(UTC) + timedelta(hours=1)).isoformat()}
+    invoke(enqueue_app, later)
+    assert (_places(admin), pooled.accepted()) == ([], 0)
+    invoke(enqueue_app, load_event("enqueue_direct"))  # created: wakes one
+    admin.execute("delete from app.worker_pool")  # that worker came and went
+
+    again = invoke(enqueue_app, load_event("enqueue_direct"), request_id="req-2")
+
+    assert again["existing"] == 1
+    assert _places(admin) == []
+    assert pooled.accepted() == 1
+    assert read_output().metric("WorkersStarted") == [1]
+
+
+def test_a_wake_that_fails_never_fails_the_enqueue(
+        enqueue_app: ModuleType, pooled: LocalInvokes, lambda_env: pytest.MonkeyPatch,
+        owner: Conn, admin: Conn, read_output: Callable[[], Output]) -> None:
+    lambda_env.setenv("LEASEQ_WORKER_FUNCTION", "NoSuchFunction")
+    runtime.reset()
+
+    answer = invoke(enqueue_app, load_event("enqueue_direct"))
+
+    assert answer["created"] == 1
+    assert [row["state"] for row in jobs(owner)] == ["pending"]
+    assert _places(admin) == []  # the place it reserved is given back
+    out = read_output()
+    assert (out.metric("WorkersStarted"), out.metric("WorkerStartsFailed")) == ([0], [1])
+    (line,) = out.messages("waking a worker failed; the scheduled worker runs the jobs")
+    assert line["level"] == "WARNING"
+    assert "NoSuchFunction" in line["error"]
+
+
+def test_with_the_pool_off_an_enqueue_wakes_nothing_and_reports_no_wake_metrics(
+        enqueue_app: ModuleType, local_invokes: LocalInvokes, admin: Conn,
+        read_output: Callable[[], Output]) -> None:
+    invoke(enqueue_app, load_event("enqueue_direct"))
+
+    assert _places(admin) == []
+    assert local_invokes.accepted() == 0
+    assert "WorkersStarted" not in read_output().metric_definitions()

@@ -20,7 +20,8 @@ from leaseq import (
 from leaseq_lambda import runtime
 
 from tests.conftest import Database
-from tests.functions.conftest import Output, load_event
+from tests.functions import handlers
+from tests.functions.conftest import LocalInvokes, Output, load_event
 from tests.library.support import job, states
 from tests.support.fakes import FakeLambdaContext
 from tests.support.postgres import Conn
@@ -168,7 +169,7 @@ def test_a_function_timeout_too_short_for_one_job_fails_the_invocation_naming_th
 
     with pytest.raises(ConfigurationError) as refused:
         worker_app.lambda_handler(load_event("worker_schedule"),
-                                  FakeLambdaContext(remaining_ms=20_000))
+                                  FakeLambdaContext(remaining_ms=50_000))
 
     message = refused.value.message
     assert "LEASEQ_WORKER_TIMEOUT_SECONDS (20 s) cannot run a single job" in message
@@ -319,3 +320,170 @@ def test_an_unreachable_database_fails_the_invocation_with_a_structured_log_line
     assert line["level"] == "ERROR"
     assert "exception" in line  # with the traceback, for the Errors alarm's investigation
     assert "Check the host, port, credentials" in line["error"]
+
+
+# The worker pool -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def pooled(lambda_env: pytest.MonkeyPatch, local_invokes: LocalInvokes) -> LocalInvokes:
+    """The pool on, at most two workers, claims of two jobs; the worker function to start
+    is the local service's Probe, which records the events it gets."""
+    for key, value in {"LEASEQ_MAX_WORKERS": "2", "LEASEQ_WORKER_FUNCTION": "Probe",
+                       "LEASEQ_BATCH_SIZE": "2"}.items():
+        lambda_env.setenv(key, value)
+    runtime.reset()
+    return local_invokes
+
+
+def enqueue_directly(db: Database, count: int) -> None:
+    """Jobs enqueued by a producer of its own (no wake: the pool stays empty)."""
+    client = QueueClient(lambda: connect(db.worker_dsn))
+    client.enqueue_jobs([EnqueueRequest(
+        tenant_id=uuid.uuid4(), operation_key=f"direct-{n}", kind="send_welcome_email",
+        payload={"to": f"user{n}@example.com"}) for n in range(count)])
+    client.close()
+
+
+def pool_places(admin: Conn) -> list[dict[str, Any]]:
+    return admin.execute("select id, owner, reason, expires_at - clock_timestamp() as left"
+                         " from app.worker_pool where expires_at > clock_timestamp()"
+                         " order by created_at").fetchall()
+
+
+def test_with_the_pool_on_a_backlog_starts_another_worker_and_the_invocation_leaves_the_pool(
+        worker_app: ModuleType, pooled: LocalInvokes, db: Database, admin: Conn,
+        read_output: Callable[[], Output]) -> None:
+    enqueue_directly(db, 3)  # the first claim of two is full
+    read_output()
+
+    summary = worker_app.lambda_handler(load_event("worker_schedule"), FakeLambdaContext())
+
+    assert (summary["status"], summary["claimed"], summary["succeeded"]) == ("ok", 3, 3)
+    assert (summary["workers_started"], summary["worker_starts_failed"]) == (1, 0)
+    assert summary["pool_live"] == 1
+    (event,) = pooled.events(1)
+    (reserved,) = pool_places(admin)  # its own place is gone; the one it reserved waits
+    assert event == {"source": "leaseq.pool", "reason": "fanout",
+                     "reservation": str(reserved["id"])}
+    assert reserved["owner"] is None
+    out = read_output()
+    assert [out.metric(name) for name in ("WorkerPoolSize", "PoolFull", "WorkersStarted",
+                                          "WorkerStartsFailed")] == [[1], [0], [1], [0]]
+    assert {d["Unit"] for name, d in out.metric_definitions().items()
+            if name in ("WorkerPoolSize", "PoolFull", "WorkersStarted")} == {"Count"}
+
+
+def test_an_invocation_started_for_a_reservation_takes_it_and_drains(
+        worker_app: ModuleType, pooled: LocalInvokes, db: Database, owner: Conn,
+        admin: Conn) -> None:
+    enqueue_directly(db, 1)
+    client = QueueClient(lambda: connect(db.worker_dsn))
+    (reserved,) = client.reserve_worker_places(1, 2, 90)
+    client.close()
+    seen: list[list[dict[str, Any]]] = []
+    handlers.on_run = lambda: seen.append(pool_places(admin))
+
+    try:
+        summary = worker_app.lambda_handler(
+            {"source": "leaseq.pool", "reason": "fanout", "reservation": str(reserved)},
+            FakeLambdaContext(remaining_ms=50_000))
+    finally:
+        handlers.on_run = None
+
+    assert (summary["status"], summary["trigger"], summary["succeeded"]) == ("ok", "fanout", 1)
+    ((place,),) = seen  # while its job ran: the reserved place, now its own
+    assert place["id"] == reserved
+    assert place["owner"] == summary["owner"]
+    assert 45 < place["left"].total_seconds() <= 55  # its time left plus the margin
+    assert pool_places(admin) == []
+    assert states(owner) == {"succeeded": 1}
+
+
+def test_a_second_delivery_of_a_pool_start_while_the_pool_is_full_returns_without_claiming(
+        worker_app: ModuleType, pooled: LocalInvokes, db: Database, owner: Conn,
+        read_output: Callable[[], Output]) -> None:
+    enqueue_directly(db, 1)
+    client = QueueClient(lambda: connect(db.worker_dsn))
+    (reserved,) = client.reserve_worker_places(1, 2, 90)
+    # The first delivery's invocation took the place and is still running; another
+    # worker holds the second place.
+    assert client.join_worker_pool("first-delivery", "fanout", reserved, 2, 60)
+    assert client.join_worker_pool("scheduled", "schedule", None, 2, 60)
+    client.close()
+    read_output()
+
+    answer = worker_app.lambda_handler(
+        {"source": "leaseq.pool", "reason": "fanout", "reservation": str(reserved)},
+        FakeLambdaContext())
+
+    assert (answer["status"], answer["trigger"], answer["pool_live"]) == (
+        "pool_full", "fanout", 2)
+    assert states(owner) == {"pending": 1}
+    out = read_output()
+    assert (out.metric("PoolFull"), out.metric("WorkerPoolSize")) == ([1], [2])
+    (line,) = out.messages("worker pool full: not draining")
+    assert line["level"] == "INFO"
+
+
+def test_a_started_invocation_polls_for_the_pool_idle_time_and_a_scheduled_one_its_own(
+        worker_app: ModuleType, pooled: LocalInvokes, lambda_env: pytest.MonkeyPatch) -> None:
+    lambda_env.setenv("LEASEQ_FANOUT_IDLE_SECONDS", "0.6")  # LEASEQ_POLL_IDLE_SECONDS is 0
+    runtime.reset()
+
+    woken = worker_app.lambda_handler(
+        {"source": "leaseq.pool", "reason": "wake", "reservation": str(uuid.uuid4())},
+        FakeLambdaContext())
+    scheduled = worker_app.lambda_handler(load_event("worker_schedule"), FakeLambdaContext())
+
+    assert (woken["status"], woken["stopped"], scheduled["stopped"]) == (
+        "ok", "queue_empty", "queue_empty")
+    assert woken["polls"] > 1  # kept looking for LEASEQ_FANOUT_IDLE_SECONDS
+    assert scheduled["polls"] == 1  # stopped at the first empty poll, as configured
+
+
+def test_a_failed_fan_out_is_counted_and_its_place_given_back_while_the_drain_goes_on(
+        worker_app: ModuleType, pooled: LocalInvokes, db: Database, admin: Conn,
+        lambda_env: pytest.MonkeyPatch, read_output: Callable[[], Output]) -> None:
+    lambda_env.setenv("LEASEQ_WORKER_FUNCTION", "NoSuchFunction")
+    runtime.reset()
+    enqueue_directly(db, 3)
+    read_output()
+
+    summary = worker_app.lambda_handler(load_event("worker_schedule"), FakeLambdaContext())
+
+    assert (summary["status"], summary["succeeded"]) == ("ok", 3)
+    assert (summary["workers_started"], summary["worker_starts_failed"]) == (0, 1)
+    assert pool_places(admin) == []
+    out = read_output()
+    assert out.metric("WorkerStartsFailed") == [1]
+    (line,) = out.messages("worker start failed")
+    assert line["level"] == "WARNING"
+    assert "ResourceNotFoundException" in line["error"]
+
+
+def test_an_invocation_that_fails_after_joining_still_leaves_the_pool(
+        worker_app: ModuleType, pooled: LocalInvokes, lambda_env: pytest.MonkeyPatch,
+        admin: Conn) -> None:
+    lambda_env.setenv("LEASEQ_HANDLERS", "tests.functions.no_such_module")
+    runtime.reset()
+
+    with pytest.raises(ConfigurationError, match="cannot be imported"):
+        worker_app.lambda_handler(load_event("worker_schedule"), FakeLambdaContext())
+
+    assert pool_places(admin) == []
+
+
+def test_with_the_pool_off_the_worker_joins_nothing_and_reports_no_pool_metrics(
+        worker_app: ModuleType, enqueue_app: ModuleType, admin: Conn,
+        read_output: Callable[[], Output]) -> None:
+    enqueue(enqueue_app, "enqueue_batch")
+    read_output()
+
+    summary = worker_app.lambda_handler(load_event("worker_schedule"), FakeLambdaContext())
+
+    assert summary["status"] == "ok"
+    assert "workers_started" not in summary
+    assert pool_places(admin) == []
+    names = read_output().metric_definitions()
+    assert not {"WorkerPoolSize", "PoolFull", "WorkersStarted", "WorkerStartsFailed"} & set(names)

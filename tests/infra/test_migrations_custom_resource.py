@@ -55,6 +55,18 @@ SECRET_OF = {
     "EnqueueDbUser": "EnqueueDbSecretArn",
     "OperatorDbUser": "OperatorDbSecretArn",
 }
+#: The ConnectionBudget property as template.yaml sends it with its defaults (a database
+#: created here: through the proxy; no slow worker).
+DEFAULT_BUDGET = {
+    "MaxWorkers": "4",
+    "WorkerReservedConcurrency": "5",
+    "SlowWorkerReservedConcurrency": "",
+    "ReaperReservedConcurrency": "1",
+    "EnqueueReservedConcurrency": "5",
+    "OperatorConnections": "3",
+    "ProxyMaxConnectionsPercent": "50",
+}
+STACK_ID = "arn:aws:cloudformation:us-east-1:123456789012:stack/leaseq-dev/0f1e2d3c"
 
 
 @dataclass
@@ -77,13 +89,15 @@ def request(
     *,
     logins: dict[str, str],
     physical_id: str | None = None,
+    budget: dict[str, str] | None = None,
+    stack_id: str = STACK_ID,
     **properties: str,
 ) -> dict[str, Any]:
     """A request shaped like the one template.yaml makes CloudFormation send."""
     event: dict[str, Any] = {
         "RequestType": request_type,
         "ResponseURL": endpoint.url(),
-        "StackId": "arn:aws:cloudformation:us-east-1:123456789012:stack/leaseq-dev/0f1e2d3c",
+        "StackId": stack_id,
         "RequestId": str(uuid.uuid4()),
         "ResourceType": "Custom::LeaseqMigrations",
         "LogicalResourceId": "Migrations",
@@ -94,6 +108,7 @@ def request(
             **{secret: "" for secret in SECRET_OF.values()},
             "RuntimeIamAuth": "true",
             "RuntimeStatementTimeout": "15s",
+            "ConnectionBudget": {**DEFAULT_BUDGET, **(budget or {})},
             **properties,
         },
     }
@@ -769,6 +784,262 @@ def test_a_rollback_to_a_login_whose_name_is_now_a_duty_group_is_refused_clearly
         row = admin.execute("select rolcanlogin from pg_roles where rolname = 'leaseq_worker'"
                             ).fetchone()
     assert row == {"rolcanlogin": False}
+
+
+# ---- the connection budget: what the stack can open, against the server's own limits -------
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The server's limits, read here independently of the function under test."""
+
+    max_connections: int
+    superuser_reserved: int
+    reserved: int
+
+    @property
+    def ordinary(self) -> int:
+        return self.max_connections - self.superuser_reserved - self.reserved
+
+
+def server_limits(db: Database) -> Limits:
+    with db.connect(None) as admin:
+        max_connections = int(admin.execute("show max_connections").fetchone()["max_connections"])
+        superuser = int(admin.execute("show superuser_reserved_connections").fetchone()[
+            "superuser_reserved_connections"])
+        row = admin.execute("select setting from pg_settings"
+                            " where name = 'reserved_connections'").fetchone()
+    return Limits(max_connections, superuser, int(row["setting"]) if row else 0)
+
+
+def no_connection() -> str:
+    raise AssertionError("refused properties must be answered before connecting")
+
+
+def test_create_checks_the_budget_against_the_servers_own_max_connections_and_reports_it(
+    migrations_app: Any, database: Database, response_endpoint: ResponseEndpoint,
+    logins: dict[str, str],
+) -> None:
+    limits = server_limits(database)
+    pool = limits.max_connections * 50 // 100
+
+    migrations_app.handle(request("Create", response_endpoint, logins=logins), None,
+                          owner_dsn=lambda: database.owner_dsn)
+
+    answer = response_endpoint.only_put()
+    assert answer.body["Status"] == "SUCCESS", answer.body.get("Reason")
+    summary = answer.body["Data"]["ConnectionBudget"]
+    # 5 + 1 + 5 + 3 of the template's defaults, against half of the real max_connections.
+    assert summary.startswith(f"14 of {min(pool, limits.ordinary - 1)} connections through "
+                              "the proxy"), summary
+    assert f"ProxyMaxConnectionsPercent 50% of max_connections {limits.max_connections}" in (
+        summary)
+    assert "WorkerReservedConcurrency 5 + ReaperReservedConcurrency 1 + " \
+           "EnqueueReservedConcurrency 5 + OperatorConnections 3 = 14" in summary
+
+
+def test_the_limits_are_read_as_the_server_reports_them(
+    migrations_app: Any, database: Database,
+) -> None:
+    import connection_budget
+
+    expected = server_limits(database)
+    with connect(database.owner_dsn) as conn:
+        found = connection_budget.read_server_limits(conn)
+
+    assert (found.max_connections, found.superuser_reserved, found.reserved) == (
+        expected.max_connections, expected.superuser_reserved, expected.reserved)
+    assert found.ordinary == expected.ordinary
+
+
+def test_rds_reserved_slots_count_where_the_server_predates_reserved_connections(
+    migrations_app: Any, database: Database,
+) -> None:
+    """RDS for PostgreSQL 15 and earlier keeps slots for rds_superuser with a setting of its
+    own; set here as the session's placeholder setting, as RDS's extension would."""
+    import connection_budget
+
+    with connect(database.owner_dsn) as conn:
+        conn.execute("set rds.rds_superuser_reserved_connections = 2")
+        found = connection_budget.read_server_limits(conn)
+        version = int(conn.execute("show server_version_num").fetchone()[
+            "server_version_num"])
+
+    expected = server_limits(database)
+    if version >= 160000:  # reserved_connections exists and is what counts
+        assert (found.reserved, found.reserved_setting) == (
+            expected.reserved, "reserved_connections")
+    else:
+        assert (found.reserved, found.reserved_setting) == (
+            2, "rds.rds_superuser_reserved_connections")
+        assert found.ordinary == expected.max_connections - expected.superuser_reserved - 2
+        share = connection_budget.budget(found, None)
+        assert share.limit == found.ordinary - 1
+        assert "- rds.rds_superuser_reserved_connections 2 - 1 for the migrations" in (
+            share.explanation)
+
+
+def test_more_connections_than_the_proxy_may_open_are_refused_before_anything_changes(
+    migrations_app: Any, database: Database, response_endpoint: ResponseEndpoint,
+    logins: dict[str, str],
+) -> None:
+    limits = server_limits(database)
+    pool = limits.max_connections * 20 // 100
+    # The worker alone takes the proxy's whole share; the reaper's one is one too many.
+    budget = {"MaxWorkers": str(pool - 1), "WorkerReservedConcurrency": str(pool),
+              "EnqueueReservedConcurrency": "0", "OperatorConnections": "0",
+              "ProxyMaxConnectionsPercent": "20"}
+
+    migrations_app.handle(request("Create", response_endpoint, logins=logins, budget=budget),
+                          None, owner_dsn=lambda: database.owner_dsn)
+
+    answer = response_endpoint.only_put()
+    assert answer.body["Status"] == "FAILED"
+    reason = answer.body["Reason"]
+    assert reason.startswith(f"ConfigurationError: the stack can open {pool + 2} database "
+                             f"connections through the proxy but the proxy may open "
+                             f"ProxyMaxConnectionsPercent 20% of max_connections "
+                             f"{limits.max_connections} = {pool}"), reason
+    assert f"WorkerReservedConcurrency {pool} + ReaperReservedConcurrency 1" in reason
+    assert "EnqueueReservedConcurrency 0 (unreserved, counted as 1)" in reason
+    assert "raise ProxyMaxConnectionsPercent" in reason
+    assert applied_versions(database) == []
+    assert not role_exists(database, logins["WorkerDbUser"])
+
+
+def test_without_a_proxy_the_servers_ordinary_slots_less_the_migrations_own_are_the_limit(
+    migrations_app: Any, database: Database, response_endpoint: ResponseEndpoint,
+    logins: dict[str, str],
+) -> None:
+    limits = server_limits(database)
+    fits = limits.ordinary - 1  # the migrations keep the one they run on
+    budget = {"MaxWorkers": "0", "ReaperReservedConcurrency": "1",
+              "EnqueueReservedConcurrency": "1", "OperatorConnections": "0",
+              "ProxyMaxConnectionsPercent": ""}
+
+    migrations_app.handle(request("Create", response_endpoint, logins=logins, budget={
+        **budget, "WorkerReservedConcurrency": str(fits - 2)}), None,
+        owner_dsn=lambda: database.owner_dsn)
+    migrations_app.handle(request("Update", response_endpoint, logins=logins, budget={
+        **budget, "WorkerReservedConcurrency": str(fits - 1)}, physical_id="pid"), None,
+        owner_dsn=lambda: database.owner_dsn)
+
+    fitting, refused = response_endpoint.puts
+    assert fitting.body["Status"] == "SUCCESS", fitting.body.get("Reason")
+    assert fitting.body["Data"]["ConnectionBudget"].startswith(f"{fits} of {fits} connections (")
+    assert refused.body["Status"] == "FAILED"
+    held = (f"max_connections {limits.max_connections} - superuser_reserved_connections "
+            f"{limits.superuser_reserved}")
+    assert (f"the stack can open {fits + 1} database connections but the database allows "
+            f"{held}") in refused.body["Reason"]
+    assert f"1 for the migrations = {fits}" in refused.body["Reason"]
+    assert "ProxyMaxConnectionsPercent" not in refused.body["Reason"]
+
+
+def test_a_worker_reservation_below_max_workers_plus_one_is_refused_naming_both(
+    migrations_app: Any, response_endpoint: ResponseEndpoint, logins: dict[str, str],
+) -> None:
+    event = request("Create", response_endpoint, logins=logins,
+                    budget={"MaxWorkers": "8", "WorkerReservedConcurrency": "8"})
+
+    migrations_app.handle(event, None, owner_dsn=no_connection)
+
+    answer = response_endpoint.only_put()
+    assert answer.body["Status"] == "FAILED"
+    assert ("WorkerReservedConcurrency 8 is less than MaxWorkers 8 + 1" in answer.body["Reason"])
+    assert "set WorkerReservedConcurrency to 9 or more" in answer.body["Reason"]
+    assert "lower MaxWorkers to 7" in answer.body["Reason"]
+
+
+def test_unreserved_functions_count_at_their_least_and_are_named_as_unbounded(
+    migrations_app: Any, database: Database, response_endpoint: ResponseEndpoint,
+    logins: dict[str, str],
+) -> None:
+    event = request("Create", response_endpoint, logins=logins,
+                    budget={"WorkerReservedConcurrency": "0", "EnqueueReservedConcurrency": "0",
+                            "SlowWorkerReservedConcurrency": "2"})
+
+    migrations_app.handle(event, None, owner_dsn=lambda: database.owner_dsn)
+
+    answer = response_endpoint.only_put()
+    assert answer.body["Status"] == "SUCCESS", answer.body.get("Reason")
+    summary = answer.body["Data"]["ConnectionBudget"]
+    # The worker at its pool and tick (MaxWorkers 4 + 1), the enqueue function at one.
+    assert "WorkerReservedConcurrency 0 (unreserved, counted as 5) + " \
+           "SlowWorkerReservedConcurrency 2 + ReaperReservedConcurrency 1 + " \
+           "EnqueueReservedConcurrency 0 (unreserved, counted as 1) + " \
+           "OperatorConnections 3 = 12" in summary
+    assert summary.endswith("bounded only by the account's concurrency: "
+                            "WorkerReservedConcurrency, EnqueueReservedConcurrency")
+
+
+@pytest.mark.parametrize(("key", "value", "expected"), [
+    ("MaxWorkers", "four", "ConnectionBudget.MaxWorkers must be a whole number from 0 to 1000"),
+    ("MaxWorkers", "1001", "ConnectionBudget.MaxWorkers must be a whole number from 0 to 1000"),
+    ("ReaperReservedConcurrency", "-1",
+     "ConnectionBudget.ReaperReservedConcurrency must be a whole number of 0 or more"),
+    ("ProxyMaxConnectionsPercent", "0",
+     "ConnectionBudget.ProxyMaxConnectionsPercent must be a whole number from 1 to 100 "
+     "(or empty)"),
+    ("OperatorConnections", None, "the resource property ConnectionBudget.OperatorConnections "
+                                  "is missing"),
+])
+def test_a_bad_budget_property_is_refused_by_name_before_connecting(
+    migrations_app: Any, response_endpoint: ResponseEndpoint, logins: dict[str, str],
+    key: str, value: str | None, expected: str,
+) -> None:
+    event = request("Create", response_endpoint, logins=logins)
+    budget = event["ResourceProperties"]["ConnectionBudget"]
+    if value is None:
+        del budget[key]
+    else:
+        budget[key] = value
+
+    migrations_app.handle(event, None, owner_dsn=no_connection)
+
+    answer = response_endpoint.only_put()
+    assert answer.body["Status"] == "FAILED"
+    assert expected in answer.body["Reason"]
+
+
+def test_a_request_without_the_budget_comes_from_an_earlier_template_and_is_not_checked(
+    migrations_app: Any, database: Database, response_endpoint: ResponseEndpoint,
+    logins: dict[str, str],
+) -> None:
+    # CloudFormation rolling back to the template before the check sends its properties.
+    event = request("Update", response_endpoint, logins=logins, physical_id="pid",
+                    stack_id=f"arn:aws:cloudformation:us-east-1:1:stack/{'x' * 80}/1")
+    del event["ResourceProperties"]["ConnectionBudget"]
+
+    migrations_app.handle(event, None, owner_dsn=lambda: database.owner_dsn)
+
+    answer = response_endpoint.only_put()
+    assert answer.body["Status"] == "SUCCESS", answer.body.get("Reason")
+    assert answer.body["Data"]["ConnectionBudget"].startswith("not checked")
+    assert applied_versions(database) == list(range(1, LATEST + 1))
+
+
+def test_a_stack_name_too_long_for_the_names_made_from_it_is_refused_before_connecting(
+    migrations_app: Any, response_endpoint: ResponseEndpoint, logins: dict[str, str],
+) -> None:
+    import stack_name
+
+    name = "leaseq-" + "n" * 51  # 58 characters: each name made from it is one too long
+    event = request("Create", response_endpoint, logins=logins,
+                    stack_id=f"arn:aws:cloudformation:us-east-1:123456789012:stack/{name}/0f1e")
+
+    migrations_app.handle(event, None, owner_dsn=no_connection)
+
+    answer = response_endpoint.only_put()
+    assert answer.body["Status"] == "FAILED"
+    reason = answer.body["Reason"]
+    assert f"the stack name {name!r} has 58 characters" in reason
+    assert f"{name}-worker (the worker's FunctionName, at most 64)" in reason
+    assert f"{name}-enqueue (the enqueue rule on EnqueueEventBus, at most 64)" in reason
+    assert f"{name}-proxy (the RDS Proxy of a database created here, at most 63)" in reason
+    assert reason.endswith("deploy under a stack name of at most 56 characters")
+    # 56 characters fit every name.
+    stack_name.check_stack_name(f"arn:aws:cloudformation:us-east-1:1:stack/{name[:56]}/0f1e")
 
 
 # ---- the Lambda entry point ---------------------------------------------------------------------

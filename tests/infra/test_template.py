@@ -51,6 +51,24 @@ SECRET_PARAMETERS = ("WorkerDbSecretArn", "ReaperDbSecretArn", "EnqueueDbSecretA
                      "OperatorDbSecretArn")
 DUTY_GROUPS = ("leaseq_producer", "leaseq_tenant_producer", "leaseq_worker", "leaseq_reaper",
                "leaseq_operator")
+#: The worker pool's settings the template sets, by the parameter each comes from (the
+#: library's pool settings read them; see test_the_pool_parameters_fit_the_librarys_bounds).
+POOL_PARAMETERS = {
+    "LEASEQ_MAX_WORKERS": "MaxWorkers",
+    "LEASEQ_FANOUT_IDLE_SECONDS": "FanOutIdleSeconds",
+    "LEASEQ_WAKE_DEBOUNCE_SECONDS": "WakeDebounceSeconds",
+}
+POOL_VARIABLES = (*POOL_PARAMETERS, "LEASEQ_WORKER_FUNCTION")
+#: The worker's own name, and its ARN as its own role must spell it (a !GetAtt of itself
+#: would be circular); the enqueue function may refer to the resource.
+WORKER_NAME = {"Fn::Sub": "${AWS::StackName}-worker"}
+WORKER_ARN = {"Fn::Sub": "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}:"
+                         "function:${AWS::StackName}-worker"}
+#: Who may invoke the worker (fan-out, wake), on exactly which resource.
+INVOKE_WORKER = {
+    "WorkerFunction": WORKER_ARN,
+    "EnqueueFunction": {"Fn::GetAtt": ["WorkerFunction", "Arn"]},
+}
 
 
 @pytest.fixture(scope="module")
@@ -417,6 +435,249 @@ def test_the_migrations_function_runs_one_at_a_time(cfn: dict[str, Any]) -> None
     assert function_properties(cfn, "MigrationsFunction")["ReservedConcurrentExecutions"] == 1
 
 
+# ---- the worker pool: fan-out and wake -------------------------------------------------------
+
+
+def environment_of(cfn: dict[str, Any], name: str) -> dict[str, Any]:
+    variables: dict[str, Any] = function_properties(cfn, name)["Environment"]["Variables"]
+    return variables
+
+
+def test_max_workers_reaches_the_worker_and_the_enqueue_function_and_only_them(
+    sam: dict[str, Any], cfn: dict[str, Any],
+) -> None:
+    parameter = sam["Parameters"]["MaxWorkers"]
+    worker, enqueue = environment_of(cfn, "WorkerFunction"), environment_of(cfn, "EnqueueFunction")
+
+    assert (parameter["Default"], parameter["MinValue"], parameter["MaxValue"]) == (4, 0, 1000)
+    assert worker["LEASEQ_MAX_WORKERS"] == enqueue["LEASEQ_MAX_WORKERS"] == {"Ref": "MaxWorkers"}
+    # The worker stops a started invocation when idle; the enqueue function debounces wakes.
+    assert worker["LEASEQ_FANOUT_IDLE_SECONDS"] == {"Ref": "FanOutIdleSeconds"}
+    assert enqueue["LEASEQ_WAKE_DEBOUNCE_SECONDS"] == {"Ref": "WakeDebounceSeconds"}
+    assert "LEASEQ_WAKE_DEBOUNCE_SECONDS" not in worker
+    assert "LEASEQ_FANOUT_IDLE_SECONDS" not in enqueue
+    for name in ("ReaperFunction", "MigrationsFunction", "DashboardFunction"):
+        assert not set(POOL_VARIABLES) & set(environment_of(cfn, name)), name
+    # The slow worker's pool is off (one pool per database, the worker's): explicitly 0.
+    assert environment_of(cfn, "SlowWorkerFunction")["LEASEQ_MAX_WORKERS"] == "0"
+    assert sam["Conditions"]["HasWorkerPool"] == {
+        "Fn::Not": [{"Fn::Equals": [{"Ref": "MaxWorkers"}, 0]}]}
+
+
+def test_the_worker_has_a_name_of_its_own_that_fan_out_and_wake_invoke_it_by(
+    cfn: dict[str, Any],
+) -> None:
+    worker = function_properties(cfn, "WorkerFunction")
+
+    assert worker["FunctionName"] == WORKER_NAME
+    assert environment_of(cfn, "WorkerFunction")["LEASEQ_WORKER_FUNCTION"] == WORKER_NAME
+    # !Ref of a function is its name; it also orders the enqueue function after the worker.
+    assert environment_of(cfn, "EnqueueFunction")["LEASEQ_WORKER_FUNCTION"] == {
+        "Ref": "WorkerFunction"}
+    assert WORKER_ARN["Fn::Sub"].endswith(":function:" + WORKER_NAME["Fn::Sub"])
+    # The log group it writes to is the one named after it.
+    group = cfn["Resources"][worker["LoggingConfig"]["LogGroup"]["Ref"]]["Properties"]
+    assert group["LogGroupName"] == {"Fn::Sub": "/aws/lambda/${AWS::StackName}-worker"}
+    # Outputs name it for producers that wake it themselves (leaseq_lambda.wake_worker).
+    assert cfn["Outputs"]["WorkerFunctionName"]["Value"] == {"Ref": "WorkerFunction"}
+    assert cfn["Outputs"]["WorkerFunctionArn"]["Value"] == {
+        "Fn::GetAtt": ["WorkerFunction", "Arn"]}
+
+
+def invoke_statements(cfn: dict[str, Any]) -> dict[str, list[tuple[str | None, Any]]]:
+    """role -> (the condition of its policy, the statement) for every lambda:InvokeFunction."""
+    found: dict[str, list[tuple[str | None, Any]]] = {}
+    for name, role in resources_of_type(cfn, "AWS::IAM::Role").items():
+        for policy in role["Properties"].get("Policies", []):
+            condition, branches = (policy["Fn::If"][0], policy["Fn::If"][1:]) \
+                if "Fn::If" in policy else (None, [policy])
+            for branch in branches:
+                if not isinstance(branch, dict) or "PolicyDocument" not in branch:
+                    continue
+                for statement in branch["PolicyDocument"]["Statement"]:
+                    if "lambda:InvokeFunction" in json.dumps(statement):
+                        found.setdefault(name, []).append((condition, statement))
+    return found
+
+
+def test_only_the_worker_and_the_enqueue_function_may_invoke_the_worker_on_its_arn_alone(
+    cfn: dict[str, Any],
+) -> None:
+    found = invoke_statements(cfn)
+
+    # (the schedules' roles, which SAM makes, invoke their own targets)
+    runtime = {role: statements for role, statements in found.items()
+               if not role.endswith("ScheduleRole")}
+    assert set(runtime) == {f"{name}Role" for name in INVOKE_WORKER}
+    for function, resource in INVOKE_WORKER.items():
+        ((condition, statement),) = runtime[f"{function}Role"]
+        assert condition == "HasWorkerPool", function  # no pool, no permission
+        assert statement == {"Effect": "Allow", "Action": "lambda:InvokeFunction",
+                             "Resource": resource}, function
+        # Unqualified: no version, alias or wildcard (the functions invoke it by name).
+        assert "*" not in json.dumps(resource), function
+    # The permissions boundary allows invoking it for every stack the deployer may create.
+    boundary = policy_document("permissions-boundary.json")
+    (invoke,) = [s for s in boundary["Statement"] if s["Action"] == "lambda:InvokeFunction"]
+    arn = "arn:aws:lambda:eu-west-1:123456789012:function:leaseq-prod-worker"
+    assert any(fnmatch.fnmatchcase(arn, pattern) for pattern in invoke["Resource"])
+
+
+def test_the_worker_never_retries_an_asynchronous_start_and_drops_it_after_a_minute(
+    cfn: dict[str, Any],
+) -> None:
+    config = cfn["Resources"]["WorkerFunctionEventInvokeConfig"]["Properties"]
+
+    assert config["FunctionName"] == {"Ref": "WorkerFunction"}
+    # A lost or late start only leaves its reserved place to expire; a retry or a start
+    # older than the place's hold would be a second invocation for one place.
+    assert (config["MaximumRetryAttempts"], config["MaximumEventAgeInSeconds"]) == (0, 60)
+    assert not config.get("DestinationConfig")  # SAM writes an empty one
+
+
+def test_the_pool_parameters_fit_the_librarys_bounds(sam: dict[str, Any]) -> None:
+    """A parameter the template accepts must be one the pool's settings accept, or every
+    invocation would fail its configuration at cold start."""
+    from leaseq import settings
+
+    pool = getattr(settings, "PoolSettings", None)
+    if pool is None:
+        pytest.skip("the library's pool settings (leaseq.settings.PoolSettings) are not here")
+    fields = {field.alias: field for field in pool.model_fields.values()}
+    for variable, parameter in POOL_PARAMETERS.items():
+        definition = sam["Parameters"][parameter]
+        field = fields[variable]
+        # The library's pool is off unless asked for; the template asks for one.
+        if parameter != "MaxWorkers":
+            assert field.default == definition["Default"], parameter
+        for constraint in field.metadata:
+            if getattr(constraint, "ge", None) is not None:
+                assert definition["MinValue"] >= constraint.ge, parameter
+            if getattr(constraint, "gt", None) is not None:
+                assert definition["MinValue"] > constraint.gt, parameter
+            if getattr(constraint, "le", None) is not None:
+                assert definition["MaxValue"] <= constraint.le, parameter
+    # A reservation outlives the oldest start Lambda may still deliver.
+    hold = fields["LEASEQ_START_HOLD_SECONDS"].default
+    assert hold > 60, "LEASEQ_START_HOLD_SECONDS must exceed MaximumEventAgeInSeconds"
+
+
+def test_the_default_reservation_holds_the_default_pool_and_the_tick_everywhere(
+    sam: dict[str, Any], migrations_app: Any,
+) -> None:
+    import connection_budget
+
+    parameters = sam["Parameters"]
+    environments = {"defaults": {}, **samconfig_overrides()}
+    for environment, overrides in environments.items():
+        def value(name: str, given: dict[str, str] = overrides) -> str:
+            return given.get(name, str(parameters[name]["Default"]))
+
+        properties = {connection_budget.PROPERTY: {
+            key: value(key) if key in parameters else "" for key in connection_budget.KEYS}}
+        properties[connection_budget.PROPERTY][connection_budget.PROXY_PERCENT] = value(
+            "ProxyMaxConnectionsPercent")
+        stack = connection_budget.stack_connections(properties)
+        assert stack is not None
+        assert connection_budget.reservation_problem(stack) is None, environment
+        assert stack.worker.reserved >= stack.max_workers + 1, environment
+
+
+def test_a_rule_refuses_the_default_pool_with_a_smaller_worker_reservation(
+    sam: dict[str, Any],
+) -> None:
+    rule = sam["Rules"]["WorkerReservationHoldsTheDefaultPool"]
+    default = str(sam["Parameters"]["MaxWorkers"]["Default"])
+
+    assert rule["RuleCondition"] == {"Fn::Equals": [{"Ref": "MaxWorkers"}, default]}
+    ((assertion),) = rule["Assertions"]
+    refused, parameter = assertion["Assert"]["Fn::Not"][0]["Fn::Contains"]
+    assert parameter == {"Ref": "WorkerReservedConcurrency"}
+    # Every reservation from 1 to MaxWorkers; 0 (unreserved) and MaxWorkers + 1 pass.
+    assert refused == [str(n) for n in range(1, int(default) + 1)]
+    assert "WorkerReservedConcurrency" in assertion["AssertDescription"]
+
+
+def test_the_migrations_get_every_parameter_of_the_connection_budget(
+    sam: dict[str, Any], cfn: dict[str, Any], migrations_app: Any,
+) -> None:
+    import connection_budget
+
+    budget = cfn["Resources"]["Migrations"]["Properties"][connection_budget.PROPERTY]
+
+    assert tuple(budget) == connection_budget.KEYS
+    for key, value in budget.items():
+        assert key in sam["Parameters"], key
+        if key == connection_budget.SLOW_WORKER:
+            assert value == {"Fn::If": ["HasSlowWorker", {"Ref": key}, ""]}
+        elif key == connection_budget.PROXY_PERCENT:
+            assert value == {"Fn::If": ["UsesProxy", {"Ref": key}, ""]}
+        else:
+            assert value == {"Ref": key}, key
+    assert cfn["Outputs"]["ConnectionBudget"]["Value"] == {
+        "Fn::GetAtt": ["Migrations", "ConnectionBudget"]}
+
+
+def test_stack_names_leave_room_for_every_name_made_from_them(
+    cfn: dict[str, Any], migrations_app: Any,
+) -> None:
+    import stack_name
+
+    limited = {"FunctionName", "Name", "RuleName", "DBProxyName"}
+    made = set()
+    for resource in cfn["Resources"].values():
+        if resource["Type"] == "AWS::Events::EventBus":
+            continue  # 256 characters
+        for key, value in resource.get("Properties", {}).items():
+            if key in limited and isinstance(value, dict) and "Fn::Sub" in value:
+                text = value["Fn::Sub"]
+                if isinstance(text, str) and text.startswith("${AWS::StackName}-"):
+                    made.add(text[len("${AWS::StackName}"):])
+    assert made == {suffix for suffix, _, _ in stack_name.DERIVED_NAMES}
+    assert stack_name.MAX_STACK_NAME == 56
+    config = tomllib.loads((ROOT / "samconfig.toml").read_text(encoding="utf-8"))
+    names = {section["global"]["parameters"]["stack_name"] for section in config.values()
+             if isinstance(section, dict) and "global" in section}
+    assert names
+    assert [n for n in names if len(n) > stack_name.MAX_STACK_NAME] == []
+
+
+def test_alarms_watch_worker_throttles_and_a_pool_at_its_maximum(
+    cfn: dict[str, Any],
+) -> None:
+    from leaseq_lambda import telemetry
+
+    throttles = cfn["Resources"]["WorkerThrottlesAlarm"]["Properties"]
+    pool = cfn["Resources"]["WorkerPoolAtMaximumAlarm"]
+
+    assert alarm_metrics({"Properties": throttles}) == {
+        ("AWS/Lambda", "Throttles", "WorkerFunction")}
+    assert (throttles["Statistic"], throttles["Threshold"], throttles["ComparisonOperator"]) == (
+        "Sum", 1, "GreaterThanOrEqualToThreshold")
+    # Only with a pool; at MaxWorkers for most of ten minutes, not a single peak.
+    assert pool["Condition"] == "HasWorkerPool"
+    properties = pool["Properties"]
+    assert alarm_metrics(pool) == {(telemetry.NAMESPACE, "WorkerPoolSize", telemetry.SERVICE)}
+    assert properties["Dimensions"] == [{"Name": "service", "Value": telemetry.SERVICE}]
+    assert properties["Statistic"] == "Maximum"
+    assert properties["Threshold"] == {"Ref": "MaxWorkers"}
+    assert properties["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+    assert properties["EvaluationPeriods"] > properties["DatapointsToAlarm"] > 1
+    assert properties["TreatMissingData"] == "notBreaching"
+    # A worker throttle raises one alarm, not two.
+    general = alarm_metrics(cfn["Resources"]["FunctionThrottlesAlarm"])
+    assert ("AWS/Lambda", "Throttles", "WorkerFunction") not in general
+
+
+def test_every_alarm_notifies_the_alarm_topic(cfn: dict[str, Any]) -> None:
+    alarms = resources_of_type(cfn, "AWS::CloudWatch::Alarm")
+
+    assert {"WorkerThrottlesAlarm", "WorkerPoolAtMaximumAlarm"} <= set(alarms)
+    for name, alarm in alarms.items():
+        assert alarm["Properties"]["AlarmActions"] == {
+            "Fn::If": ["HasAlarmTopic", [{"Ref": "AlarmTopicArn"}], {"Ref": "AWS::NoValue"}]}, name
+
+
 # ---- the database login ----------------------------------------------------------------------
 
 
@@ -436,7 +697,8 @@ def test_runtime_functions_share_the_database_and_each_logs_in_as_its_own_user(
     cfn: dict[str, Any],
 ) -> None:
     declared = settings_variables() | {"POWERTOOLS_SERVICE_NAME", "POWERTOOLS_METRICS_NAMESPACE",
-                                       ENVIRONMENT_VARIABLE, *KIND_FILTER_VARIABLES}
+                                       ENVIRONMENT_VARIABLE, *KIND_FILTER_VARIABLES,
+                                       *POOL_VARIABLES}
     from leaseq_dashboard.settings import DashboardSettings
 
     dashboard = {f.alias for f in DashboardSettings.model_fields.values() if f.alias}
@@ -494,10 +756,13 @@ def test_each_function_may_connect_only_as_its_own_login(
     text = json.dumps(role)
     assert [p for p in others if p in text] == []
     # Besides: only what SAM adds for the enqueue failure destination, the dashboard's
-    # tenant-reader secret (DashboardReaderSecretArn), and the two AWS managed policies SAM
-    # attaches to a function in a VPC.
+    # tenant-reader secret (DashboardReaderSecretArn), invoking the worker (the pool: tested
+    # below), and the two AWS managed policies SAM attaches to a function in a VPC.
     extra = [s for s in statements if "Fn::If" not in s]
-    assert {s["Action"] for s in extra} <= {"sqs:SendMessage", "secretsmanager:GetSecretValue"}
+    assert {s["Action"] for s in extra} <= {"sqs:SendMessage", "secretsmanager:GetSecretValue",
+                                            "lambda:InvokeFunction"}
+    assert [s["Resource"] for s in extra if s["Action"] == "lambda:InvokeFunction"] == (
+        [INVOKE_WORKER[function]] if function in INVOKE_WORKER else [])
     assert [s["Resource"] for s in extra if s["Action"] == "secretsmanager:GetSecretValue"] == (
         [{"Ref": "DashboardReaderSecretArn"}] if function == "DashboardFunction" else [])
     assert role["Properties"]["ManagedPolicyArns"] == [
@@ -601,8 +866,12 @@ def test_a_slow_worker_has_its_own_limits_schedule_and_kinds_and_the_worker_leav
     for key in ("LEASEQ_DB_USER", "LEASEQ_DB_HOST", "LEASEQ_DB_PORT", "LEASEQ_DB_IAM_AUTH",
                 "LEASEQ_DATABASE_SECRET_ARN", "LEASEQ_HANDLERS", "LEASEQ_BATCH_SIZE"):
         assert variables[key] == worker_variables[key], key
-    assert statements_of(cfn["Resources"]["SlowWorkerFunctionRole"]) == statements_of(
-        cfn["Resources"]["WorkerFunctionRole"])
+    # The slow worker has no pool, so it never starts a worker: no lambda:InvokeFunction.
+    assert statements_of(cfn["Resources"]["SlowWorkerFunctionRole"]) == [
+        s for s in statements_of(cfn["Resources"]["WorkerFunctionRole"])
+        if s.get("Action") != "lambda:InvokeFunction"]
+    assert variables["LEASEQ_MAX_WORKERS"] == "0"
+    assert not {"LEASEQ_WORKER_FUNCTION", "LEASEQ_FANOUT_IDLE_SECONDS"} & set(variables)
     # A slow job's budget fits the slowest the function may be given.
     assert sam["Parameters"]["SlowJobTimeoutSeconds"]["MaxValue"] < sam["Parameters"][
         "SlowWorkerTimeoutSeconds"]["MaxValue"]
@@ -782,24 +1051,42 @@ def test_alarms_cover_dead_jobs_queue_age_errors_silence_and_throttles(
 
 
 @pytest.mark.parametrize("creates_database", [True, False])
-def test_the_dashboard_body_is_json_in_both_database_modes(
-    cfn: dict[str, Any], creates_database: bool,
+@pytest.mark.parametrize("pool", [True, False])
+def test_the_dashboard_body_is_json_in_both_database_modes_with_and_without_a_pool(
+    sam: dict[str, Any], cfn: dict[str, Any], creates_database: bool, pool: bool,
 ) -> None:
     body, variables = cfn["Resources"]["Dashboard"]["Properties"]["DashboardBody"]["Fn::Sub"]
     condition, with_database, without_database = variables["DatabaseWidgets"]["Fn::If"]
     assert condition == "CreateDatabase"
     fragment = with_database["Fn::Sub"][0] if creates_database else without_database
+    # The pool's alarm exists only with a pool: either branch must leave valid JSON.
+    pool_condition, with_pool, without_pool = variables["PoolAlarm"]["Fn::If"]
+    assert pool_condition == "HasWorkerPool"
+    pool_alarm = with_pool["Fn::Sub"] if pool else without_pool
+    numbers = {name for name, parameter in sam["Parameters"].items()
+               if parameter["Type"] == "Number"}
 
     def placeholder(match: re.Match[str]) -> str:
-        return "X" + re.sub(r"\W", "_", match.group(1))
+        name = match.group(1)
+        if name in numbers:
+            return str(sam["Parameters"][name]["Default"])
+        return "X" + re.sub(r"\W", "_", name)
 
-    text = re.sub(r"\$\{([^}]+)\}", placeholder, body.replace("${DatabaseWidgets}", fragment))
-    widgets = json.loads(text)["widgets"]
+    text = body.replace("${DatabaseWidgets}", fragment).replace("${PoolAlarm}", pool_alarm)
+    widgets = json.loads(re.sub(r"\$\{([^}]+)\}", placeholder, text))["widgets"]
 
     metrics = {m[1] for w in widgets for m in w["properties"].get("metrics", [])}
     assert {"JobsClaimed", "JobsSucceeded", "JobsDead", "QueueLag", "JobDuration",
-            "OldestReadyAgeSeconds", "Invocations", "Errors"} <= metrics
+            "OldestReadyAgeSeconds", "Invocations", "Errors", "WorkerPoolSize",
+            "ConcurrentExecutions", "Throttles"} <= metrics
     assert ("DatabaseConnectionsCurrentlySessionPinned" in metrics) is creates_database
+    (shown,) = [w["properties"]["alarms"] for w in widgets if w["type"] == "alarm"]
+    alarms = resources_of_type(cfn, "AWS::CloudWatch::Alarm")
+    expected = {f"X{name}_Arn" for name, alarm in alarms.items()
+                if alarm.get("Condition") in (None, "HasWorkerPool")}
+    if not pool:
+        expected.discard("XWorkerPoolAtMaximumAlarm_Arn")
+    assert set(shown) == expected
 
 
 def test_producers_in_other_stacks_get_exports_to_enqueue(cfn: dict[str, Any]) -> None:

@@ -38,7 +38,7 @@ def test_the_real_enqueue_and_worker_functions_enqueue_and_drain_jobs_through_bo
     assert report["owner"].endswith(drained["ResponseMetadata"]["RequestId"])
     assert _states(db) == {"succeeded": 3}
     stats = service.service.stats()["functions"]
-    assert stats["WorkerFunction"]["reserved_concurrency"] == 2
+    assert stats["WorkerFunction"]["reserved_concurrency"] == 5
     assert stats["WorkerFunction"]["cold_starts"] == 1
 
 

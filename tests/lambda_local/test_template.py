@@ -17,8 +17,12 @@ def test_the_real_template_gives_each_function_its_lambda_settings() -> None:
 
     worker = functions["WorkerFunction"]
     assert (worker.handler, worker.code_dir) == ("app.lambda_handler", REPO / "functions/worker")
-    assert (worker.timeout_seconds, worker.memory_mb, worker.reserved_concurrency) == (60, 512, 2)
+    assert (worker.timeout_seconds, worker.memory_mb, worker.reserved_concurrency) == (60, 512, 5)
     assert (worker.max_retry_attempts, worker.max_event_age_seconds) == (0, 60)
+    # FunctionName !Sub ${AWS::StackName}-worker: the name fan-out and wake invoke it by.
+    assert worker.aliases == {"leaseq-local-worker"}
+    assert worker.environment["LEASEQ_WORKER_FUNCTION"] == "leaseq-local-worker"
+    assert worker.environment["LEASEQ_MAX_WORKERS"] == "4"
     (tick,) = worker.schedules
     assert (tick.kind, tick.expression, tick.period_seconds, tick.enabled) == (
         "ScheduleV2", "rate(1 minute)", 60, True)
@@ -30,6 +34,8 @@ def test_the_real_template_gives_each_function_its_lambda_settings() -> None:
     assert (enqueue.max_retry_attempts, enqueue.max_event_age_seconds, enqueue.schedules) == (
         2, 3600, ())
     assert enqueue.ignored_events == ("EnqueueEvent (EventBridgeRule)",)
+    # !Ref WorkerFunction: the worker's local name, which the service answers to as well.
+    assert enqueue.environment["LEASEQ_WORKER_FUNCTION"] == "WorkerFunction"
     assert functions["MigrationsFunction"].custom_resource_provider
     assert not worker.custom_resource_provider
     # The CA bundles' layer holds no Python; on the path it changes nothing.

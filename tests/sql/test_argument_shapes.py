@@ -209,12 +209,15 @@ def _named_calls(jobs: Jobs, name: str) -> dict[str, tuple[str, str, list[Any]]]
                          [name, [tenant], [job_id], [token]]),
         "redrive_jobs": ("select * from app.redrive_jobs(%s)", "p_actor", [name]),
         "cancel_jobs": ("select * from app.cancel_jobs(%s)", "p_actor", [name]),
+        "join_worker_pool": ("select app.join_worker_pool(%s, 'schedule', null, 4,"
+                             " '1 minute')", "p_owner", [name]),
+        "leave_worker_pool": ("select app.leave_worker_pool(%s)", "p_owner", [name]),
     }
 
 
 NAMED_FUNCTIONS = ["claim_jobs", "claim_ready_jobs", "renew_job_lease", "complete_job",
                    "finish_jobs", "finish_and_claim_jobs", "release_jobs", "redrive_jobs",
-                   "cancel_jobs"]
+                   "cancel_jobs", "join_worker_pool", "leave_worker_pool"]
 
 
 @pytest.mark.parametrize("name", list(INVISIBLE_NAMES.values()), ids=list(INVISIBLE_NAMES))

@@ -161,9 +161,14 @@ def _produce(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
                 (tenant, ids["a"]))
     assert call("get_job_result_by_key", "select * from app.get_job_result_by_key(%s, 'b')",
                 (tenant,))
+    # After an enqueue, the wake: the pool is empty, so it reserves a place (which the
+    # worker's duty below takes).
+    call("wake_worker_place",
+         "select app.wake_worker_place('0 seconds', '90 seconds', 4) as place", ())
 
 
 def _work(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
+    _pool(call)
     call("ready_tenants", "select * from app.ready_tenants(10)", ())
     call("oldest_ready_at", "select app.oldest_ready_at()", ())
 
@@ -202,6 +207,24 @@ def _work(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
          " array[null]::interval[], 1)", (tenant, rows[0]["id"], rows[0]["lease_token"]))
 
 
+def _pool(call: Call) -> None:
+    """A worker invocation's pool calls: scale up, join taking a reservation, give back
+    a reservation whose invoke failed, count, leave, and wake (the produce duty's wake
+    holds a place, so this one answers NULL)."""
+    places = [r["place"] for r in call(
+        "reserve_worker_places",
+        "select r.place from app.reserve_worker_places(2, 4, '90 seconds') as r(place)", ())]
+    assert len(places) == 2, "no room to reserve"
+    assert call("join_worker_pool",
+                "select app.join_worker_pool('w1', 'fanout', %s, 4, '5 minutes') as joined",
+                (places[0],))[0]["joined"]
+    call("release_worker_place", "select app.release_worker_place(%s)", (places[1],))
+    assert call("worker_pool_size", "select * from app.worker_pool_size()", ())[0]["live"] == 1
+    call("leave_worker_pool", "select app.leave_worker_pool('w1')", ())
+    call("wake_worker_place",
+         "select app.wake_worker_place('0 seconds', '90 seconds', 4) as place", ())
+
+
 def _reap(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
     # Arranged as the administrator, so that releasing and pruning have work to do.
     admin.execute("update app.jobs set lease_expires_at = now() - interval '1 second'"
@@ -225,6 +248,7 @@ def _operate(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
          (tenant,))
     call("queue_status", "select * from app.queue_status(%s)", (tenant,))
     call("oldest_ready_at", "select app.oldest_ready_at()", ())
+    call("worker_pool_size", "select * from app.worker_pool_size()", ())
     call("repair_tenant_turns", "select * from app.repair_tenant_turns(10)", ())
     call("queue_depth", "select * from app.queue_depth(%s, 'email.send', 5)", (tenant,))
     call("job_activity", "select * from app.job_activity(%s, 'email.send', '1 hour', 6, 5)",

@@ -1,0 +1,437 @@
+"""Elastic drain on Lambda: the worker pool, fan-out, and the wake after an enqueue.
+
+The database keeps a pool of *places* (``app.worker_pool``, see sql/README.md): one per
+live worker invocation, each expiring with its invocation, and short-lived reservations
+for invocations on their way. Every change to the pool goes through one row lock, so the
+pool never holds more than ``LEASEQ_MAX_WORKERS`` places, whatever races, duplicate
+events or retries come its way. Here is the Lambda half:
+
+* :class:`PoolMembership`: an invocation joins the pool before it claims anything (its
+  reservation if it was started for one, else free room) and leaves it when it ends;
+  refused, it returns at once. The place expires by itself when an invocation is killed.
+* :class:`FanOut`: the worker's ``on_claim`` hook. When a claim says the backlog is more
+  than the pool drains (:class:`leaseq.pool.ScaleUp`), it reserves one more place and
+  invokes the worker function asynchronously with the pool-start event, from a
+  background thread, so a claim never waits on Lambda. Every member asking for one more
+  place per second doubles the pool each second while the backlog lasts.
+* :func:`wake`: the enqueue function's call after its commit. When nobody polls and
+  nobody is starting, and the last wake is older than the debounce, one place is
+  reserved and one worker invoked; otherwise nothing (1,000 enqueues in a second start
+  at most one invocation).
+* :func:`wake_worker`: the same for producers that enqueue in their own transaction
+  (``leaseq.enqueue_jobs(conn, ...)``), to call after their commit.
+
+A failed invoke gives its place back (``app.release_worker_place``) and is logged and
+counted; never is a job lost by it: the scheduled tick drains whatever no started
+invocation took, within one tick. Lambda's client is :func:`leaseq_lambda.invoker.
+lambda_client`, so the same code reaches AWS Lambda or the local Lambda service.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+from uuid import UUID
+
+import psycopg
+from leaseq import ClaimedJob, InvalidRequestError, LeaseqError, QueueClient, queries
+from leaseq.db import fetch_rows, translate_errors
+from leaseq.pool import PoolSize, ScaleUp
+from leaseq.settings import PoolSettings
+
+from leaseq_lambda import invoker
+from leaseq_lambda.events import Tick, pool_start_event
+
+logger = logging.getLogger("leaseq.scaling")
+
+__all__ = [
+    "POOL_EXPIRY_MARGIN",
+    "FanOut",
+    "PoolMembership",
+    "WorkerStartError",
+    "lambda_starter",
+    "wake",
+    "wake_after_enqueue",
+    "wake_worker",
+]
+
+#: Seconds a live place outlasts its invocation's time left: a killed invocation's place
+#: is free again this long after its deadline.
+POOL_EXPIRY_MARGIN = 5.0
+#: The longest an ending invocation waits for a start already under way.
+CLOSE_SECONDS = 5.0
+#: The defaults of :func:`wake_worker` (those of ``LEASEQ_WAKE_DEBOUNCE_SECONDS`` and
+#: ``LEASEQ_START_HOLD_SECONDS``).
+WAKE_DEBOUNCE_SECONDS = 1.0
+START_HOLD_SECONDS = 90.0
+
+StartReason = Literal["fanout", "wake"]
+#: Starts one worker invocation with a pool-start event; raises WorkerStartError.
+Invoke = Callable[[Mapping[str, str]], None]
+
+
+class WorkerStartError(LeaseqError):
+    """The worker function could not be invoked (Lambda refused or could not be
+    reached). Its reserved place is given back, or expires after the start hold; the
+    jobs wait for the next worker (at the latest the scheduled tick)."""
+
+
+def lambda_starter(function_name: str, lambda_client: Any | None = None) -> Invoke:
+    """An :data:`Invoke` that sends the event to ``function_name`` (name or ARN) as an
+    asynchronous (``Event``) invocation, with the environment's Lambda client unless one
+    is given. Lambda answers 202 once the event is queued; anything else, and every
+    error of the client, is a :class:`WorkerStartError` saying what to check."""
+
+    def invoke(event: Mapping[str, str]) -> None:
+        client = lambda_client if lambda_client is not None else invoker.lambda_client()
+        try:
+            answer = client.invoke(FunctionName=function_name, InvocationType="Event",
+                                   Payload=json.dumps(dict(event)).encode())
+        except Exception as exc:
+            raise WorkerStartError(
+                f"invoking the worker function {function_name!r} failed: "
+                f"{type(exc).__name__}: {exc}. Check that LEASEQ_WORKER_FUNCTION names the "
+                "worker function, that this function may call lambda:InvokeFunction on it, "
+                "and that Lambda is reachable (a VPC endpoint or NAT)") from exc
+        status = answer.get("StatusCode")
+        if status != 202:
+            raise WorkerStartError(
+                f"invoking the worker function {function_name!r} asynchronously answered "
+                f"HTTP {status}, not 202: the event was not queued")
+
+    return invoke
+
+
+def _release(client: QueueClient, place: UUID) -> None:
+    """Give back a reserved place whose invocation never started (never raises: a place
+    that cannot be given back expires after the start hold)."""
+    try:
+        client.release_worker_place(place)
+    except LeaseqError as exc:
+        logger.warning("reserved worker place not given back; it expires after "
+                       "LEASEQ_START_HOLD_SECONDS", extra={"place": str(place),
+                                                           "error": exc.message})
+
+
+def _start(client: QueueClient, invoke: Invoke, place: UUID, reason: StartReason) -> None:
+    try:
+        invoke(pool_start_event(reason, place))
+    except Exception as exc:
+        _release(client, place)
+        if isinstance(exc, WorkerStartError):
+            raise
+        raise WorkerStartError(f"starting a worker failed: {type(exc).__name__}: {exc}") from exc
+
+
+# The pool membership of one invocation -------------------------------------------------
+
+
+class PoolMembership:
+    """One worker invocation's place in the pool: joined before the first claim, left
+    when the invocation ends (and expiring with it if it is killed), with the fan-out
+    that starts more invocations while it drains.
+
+    With the pool off (``LEASEQ_MAX_WORKERS`` 0) every invocation is admitted, nothing
+    is written and nothing started: the worker behaves as it did before the pool.
+
+    >>> pool = PoolMembership(client, settings.pool, owner)
+    >>> if pool.join(tick, deadline.remaining()):
+    ...     try:
+    ...         worker = runtime.worker(owner, poll_idle=pool.poll_idle,
+    ...                                 on_claim=pool.fan_out)
+    ...         worker.drain(deadline)
+    ...     finally:
+    ...         pool.finish(deadline.remaining())
+    """
+
+    def __init__(self, client: QueueClient, settings: PoolSettings, owner: str, *,
+                 invoke: Invoke | None = None) -> None:
+        self.client = client
+        self.settings = settings
+        self.owner = owner
+        self.joined = False
+        self.tick: Tick | None = None
+        self.fan_out: FanOut | None = None
+        self._invoke = invoke
+
+    @property
+    def enabled(self) -> bool:
+        return self.settings.enabled
+
+    def join(self, tick: Tick, time_left: float) -> bool:
+        """Take the tick's reservation, or free room; False when the pool is full (a
+        duplicate or retried start event, a tick while the pool is at its maximum):
+        the invocation must then return without claiming."""
+        self.tick = tick
+        if not self.enabled:
+            return True
+        self.joined = self.client.join_worker_pool(
+            self.owner, tick.pool_reason, tick.reservation, self.settings.max_workers,
+            time_left + POOL_EXPIRY_MARGIN)
+        if self.joined:
+            self.fan_out = FanOut(self.client, self.settings, invoke=self._invoke)
+        return self.joined
+
+    @property
+    def poll_idle(self) -> float | None:
+        """How long the invocation polls an empty queue: one started by fan-out or a
+        wake stops after ``LEASEQ_FANOUT_IDLE_SECONDS``; a scheduled or manual one keeps
+        the worker's ``LEASEQ_POLL_IDLE_SECONDS`` (None)."""
+        if self.enabled and self.tick is not None and self.tick.started:
+            return float(self.settings.fanout_idle_seconds)
+        return None
+
+    def size(self) -> PoolSize | None:
+        """Live and reserved places now; None with the pool off or the database failing."""
+        if not self.enabled:
+            return None
+        try:
+            return self.client.worker_pool_size()
+        except LeaseqError as exc:
+            logger.warning("worker pool size unavailable", extra={"error": exc.message})
+            return None
+
+    def finish(self, time_left: float) -> FanOutReport | None:
+        """End of the invocation: stop the fan-out (waiting for a start under way at most
+        ``time_left``, and :data:`CLOSE_SECONDS`) and free the place at once. Never
+        raises: a place not freed expires with the invocation. None with the pool off."""
+        report = None
+        if self.fan_out is not None:
+            report = self.fan_out.close(min(CLOSE_SECONDS, max(0.0, time_left - 0.5)))
+        if self.joined:
+            try:
+                self.client.leave_worker_pool(self.owner)
+            except LeaseqError as exc:
+                logger.warning("leaving the worker pool failed; the place expires with the "
+                               "invocation", extra={"error": exc.message})
+            self.joined = False
+        return report if self.enabled else None
+
+
+# Fan-out ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FanOutReport:
+    """What one invocation's fan-out did: invocations started, starts that failed, and
+    scale-ups the pool had no room for."""
+
+    started: int = 0
+    failed: int = 0
+    pool_full: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"workers_started": self.started, "worker_starts_failed": self.failed,
+                "scale_ups_refused": self.pool_full}
+
+
+class FanOut:
+    """The worker's ``on_claim`` hook: more worker invocations while the backlog lasts.
+
+    Called after every claim from the thread that made it, it only asks
+    :class:`~leaseq.pool.ScaleUp` (no I/O) and hands a wanted start to a background
+    thread, which reserves the places (``app.reserve_worker_places``: never beyond
+    ``LEASEQ_MAX_WORKERS``) and invokes the worker function for each. A failed invoke
+    gives its place back and is logged and counted. :meth:`close` ends it before the
+    invocation returns, so no thread is left to run in a frozen environment.
+
+    >>> fan_out = FanOut(client, settings.pool)
+    >>> worker = Worker(client, registry, config, on_claim=fan_out)
+    """
+
+    def __init__(self, client: QueueClient, settings: PoolSettings, *,
+                 invoke: Invoke | None = None, scale_up: ScaleUp | None = None) -> None:
+        self.client = client
+        self.settings = settings
+        self.scale_up = scale_up or ScaleUp()
+        self._invoke = invoke
+        self._cond = threading.Condition()
+        self._wanted = 0
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._started = self._failed = self._full = 0
+
+    @property
+    def invoke(self) -> Invoke:
+        if self._invoke is None:
+            if not self.settings.worker_function:
+                raise WorkerStartError(
+                    "LEASEQ_WORKER_FUNCTION is not set: name the worker function (its name "
+                    "or ARN) so that a busy worker can start more of itself")
+            self._invoke = lambda_starter(self.settings.worker_function)
+        return self._invoke
+
+    def __call__(self, claimed: Sequence[ClaimedJob], limit: int) -> None:
+        wanted = self.scale_up.wanted(claimed, limit)
+        if wanted <= 0:
+            return
+        with self._cond:
+            if self._closed:
+                return
+            self._wanted += wanted
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="leaseq-fan-out",
+                                                daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._wanted and not self._closed:
+                    self._cond.wait()
+                if not self._wanted:
+                    return  # closed, and every start asked for is done
+                wanted, self._wanted = self._wanted, 0
+            try:
+                self._grow(wanted)
+            except Exception:  # never let the thread die silently
+                logger.exception("fan-out failed; the scheduled tick drains the backlog")
+
+    def _grow(self, wanted: int) -> None:
+        try:
+            places = self.client.reserve_worker_places(
+                wanted, self.settings.max_workers, float(self.settings.start_hold_seconds))
+        except LeaseqError as exc:
+            with self._cond:
+                self._failed += wanted
+            logger.warning("reserving worker places failed", extra={"error": exc.message})
+            return
+        with self._cond:
+            self._full += int(len(places) < wanted)
+        for place in places:
+            try:
+                _start(self.client, self.invoke, place, "fanout")
+            except WorkerStartError as exc:
+                with self._cond:
+                    self._failed += 1
+                logger.warning("worker start failed", extra={"error": exc.message,
+                                                             "place": str(place)})
+                continue
+            with self._cond:
+                self._started += 1
+            logger.info("worker started", extra={"reason": "fanout", "place": str(place)})
+
+    def close(self, timeout: float = CLOSE_SECONDS) -> FanOutReport:
+        """Take no more claims, and wait up to ``timeout`` seconds for the starts already
+        asked for (a place left reserved by one still under way expires after the start
+        hold)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join(max(0.0, timeout))
+            if thread.is_alive():
+                logger.warning("a worker start was still under way when the invocation "
+                               "ended", extra={"waited_seconds": round(timeout, 3)})
+        return self.report()
+
+    def report(self) -> FanOutReport:
+        with self._cond:
+            return FanOutReport(self._started, self._failed, self._full)
+
+
+# Wake ---------------------------------------------------------------------------------
+
+
+def wake(client: QueueClient, settings: PoolSettings, lambda_client: Any | None = None, *,
+         invoke: Invoke | None = None) -> bool:
+    """Start one worker invocation if nobody is polling or starting and the last wake
+    is older than ``LEASEQ_WAKE_DEBOUNCE_SECONDS``; True when one was started.
+
+    Call it after the commit that made jobs ready. A failed invoke gives the place back
+    and raises :class:`WorkerStartError`; a database failure raises its own error. The
+    enqueue function treats both as best effort: the jobs are stored either way.
+    """
+    if not settings.enabled:
+        return False
+    place = client.wake_worker_place(float(settings.wake_debounce_seconds),
+                                     float(settings.start_hold_seconds), settings.max_workers)
+    if place is None:
+        return False
+    if invoke is None:
+        if not settings.worker_function:
+            _release(client, place)
+            raise WorkerStartError(
+                "LEASEQ_WORKER_FUNCTION is not set: name the worker function (its name or "
+                "ARN) so that an enqueue can wake it")
+        invoke = lambda_starter(settings.worker_function, lambda_client)
+    _start(client, invoke, place, "wake")
+    logger.info("worker woken", extra={"place": str(place)})
+    return True
+
+
+def wake_after_enqueue(client: QueueClient, settings: PoolSettings,
+                       lambda_client: Any | None = None) -> tuple[bool, bool]:
+    """:func:`wake` as the enqueue function calls it after its commit: best effort, never
+    raising. Returns (a worker was started, the start failed); a failure is logged, and
+    the jobs it was for are stored all the same."""
+    try:
+        return wake(client, settings, lambda_client), False
+    except LeaseqError as exc:
+        logger.warning("waking a worker failed; the scheduled worker runs the jobs",
+                       extra={"error": exc.message, "sqlstate": exc.sqlstate})
+        return False, True
+
+
+def wake_worker(connection: psycopg.Connection[Any], function_name: str, *,
+                debounce: float = WAKE_DEBOUNCE_SECONDS, hold: float = START_HOLD_SECONDS,
+                lambda_client: Any | None = None) -> bool:
+    """Wake a worker after committing jobs enqueued in your own transaction.
+
+    ``leaseq.enqueue_jobs(conn, ...)`` stores jobs in the caller's transaction, and the
+    enqueue function's wake never sees them; call this once the transaction has
+    committed, on the same connection (or any connection as a member of
+    ``leaseq_producer``, ``leaseq_tenant_producer`` or ``leaseq_worker``), with the
+    worker function's name or ARN (the stack output ``WorkerFunctionName``). The caller
+    needs ``lambda:InvokeFunction`` on it. It is debounced in the database exactly as the
+    enqueue function's wake is (``debounce`` and ``hold`` as the worker's
+    ``LEASEQ_WAKE_DEBOUNCE_SECONDS`` and ``LEASEQ_START_HOLD_SECONDS``), so calling it
+    after every commit is cheap: it starts an invocation only when no worker is polling
+    or starting. Returns True when it started one.
+
+    Best effort by design: when it raises (the database or Lambda failing), the jobs are
+    committed all the same and the scheduled worker runs them within one tick.
+
+    >>> with conn.transaction():
+    ...     order_id = save_order(conn, order)
+    ...     leaseq.enqueue_jobs(conn, [EnqueueRequest(tenant_id=tenant, kind="ship",
+    ...                                operation_key=f"ship-{order_id}", payload={...})])
+    >>> wake_worker(conn, "my-stack-worker")
+
+    Called inside an open transaction it raises :class:`leaseq.InvalidRequestError` and
+    does nothing: a worker woken before the commit would not see the jobs.
+    """
+    if connection.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        raise InvalidRequestError(
+            "wake_worker was called inside an open transaction: commit the transaction "
+            "that enqueued the jobs first, then call wake_worker, so that the worker it "
+            "starts can see them")
+    # The wake reserves only when the pool is empty, so the maximum it checks against
+    # is met by any value of at least one: the producer need not know MaxWorkers.
+    params = {"debounce": _seconds(debounce), "hold": _seconds(hold), "max_workers": 1}
+    with translate_errors(connection), connection.transaction():
+        rows = fetch_rows(connection, queries.WAKE_WORKER_PLACE, params)
+    place = rows[0]["place"] if rows else None
+    if place is None:
+        return False
+    invoke = lambda_starter(function_name, lambda_client)
+    try:
+        invoke(pool_start_event("wake", place))
+    except WorkerStartError:
+        # A producer may not give places back (a worker's duty): it expires after ``hold``.
+        logger.warning("worker wake failed; its place expires after the start hold",
+                       extra={"place": str(place)})
+        raise
+    return True
+
+
+def _seconds(value: float) -> Any:
+    from datetime import timedelta
+
+    return timedelta(seconds=value)
