@@ -62,7 +62,10 @@ BENCH_DIR = Path(__file__).resolve().parent.parent
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 SCENARIOS = ("backlog", "latency", "idle")
 LATENCY_LINES = ("fanout", "scheduled", "pgqueuer")
-BACKLOG_LINES = ("fanout", "pgqueuer")
+#: leaseq's backlog starts on cold execution environments (the first burst after a quiet
+#: spell) and on warm ones (max workers environments used just before, as PgQueuer's
+#: processes are running before its clock starts).
+BACKLOG_LINES = ("fanout-cold", "fanout-warm", "pgqueuer")
 IDLE_LINES = ("fanout", "scheduled")
 BATCH = 10
 TENANTS = 10
@@ -107,8 +110,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "through the enqueue function's Invoke API (function); default "
                         "%(default)s")
     p.add_argument("--lines", default=None,
-                   help="latency and backlog lines to run (default: all of "
-                        f"{','.join(LATENCY_LINES)})")
+                   help="lines to run: backlog fanout-cold, fanout-warm, pgqueuer; latency "
+                        "fanout, scheduled, pgqueuer (default: all; fanout brings both "
+                        "backlog fan-out lines)")
     p.add_argument("--parameter-overrides", nargs="+", default=[], metavar="NAME=VALUE",
                    help="template parameters for the local Lambda service")
     p.add_argument("--seed", type=int, default=13, help="of the arrivals (%(default)s)")
@@ -130,10 +134,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     unknown = set(args.scenario_list) - set(SCENARIOS)
     if unknown:
         p.error(f"unknown scenarios {sorted(unknown)}; choose from {SCENARIOS}")
+    every = dict.fromkeys((*BACKLOG_LINES, *LATENCY_LINES))
     args.line_list = ([s.strip() for s in args.lines.split(",") if s.strip()]
-                      if args.lines else list(LATENCY_LINES))
-    if set(args.line_list) - set(LATENCY_LINES):
-        p.error(f"--lines: choose from {LATENCY_LINES}")
+                      if args.lines else list(every))
+    if set(args.line_list) - set(every):
+        p.error(f"--lines: choose from {', '.join(every)}")
+    if "fanout" in args.line_list:  # fan-out's backlog lines come with it
+        args.line_list += [x for x in ("fanout-cold", "fanout-warm") if x not in args.line_list]
     args.rate_list = [float(r) for r in args.rates.split(",") if r.strip()]
     overrides = {}
     for pair in args.parameter_overrides:
@@ -143,6 +150,44 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         overrides[name] = value
     args.overrides = overrides
     return args
+
+
+def environment_pids(stats: dict[str, Any]) -> list[int]:
+    """The process of every execution environment the local service has now."""
+    return [int(e["pid"]) for f in stats["functions"].values() for e in f["environments"]
+            if e.get("pid")]
+
+
+class CpuWindow:
+    """CPU seconds over one timed window: the server's backends of the run's database,
+    the client processes (Lambda execution environments, PgQueuer workers), this
+    orchestrator (which hosts the local Lambda service), and the whole machine."""
+
+    def __init__(self, postmaster: int | None, dbname: str, nice: int) -> None:
+        self._server = (meters.ServerCpuMeter(postmaster, dbname, nice=nice)
+                        if meters.ServerCpuMeter.available(postmaster) else None)
+        self._clients: dict[int, float] = {}
+
+    def start(self, client_pids: list[int]) -> None:
+        self._clients = {pid: machine.process_cpu_s(pid) for pid in client_pids}
+        self._own = machine.self_cpu_s()
+        self._busy = machine.machine_busy_s()
+        self._at = time.perf_counter()
+        if self._server is not None:
+            self._server.start()
+
+    def stop(self, client_pids: list[int]) -> dict[str, Any]:
+        """``client_pids``: the clients now (a process started in the window counts whole,
+        its start-up included)."""
+        seconds = time.perf_counter() - self._at
+        clients = sum(machine.process_cpu_s(pid) - self._clients.get(pid, 0.0)
+                      for pid in client_pids)
+        server = self._server.stop() if self._server is not None else None
+        return {"seconds": seconds, "clients_s": clients,
+                "orchestrator_s": machine.self_cpu_s() - self._own,
+                "server_s": None if server is None else server.attributed_s,
+                "server_foreign_s": None if server is None else server.foreign_s,
+                "machine_busy_s": machine.machine_busy_s() - self._busy}
 
 
 class Elastic:
@@ -157,6 +202,11 @@ class Elastic:
             self.logs.mkdir(parents=True, exist_ok=True)
         self.fanout_available = has_fanout()
         self.target = args.max_workers * args.concurrency
+        with connect(args.dsn) as conn:
+            self.postmaster = meters.postmaster_pid(conn)
+
+    def _cpu(self, dbname: str) -> CpuWindow:
+        return CpuWindow(self.postmaster, dbname, self.args.nice)
 
     # Shared pieces ---------------------------------------------------------------------
 
@@ -277,7 +327,9 @@ class Elastic:
     # Backlog ---------------------------------------------------------------------------
 
     def backlog(self, line: str, run: int) -> dict[str, Any]:
-        return self._backlog_leaseq(run) if line == "fanout" else self._backlog_pgqueuer(run)
+        if line == "pgqueuer":
+            return self._backlog_pgqueuer(run)
+        return self._backlog_leaseq(run, warm=line == "fanout-warm")
 
     def _backlog_figures(self, records_dir: Path, t0: float, t_done: float,
                          jobs: int) -> dict[str, Any]:
@@ -300,29 +352,34 @@ class Elastic:
             "concurrency_every_0_25_s": concurrency_at(records, moments),
         }
 
-    def _backlog_leaseq(self, run: int) -> dict[str, Any]:
+    def _backlog_leaseq(self, run: int, *, warm: bool) -> dict[str, Any]:
         from harness.systems import leaseq_enqueue
 
         args = self.args
-        dbname = run_database(f"leaseq_bench_elastic_backlog_r{run}")
+        tag = "warm" if warm else "cold"
+        dbname = run_database(f"leaseq_bench_elastic_backlog_{tag}_r{run}")
         records_dir = Path(tempfile.mkdtemp(prefix="leaseq-bench-records-"))
-        log = self._log(f"backlog-fanout-r{run}")
+        log = self._log(f"backlog-fanout-{tag}-r{run}")
+        warmed: dict[str, Any] | None = None
         try:
             with self.server.database(dbname, keep=args.keep_databases) as dsn:
                 self._install_leaseq(dsn)
-                leaseq_enqueue(dsn, args.jobs, TENANTS, kind="sleep")
-                analyze(dsn, ["app.jobs", "app.job_events"])
                 stack = Stack(dsn, self._mode("fanout"), records=records_dir,
                               handler_ms=args.handler_ms, log=log, overrides=args.overrides)
                 try:
+                    if warm:
+                        warmed = stack.warm(args.max_workers)
+                    leaseq_enqueue(dsn, args.jobs, TENANTS, kind="sleep")
+                    analyze(dsn, ["app.jobs", "app.job_events"])
                     settled = self._settle()
                     sampler = ConnectionSampler(args.dsn, dbname, nice=args.nice).start()
                     pool = self._pool_sampler(dsn)
-                    busy = machine.machine_busy_s()
+                    cpu = self._cpu(dbname)
+                    cpu.start(environment_pids(stack.stats()))
                     t0 = stack.start()  # the worker's schedule ticks now
                     done = self._wait_leaseq(dsn, args.jobs,
                                              timeout=max(300.0, 40 * args.jobs / self.target))
-                    busy_drain = machine.machine_busy_s() - busy
+                    cpu_figures = cpu.stop(environment_pids(stack.stats()))
                     idle = stack.wait_idle(timeout=180)
                     stack.stop_schedules()
                     stats = stack.stats()
@@ -343,10 +400,10 @@ class Elastic:
             shutil.rmtree(records_dir, ignore_errors=True)
         lam = self._lambda_figures(stats)
         worker = lam.get(WORKER, {})
-        return {**figures, "settle": settled, "busy_cores_during_drain":
-                busy_drain / figures["drain_s"] if figures["drain_s"] else None,
+        worker_gb_s = worker.get("gb_seconds", 0) - (warmed or {}).get("gb_seconds", 0)
+        return {**figures, "settle": settled, "cpu": cpu_figures, "warm_up": warmed,
                 "idle_after": idle, "lambda": lam, "log": {"lines": log.lines, **log.counts},
-                "gb_s_per_1000_jobs": worker.get("gb_seconds", 0) / args.jobs * 1000,
+                "gb_s_per_1000_jobs": worker_gb_s / args.jobs * 1000,
                 "connections": {**connections, "system_peak": connections["peak"],
                                 "worker_peak": peak_of(connections, "leaseq WorkerFunction"),
                                 "budget": budget,
@@ -379,13 +436,15 @@ class Elastic:
                             meters.renice(proc.pid, args.nice)
                     settled = self._settle()
                     sampler = ConnectionSampler(args.dsn, dbname, nice=args.nice).start()
-                    busy = machine.machine_busy_s()
+                    cpu = self._cpu(dbname)
+                    pids = [proc.pid for proc in procs]
+                    cpu.start(pids)
                     t0 = time.time()
                     for proc in procs:
                         send(proc, "go")
                     jobs = sum(int(expect(proc, "done")[1]) for proc in procs)
                     t_done = time.time()
-                    busy_drain = machine.machine_busy_s() - busy
+                    cpu_figures = cpu.stop(pids)
                     connections = sampler.stop()
                     for proc in procs:
                         send(proc, "quit")
@@ -398,8 +457,7 @@ class Elastic:
                 figures = self._backlog_figures(records_dir, t0, t_done, args.jobs)
         finally:
             shutil.rmtree(records_dir, ignore_errors=True)
-        return {**figures, "settle": settled, "busy_cores_during_drain":
-                busy_drain / figures["drain_s"] if figures["drain_s"] else None,
+        return {**figures, "settle": settled, "cpu": cpu_figures,
                 "connections": {**connections, "system_peak": connections["peak"],
                                 "budget": args.max_workers,
                                 "budget_of": "worker processes, one connection each"}}
@@ -429,7 +487,7 @@ class Elastic:
             extra = ["--via-function", ENQUEUE]
             how = "enqueue function (Invoke API)"
         elif mode.fanout:
-            extra = ["--wake", WORKER]
+            extra = ["--wake", "<worker>"]
             how = "library in the producer's transaction, then wake_worker"
         else:
             extra = []
@@ -441,6 +499,8 @@ class Elastic:
                               log=log, overrides=args.overrides)
                 try:
                     env = {**AWS_ENV, "AWS_ENDPOINT_URL_LAMBDA": stack.url}
+                    extra = [stack.worker_function if word == "<worker>" else word
+                             for word in extra]
                     with processes([self._producer("leaseq", dsn, rate, extra)], env) as (
                             producer,):
                         expect(producer, "ready")
@@ -676,13 +736,13 @@ def main(argv: list[str]) -> int:
         results["partial"] = partial
         out.write_text(json.dumps(results, indent=2, default=str), encoding="utf-8")
 
-    lines = [line for line in args.line_list]
+    lines = args.line_list
     for run in range(args.repeat):
         if "backlog" in args.scenario_list:
-            for line in [x for x in lines if x in BACKLOG_LINES]:
+            for line in [x for x in BACKLOG_LINES if x in lines]:
                 result = bench.backlog(line, run)
                 results["backlog"].setdefault(line, []).append(result)
-                print(f"  run {run + 1} backlog {line:<10} drain {result['drain_s']:.2f} s "
+                print(f"  run {run + 1} backlog {line:<11} drain {result['drain_s']:.2f} s "
                       f"(ideal {result['ideal_s']:.2f}, efficiency "
                       f"{result['efficiency']:.0%}); full concurrency "
                       f"{elastic_report.seconds(result['full_concurrency_s'])}, peak "
@@ -692,7 +752,7 @@ def main(argv: list[str]) -> int:
                 save(partial=True)
         if "latency" in args.scenario_list:
             for rate in args.rate_list:
-                for line in lines:
+                for line in [x for x in LATENCY_LINES if x in lines]:
                     result = bench.latency(line, rate, run)
                     results["latency"].setdefault(f"{line}@{rate:g}", []).append(result)
                     lat = result["latency"]

@@ -11,6 +11,8 @@ P50_TARGET_S = 0.5
 P99_TARGET_S = 2.0
 
 LINE_LABELS = {
+    "fanout-cold": "leaseq, fan-out, cold environments",
+    "fanout-warm": "leaseq, fan-out, warm environments",
     "fanout": "leaseq, fan-out + wake",
     "scheduled": "leaseq, scheduled-only",
     "pgqueuer": "PgQueuer 1.6.0",
@@ -64,9 +66,12 @@ def summarise(results: dict[str, Any]) -> dict[str, Any]:
             r["connections"]["system_peak"] for r in runs)
         summary["backlog"][line]["budget"] = runs[0]["connections"]["budget"]
         summary["backlog"][line]["runs"] = len(runs)
-    fan, pgq = summary["backlog"].get("fanout"), summary["backlog"].get("pgqueuer")
-    if fan and pgq and fan["drain_s"] and pgq["drain_s"]:
-        summary["backlog_drain_ratio_vs_pgqueuer"] = fan["drain_s"] / pgq["drain_s"]
+    pgq = summary["backlog"].get("pgqueuer")
+    for line in ("fanout-cold", "fanout-warm"):
+        fan = summary["backlog"].get(line)
+        if fan and pgq and fan["drain_s"] and pgq["drain_s"]:
+            summary.setdefault("backlog_drain_ratio_vs_pgqueuer", {})[line] = (
+                fan["drain_s"] / pgq["drain_s"])
     for key, runs in results.get("latency", {}).items():
         summary["latency"][key] = {
             q: _med(runs, lambda r, q=q: r["latency"][q]) for q in ("p50", "p95", "p99", "max")}
@@ -120,10 +125,11 @@ def render(results: dict[str, Any]) -> str:
                 f"{seconds(s['ninety_percent_s'])} | {_num(s['peak_concurrency'])} | "
                 f"{seconds(s['first_start_s'])} | {s['peak_connections']} "
                 f"({s['budget']}) | {gb_s} |")
-        ratio = summary.get("backlog_drain_ratio_vs_pgqueuer")
-        if ratio:
+        ratios = summary.get("backlog_drain_ratio_vs_pgqueuer") or {}
+        if ratios:
             out.append("")
-            out.append(f"leaseq drain time / PgQueuer drain time: {ratio:.2f}")
+        for line, ratio in ratios.items():
+            out.append(f"drain time of {LINE_LABELS[line]} / PgQueuer's: {ratio:.2f}")
     latency = results.get("latency", {})
     if latency:
         out.append("")
@@ -173,10 +179,12 @@ def render(results: dict[str, Any]) -> str:
 
 def targets(summary: dict[str, Any]) -> list[tuple[str, str, str, bool]]:
     rows: list[tuple[str, str, str, bool]] = []
-    fan = summary["backlog"].get("fanout")
-    if fan and fan["efficiency"] is not None:
-        rows.append(("backlog efficiency (ideal / drain)", f"{fan['efficiency']:.0%}",
-                     f">= {EFFICIENCY_TARGET:.0%}", fan["efficiency"] >= EFFICIENCY_TARGET))
+    for line in ("fanout-cold", "fanout-warm"):
+        fan = summary["backlog"].get(line)
+        if fan and fan["efficiency"] is not None:
+            rows.append((f"backlog efficiency (ideal / drain), {line}",
+                         f"{fan['efficiency']:.0%}", f">= {EFFICIENCY_TARGET:.0%}",
+                         fan["efficiency"] >= EFFICIENCY_TARGET))
     for key, s in summary["latency"].items():
         if not key.startswith("fanout@"):
             continue

@@ -118,18 +118,24 @@ class Stack:
         template = source.template_path()
         known = template_parameters(template)
         parameters = {k: v for k, v in (overrides or {}).items()}
+        # The worker's own variables; the pool's go to the worker and the enqueue function
+        # only, as the template sets them (the reaper has no pool settings to satisfy).
         variables = {
             "LEASEQ_WORKER_CONCURRENCY": str(mode.concurrency),
-            "LEASEQ_MAX_WORKERS": str(mode.max_workers if mode.fanout else 0),
             "LEASEQ_BENCH_RECORDS": str(records),
             "LEASEQ_BENCH_HANDLER_MS": f"{handler_ms:g}",
         }
+        pool: dict[str, str] = {}
         if "WorkerConcurrency" in known:
             parameters.setdefault("WorkerConcurrency", str(mode.concurrency))
+        if "MaxWorkers" in known:
+            # The template passes LEASEQ_MAX_WORKERS and LEASEQ_WORKER_FUNCTION itself.
+            parameters.setdefault("MaxWorkers", str(mode.max_workers if mode.fanout else 0))
+        else:
+            pool["LEASEQ_MAX_WORKERS"] = str(mode.max_workers if mode.fanout else 0)
+            if mode.fanout:
+                pool["LEASEQ_WORKER_FUNCTION"] = WORKER
         if mode.fanout:
-            variables["LEASEQ_WORKER_FUNCTION"] = WORKER
-            if "MaxWorkers" in known:
-                parameters.setdefault("MaxWorkers", str(mode.max_workers))
             reserved = known.get("WorkerReservedConcurrency", {})
             if reserved:
                 default = int(reserved.get("Default", 0))
@@ -140,12 +146,13 @@ class Stack:
             raise SystemExit(f"the template has no parameters {unknown}")
         self.mode = mode
         self.parameters = parameters
-        self.variables = variables
+        self.variables = {**variables, **pool}
         self.log = log
         self.service = LocalLambda(LocalConfig(
             template=template, parameter_overrides=parameters, database_url=dsn,
             owner_database_url=dsn, handlers="elastic_handlers",
-            env_vars={"Parameters": variables}, python_path=(BENCH_DIR,), port=0,
+            env_vars={WORKER: {**variables, **pool}, ENQUEUE: pool},
+            python_path=(BENCH_DIR,), port=0,
             async_retry_delays=(60.0, 120.0), log=log))
         self.started_at: float | None = None
 
@@ -156,6 +163,13 @@ class Stack:
     def spec(self, function: str) -> Any:
         return self.service.template.functions[function]
 
+    @property
+    def worker_function(self) -> str:
+        """The name the worker is invoked by (its FunctionName, as the template tells the
+        worker and the enqueue function), else its logical id."""
+        return str(self.spec(WORKER).environment.get("LEASEQ_WORKER_FUNCTION")
+                   or self.variables.get("LEASEQ_WORKER_FUNCTION") or WORKER)
+
     def start(self) -> float:
         """Start serving, every schedule's first fire due now; the wall-clock start."""
         now = time.monotonic()
@@ -164,6 +178,30 @@ class Stack:
         self.started_at = time.time()
         self.service.start()
         return self.started_at
+
+    def warm(self, count: int) -> dict[str, Any]:
+        """Make ``count`` worker environments warm before the clock: as many manual
+        invocations at once on the empty queue (each joins the pool, polls for the idle
+        period, leaves), as a burst that came just before would have left them. Returns
+        their figures, which the run's GB-seconds leave out."""
+        service = self.service.service
+        outcomes: list[Any] = []
+
+        def invoke() -> None:
+            outcomes.append(service.invoke(WORKER, b"{}"))
+
+        threads = [threading.Thread(target=invoke, daemon=True) for _ in range(count)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=self.spec(WORKER).timeout_seconds + 30)
+        stats = service.stats()["functions"][WORKER]
+        errors = [o for o in outcomes if o.function_error]
+        if errors or len(outcomes) != count:
+            raise RuntimeError(f"warming {count} workers: {len(outcomes)} answered, "
+                               f"{len(errors)} failed")
+        return {"invocations": count, "warm_environments": stats["warm_environments"],
+                "gb_seconds": stats["gb_seconds"]}
 
     def stop_schedules(self) -> None:
         self.service.scheduler.stop()
