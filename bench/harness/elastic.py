@@ -219,6 +219,12 @@ class Elastic:
         waited, load = machine.wait_until_quiet(self.args.settle)
         return {"waited_s": waited, "load_before": load}
 
+    def _drop_records(self, records_dir: Path) -> None:
+        """Remove a run's job records, or move them next to its logs (--keep-logs)."""
+        if self.logs is not None and records_dir.exists():
+            shutil.move(str(records_dir), self.logs / f"records-{len(list(self.logs.iterdir()))}")
+        shutil.rmtree(records_dir, ignore_errors=True)
+
     def _log(self, tag: str) -> LogCounter:
         return LogCounter(self.logs / f"{tag}.log" if self.logs is not None else None)
 
@@ -397,7 +403,7 @@ class Elastic:
                                                 args.jobs)
         finally:
             log.close()
-            shutil.rmtree(records_dir, ignore_errors=True)
+            self._drop_records(records_dir)
         lam = self._lambda_figures(stats)
         worker = lam.get(WORKER, {})
         worker_gb_s = worker.get("gb_seconds", 0) - (warmed or {}).get("gb_seconds", 0)
@@ -456,7 +462,7 @@ class Elastic:
                                        f"{args.jobs}")
                 figures = self._backlog_figures(records_dir, t0, t_done, args.jobs)
         finally:
-            shutil.rmtree(records_dir, ignore_errors=True)
+            self._drop_records(records_dir)
         return {**figures, "settle": settled, "cpu": cpu_figures,
                 "connections": {**connections, "system_peak": connections["peak"],
                                 "budget": args.max_workers,
@@ -535,7 +541,7 @@ class Elastic:
             records = read_records(records_dir)
         finally:
             log.close()
-            shutil.rmtree(records_dir, ignore_errors=True)
+            self._drop_records(records_dir)
         lam = self._lambda_figures(stats)
         gb_s = sum(f["gb_seconds"] for f in lam.values())
         return {"rate": rate, "duration_s": args.duration, "jobs": jobs, "ran": len(records),
@@ -592,7 +598,7 @@ class Elastic:
                     raise RuntimeError(f"PgQueuer ran {ran} of {jobs} jobs")
             records = read_records(records_dir)
         finally:
-            shutil.rmtree(records_dir, ignore_errors=True)
+            self._drop_records(records_dir)
         return {"rate": rate, "duration_s": args.duration, "jobs": jobs, "ran": len(records),
                 "ran_twice": len(duplicates(records)), "latency": latency_summary(records),
                 "enqueue": "Queries.enqueue, one job per call", "producer_max_lag_s": lag,
@@ -635,7 +641,7 @@ class Elastic:
                     stack.close()
         finally:
             log.close()
-            shutil.rmtree(records_dir, ignore_errors=True)
+            self._drop_records(records_dir)
         lam = self._lambda_figures(stats)
         ticks = args.idle_minutes
         per_hour = 3600 / (ticks * period)

@@ -54,6 +54,15 @@ def _num(value: float | None, digits: int = 0) -> str:
     return "–" if value is None else f"{value:,.{digits}f}"
 
 
+def _other_load(run: dict[str, Any]) -> float | None:
+    """Cores the rest of the machine used during the window (someone else's work)."""
+    cpu = run.get("cpu")
+    if not cpu or not cpu.get("seconds"):
+        return None
+    ours = cpu["clients_s"] + cpu["orchestrator_s"] + (cpu["server_s"] or 0)
+    return max(cpu["machine_busy_s"] - ours, 0.0) / cpu["seconds"]
+
+
 def summarise(results: dict[str, Any]) -> dict[str, Any]:
     """Medians per line and the ratios the docs quote."""
     summary: dict[str, Any] = {"backlog": {}, "latency": {}, "idle": {}}
@@ -62,6 +71,11 @@ def summarise(results: dict[str, Any]) -> dict[str, Any]:
             key: _med(runs, lambda r, k=key: r[k]) for key in (
                 "drain_s", "ideal_s", "efficiency", "full_concurrency_s", "ninety_percent_s",
                 "peak_concurrency", "first_start_s", "gb_s_per_1000_jobs")}
+        summary["backlog"][line]["other_load_cores"] = _med(runs, _other_load)
+        summary["backlog"][line]["client_cpu_ms_per_job"] = _med(
+            runs, lambda r: r["cpu"]["clients_s"] * 1000 / r["jobs"])
+        summary["backlog"][line]["server_cpu_ms_per_job"] = _med(
+            runs, lambda r: r["cpu"]["server_s"] * 1000 / r["jobs"])
         summary["backlog"][line]["peak_connections"] = max(
             r["connections"]["system_peak"] for r in runs)
         summary["backlog"][line]["budget"] = runs[0]["connections"]["budget"]
@@ -113,8 +127,9 @@ def render(results: dict[str, Any]) -> str:
         out.append("")
         out.append("| System | drain (min–max) | efficiency | full concurrency "
                    f"({target}) | 90% | peak at once | first job | peak connections "
-                   "(budget) | GB-s / 1,000 jobs |")
-        out.append("|---|--:|--:|--:|--:|--:|--:|--:|--:|")
+                   "(budget) | GB-s / 1,000 jobs | client / server CPU ms per job | other "
+                   "load |")
+        out.append("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
         for line, runs in backlog.items():
             s = summary["backlog"][line]
             gb_s = _num(s["gb_s_per_1000_jobs"], 2) if line != "pgqueuer" else "–"
@@ -124,7 +139,8 @@ def render(results: dict[str, Any]) -> str:
                 f"{_num((s['efficiency'] or 0) * 100)}% | {seconds(s['full_concurrency_s'])} | "
                 f"{seconds(s['ninety_percent_s'])} | {_num(s['peak_concurrency'])} | "
                 f"{seconds(s['first_start_s'])} | {s['peak_connections']} "
-                f"({s['budget']}) | {gb_s} |")
+                f"({s['budget']}) | {gb_s} | {_num(s['client_cpu_ms_per_job'], 3)} / "
+                f"{_num(s['server_cpu_ms_per_job'], 3)} | {_num(s['other_load_cores'], 2)} |")
         ratios = summary.get("backlog_drain_ratio_vs_pgqueuer") or {}
         if ratios:
             out.append("")
