@@ -9,6 +9,7 @@ and the crashed worker's job comes back through the reaper and runs again.
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
 import uuid
@@ -138,3 +139,88 @@ def summarise(operator: Operator, run_id: str, job_ids: list[uuid.UUID],
             row.unfinished += 1
     summary.tenants = list(by_tenant.values())
     return summary
+
+
+# The fan-out demo (leaseq demo --fan-out) ---------------------------------------------------
+
+#: The backlog of the fan-out demo: welcome emails of about 40 ms each, enough work that
+#: one worker invocation would take several seconds, more invocations a fraction of that.
+FANOUT_JOBS = 400
+FANOUT_MAX_WORKERS = 4
+#: A started worker stops after this long without work (LEASEQ_FANOUT_IDLE_SECONDS), so
+#: the demo ends soon after the backlog does.
+FANOUT_IDLE_SECONDS = 2.0
+
+
+def fan_out_items(run_id: str, tenant: uuid.UUID, count: int) -> list[dict[str, Any]]:
+    """The backlog as the enqueue function takes it (at most 1,000 jobs per call)."""
+    return [{"tenant_id": str(tenant), "operation_key": f"fanout-{run_id}-{n}",
+             "kind": "send_welcome_email",
+             "payload": {"to": f"user{n}@fanout.example", "name": f"User {n}"},
+             "correlation_id": f"fanout-{run_id}"} for n in range(count)]
+
+
+@dataclass(frozen=True)
+class FanOutSample:
+    """One look at the drain: seconds since the enqueue, worker invocations holding a
+    place in the pool (live) or on their way (reserved), jobs finished."""
+
+    elapsed: float
+    live: int
+    reserved: int
+    finished: int
+
+
+@dataclass
+class FanOutSummary:
+    run_id: str
+    tenant_id: uuid.UUID
+    jobs: int
+    max_workers: int
+    succeeded: int = 0
+    unfinished: int = 0
+    seconds: float = 0.0
+    samples: list[FanOutSample] = field(default_factory=list)
+    #: Worker invocations by what started them (wake, fanout, scheduler...), and those
+    #: the pool refused.
+    invocations: dict[str, int] = field(default_factory=dict)
+    refused: int = 0
+    cold_starts: int = 0
+
+    @property
+    def peak_workers(self) -> int:
+        return max((s.live for s in self.samples), default=0)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "tenant_id": self.tenant_id, "jobs": self.jobs,
+                "max_workers": self.max_workers, "succeeded": self.succeeded,
+                "unfinished": self.unfinished, "seconds": round(self.seconds, 3),
+                "peak_workers": self.peak_workers, "invocations": self.invocations,
+                "refused": self.refused, "cold_starts": self.cold_starts,
+                "samples": [s.__dict__ for s in self.samples]}
+
+
+def tenant_counts(operator: Operator, tenant: uuid.UUID) -> dict[str, int]:
+    """The tenant's jobs by state."""
+    counts: dict[str, int] = {}
+    for row in operator.queue_status(tenant):
+        counts[str(row["state"])] = counts.get(str(row["state"]), 0) + int(row["jobs"])
+    return counts
+
+
+def worker_summaries(lines: list[str], function: str = "WorkerFunction"
+                     ) -> list[dict[str, Any]]:
+    """The worker's end-of-invocation lines (drained, or refused by a full pool) among
+    the local service's log lines."""
+    found = []
+    prefix = f"[{function}] "
+    for line in lines:
+        if not line.startswith(prefix + "{"):
+            continue
+        try:
+            document = json.loads(line[len(prefix):])
+        except ValueError:
+            continue
+        if document.get("message") in ("drain finished", "worker pool full: not draining"):
+            found.append(document)
+    return found

@@ -95,6 +95,14 @@ def build_parser() -> Parser:
                     "with the real worker and reaper, show a summary")
     demo.add_argument("--budget", type=arguments.seconds, default=20.0,
                       help="seconds each simulated worker invocation may run (default 20)")
+    demo.add_argument("--fan-out", action="store_true",
+                      help="instead: a backlog enqueued through the enqueue function on the "
+                      "local Lambda service wakes a worker, which starts more of itself up "
+                      "to --max-workers; shows the pool as it grows and drains")
+    demo.add_argument("--max-workers", type=arguments.positive_int, default=4, metavar="N",
+                      help="with --fan-out: most worker invocations at once (default 4)")
+    demo.add_argument("--jobs", type=arguments.positive_int, default=400, metavar="N",
+                      help="with --fan-out: jobs in the backlog (default 400)")
 
     _command(sub, "migrate", c.cmd_migrate, "apply the SQL migrations (as the schema owner)")
 

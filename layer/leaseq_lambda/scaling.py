@@ -34,6 +34,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Literal
 from uuid import UUID
 
@@ -321,18 +322,19 @@ class FanOut:
 
     def _grow(self, wanted: int) -> None:
         try:
+            invoke = self.invoke
             places = self.client.reserve_worker_places(
                 wanted, self.settings.max_workers, float(self.settings.start_hold_seconds))
         except LeaseqError as exc:
             with self._cond:
                 self._failed += wanted
-            logger.warning("reserving worker places failed", extra={"error": exc.message})
+            logger.warning("worker start failed", extra={"error": exc.message})
             return
         with self._cond:
             self._full += int(len(places) < wanted)
         for place in places:
             try:
-                _start(self.client, self.invoke, place, "fanout")
+                _start(self.client, invoke, place, "fanout")
             except WorkerStartError as exc:
                 with self._cond:
                     self._failed += 1
@@ -403,7 +405,10 @@ def wake_after_enqueue(client: QueueClient, settings: PoolSettings,
     except LeaseqError as exc:
         logger.warning("waking a worker failed; the scheduled worker runs the jobs",
                        extra={"error": exc.message, "sqlstate": exc.sqlstate})
-        return False, True
+    except Exception as exc:  # a bug must not fail an enqueue that has committed
+        logger.exception("waking a worker failed; the scheduled worker runs the jobs",
+                         extra={"error": f"{type(exc).__name__}: {exc}"})
+    return False, True
 
 
 def wake_worker(connection: psycopg.Connection[Any], function_name: str, *,
@@ -441,7 +446,8 @@ def wake_worker(connection: psycopg.Connection[Any], function_name: str, *,
             "starts can see them")
     # The wake reserves only when the pool is empty, so the maximum it checks against
     # is met by any value of at least one: the producer need not know MaxWorkers.
-    params = {"debounce": _seconds(debounce), "hold": _seconds(hold), "max_workers": 1}
+    params = {"debounce": timedelta(seconds=debounce), "hold": timedelta(seconds=hold),
+              "max_workers": 1}
     with translate_errors(connection), connection.transaction():
         rows = fetch_rows(connection, queries.WAKE_WORKER_PLACE, params)
     place = rows[0]["place"] if rows else None
@@ -456,9 +462,3 @@ def wake_worker(connection: psycopg.Connection[Any], function_name: str, *,
                        extra={"place": str(place)})
         raise
     return True
-
-
-def _seconds(value: float) -> Any:
-    from datetime import timedelta
-
-    return timedelta(seconds=value)

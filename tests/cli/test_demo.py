@@ -67,3 +67,35 @@ def test_leaseq_demo_runs_on_the_embedded_server_and_summarises_per_tenant(
     assert stopped.code == 0
     assert stopped.json()["was_running"] is True
     assert run_process("db", "status", "--json", env=env).json()["running"] is False
+
+
+def test_leaseq_demo_fan_out_drains_a_backlog_across_several_workers_on_the_local_lambda(
+    embedded_home: Path,
+) -> None:
+    """``leaseq demo --fan-out``: the enqueue function's wake starts one worker on the
+    local Lambda service, its full claims start more, never more than --max-workers."""
+    env = clean_environment(LEASEQ_HOME=str(embedded_home))
+
+    done = run_process("demo", "--fan-out", "--jobs", "300", "--max-workers", "3", "--json",
+                       env=env, cwd=REPO, timeout=240)
+
+    assert done.code == 0, done.out + done.err
+    document = done.json()
+    assert (document["jobs"], document["succeeded"], document["unfinished"]) == (300, 300, 0)
+    assert 1 < document["peak_workers"] <= 3
+    assert document["invocations"]["wake"] == 1  # no schedule: the enqueue woke the first
+    assert document["invocations"]["fanout"] >= 1
+    assert all(s["live"] + s["reserved"] <= 3 for s in document["samples"])
+    assert document["samples"][-1]["finished"] == 300
+    assert (embedded_home / "lambda.log").read_text().count("START RequestId") >= 3
+
+    shown = run_process("demo", "--fan-out", "--jobs", "40", "--max-workers", "2",
+                        env=env, cwd=REPO, timeout=240)
+    assert shown.code == 0, shown.out + shown.err
+    assert "drained 40 of 40 jobs in " in shown.out
+    assert re.search(r"with up to [12] worker invocations at once \(MaxWorkers 2\)", shown.out)
+    assert re.search(r"worker invocations: .*1 by wake", shown.out)
+    assert "enqueueing 40 jobs through the enqueue function" in shown.err
+    assert "\x1b[" not in shown.out
+    stopped = run_process("db", "stop", "--json", env=env)
+    assert stopped.code == 0

@@ -38,7 +38,7 @@ def test_lambda_serve_runs_the_functions_on_the_embedded_database_and_stops_on_c
     embedded_home: Path,
 ) -> None:
     process = subprocess.Popen(
-        [str(LEASEQ), "lambda", "serve", "--port", "0", "--no-schedules"],
+        [str(LEASEQ), "lambda", "serve", "--port", "0", "--no-schedules", "--max-workers", "3"],
         env=clean_environment(LEASEQ_HOME=str(embedded_home)), cwd=REPO,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert process.stdout is not None
@@ -71,6 +71,11 @@ def test_lambda_serve_runs_the_functions_on_the_embedded_database_and_stops_on_c
 
     assert url.startswith("http://127.0.0.1:")
     assert any("embedded PostgreSQL" in line for line in seen)
+    # --max-workers turns the pool on: the worker and the enqueue function get its
+    # settings, the worker a reservation of one more for the tick.
+    assert any(line.startswith("  WorkerFunction:") and "reserved 4," in line for line in seen)
+    assert sum("from --env-vars: LEASEQ_MAX_WORKERS, LEASEQ_WORKER_FUNCTION" in line
+               for line in seen) == 2
     assert "FunctionError" not in answer, report
     assert (report["task"], report["status"]) == ("reaper", "ok")
     assert code == 0, process.stderr.read() if process.stderr else ""

@@ -523,6 +523,22 @@ def test_only_the_worker_and_the_enqueue_function_may_invoke_the_worker_on_its_a
     assert any(fnmatch.fnmatchcase(arn, pattern) for pattern in invoke["Resource"])
 
 
+def test_the_network_gives_the_functions_a_path_to_s3_secrets_manager_and_lambda() -> None:
+    """The custom-resource answer (S3), the owner's secret, and the Invoke API that fan-out
+    and wake use: the private subnets have no NAT, so each needs an endpoint."""
+    network = load_sam_template(ROOT / "infra" / "network.yaml")["Resources"]
+    endpoints = {resource["Properties"]["ServiceName"]["Fn::Sub"].rsplit(".", 1)[1]:
+                 resource["Properties"] for resource in network.values()
+                 if resource["Type"] == "AWS::EC2::VPCEndpoint"}
+
+    assert set(endpoints) == {"s3", "secretsmanager", "lambda"}
+    lambda_endpoint = endpoints["lambda"]
+    assert lambda_endpoint["VpcEndpointType"] == "Interface"
+    assert lambda_endpoint["PrivateDnsEnabled"] is True  # boto3's default endpoint resolves to it
+    assert lambda_endpoint["SubnetIds"] == [{"Ref": "PrivateSubnetA"}, {"Ref": "PrivateSubnetB"}]
+    assert not [r for r in network.values() if r["Type"] == "AWS::EC2::NatGateway"]
+
+
 def test_the_worker_never_retries_an_asynchronous_start_and_drops_it_after_a_minute(
     cfn: dict[str, Any],
 ) -> None:

@@ -67,6 +67,10 @@ def register(sub: Any, command: CommandFactory, needs_subcommand: Callable[..., 
     serve.add_argument("--unreserved-concurrency", type=arguments.positive_int, default=10,
                        help="executions at once shared by functions without a reservation "
                        "(default 10; AWS accounts have 1000)")
+    serve.add_argument("--max-workers", type=arguments.positive_int, metavar="N",
+                       help="turn the worker pool on with at most N worker invocations at "
+                       "once: fan-out and wake on enqueue (LEASEQ_MAX_WORKERS of the worker "
+                       "and enqueue functions, the worker's reserved concurrency N + 1)")
 
 
 def _template(args: argparse.Namespace) -> Path:
@@ -101,6 +105,76 @@ def _env_vars(path: Path | None) -> dict[str, dict[str, str]]:
         raise UsageError(f"--env-vars {path}: expected {{\"FunctionId\": {{\"NAME\": "
                          "\"value\"}}}}")
     return {str(k): {str(n): str(v) for n, v in vs.items()} for k, vs in document.items()}
+
+
+#: The template's functions the worker pool concerns: the worker (it joins the pool and
+#: fans out) and the enqueue function (it wakes a worker after its commit).
+POOL_FUNCTIONS = ("WorkerFunction", "EnqueueFunction")
+
+
+def pool_env_vars(max_workers: int) -> dict[str, dict[str, str]]:
+    """``--env-vars`` entries that turn the worker pool on: at most ``max_workers``
+    workers, started by invoking the worker function by its logical id (which the local
+    service answers to, as it answers to the template's FunctionName)."""
+    variables = {"LEASEQ_MAX_WORKERS": str(max_workers),
+                 "LEASEQ_WORKER_FUNCTION": POOL_FUNCTIONS[0]}
+    return {name: dict(variables) for name in POOL_FUNCTIONS}
+
+
+def pool_parameters(template: Path, max_workers: int) -> dict[str, str]:
+    """The template parameters that go with a pool of ``max_workers``, for those the
+    template has: MaxWorkers, and a worker reservation of one more for the tick."""
+    from leaseq_lambda_local.template import load_yaml
+
+    try:
+        declared = (load_yaml(template.read_text(encoding="utf-8")) or {}).get("Parameters")
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read {template}: {exc}") from exc
+    wanted = {"MaxWorkers": str(max_workers), "WorkerReservedConcurrency": str(max_workers + 1)}
+    return {name: value for name, value in wanted.items() if name in (declared or {})}
+
+
+def merge_env_vars(*sets: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+    """``--env-vars`` documents merged function by function (later ones win)."""
+    merged: dict[str, dict[str, str]] = {}
+    for env_vars in sets:
+        for function, variables in env_vars.items():
+            merged.setdefault(function, {}).update(variables)
+    return merged
+
+
+def local_lambda(template: Path, target: Any, handlers: str, *, log: Any, port: int = 0,
+                 parameter_overrides: dict[str, str] | None = None,
+                 env_vars: dict[str, dict[str, str]] | None = None,
+                 max_workers: int | None = None, **options: Any) -> Any:
+    """The local Lambda service of ``template`` on ``target``'s database (not started).
+    With ``max_workers`` the worker pool is on (:func:`pool_env_vars`)."""
+    try:
+        from leaseq_lambda_local import LocalConfig, LocalLambda, TemplateError
+    except ImportError as exc:
+        raise CliError("the local Lambda service needs the 'local' extra: pip install -e "
+                       f"'.[local]' ({exc})") from exc
+    parameters = dict(parameter_overrides or {})
+    variables = dict(env_vars or {})
+    if max_workers is not None:
+        parameters = {**pool_parameters(template, max_workers), **parameters}
+        variables = merge_env_vars(pool_env_vars(max_workers), variables)
+    try:
+        return LocalLambda(LocalConfig(
+            template=template, parameter_overrides=parameters,
+            database_url=target.worker_dsn, owner_database_url=target.owner_dsn,
+            handlers=handlers, env_vars=variables, python_path=(Path.cwd(),), port=port,
+            log=log, **options))
+    except TemplateError as exc:
+        raise UsageError(f"{template}: {exc}") from exc
+    except OSError as exc:
+        raise CliError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror}; "
+                       "choose another --port") from exc
+
+
+def template_path(given: Path | None = None) -> Path:
+    """``given`` (``--template``), else the checkout's template.yaml."""
+    return _template(argparse.Namespace(template=given))
 
 
 def _describe(service: Any) -> dict[str, Any]:
@@ -164,7 +238,7 @@ def _print_stop(ui: Ui, stats: dict[str, Any]) -> None:
 def cmd_lambda_serve(args: argparse.Namespace, ui: Ui) -> int:
     """Serve until SIGINT or SIGTERM, then stop every environment and print the counts."""
     try:
-        from leaseq_lambda_local import LocalConfig, LocalLambda, LogWriter, TemplateError
+        from leaseq_lambda_local import LogWriter
     except ImportError as exc:
         raise CliError("the local Lambda service needs the 'local' extra: pip install -e "
                        f"'.[local]' ({exc})") from exc
@@ -182,20 +256,13 @@ def cmd_lambda_serve(args: argparse.Namespace, ui: Ui) -> int:
         log_stream, log_path = log_file, str(home / "lambda.log")
     delay = args.async_retry_delay
     try:
-        try:
-            service = LocalLambda(LocalConfig(
-                template=template, parameter_overrides=_overrides(args.parameter_overrides),
-                database_url=target.worker_dsn, owner_database_url=target.owner_dsn,
-                handlers=handlers, env_vars=_env_vars(args.env_vars),
-                python_path=(Path.cwd(),), port=args.port, schedules=not args.no_schedules,
-                schedule_every=args.schedule_every, async_retry_delays=(delay, 2 * delay),
-                unreserved_concurrency=args.unreserved_concurrency,
-                log=LogWriter(log_stream)))
-        except TemplateError as exc:
-            raise UsageError(f"{template}: {exc}") from exc
-        except OSError as exc:
-            raise CliError(f"cannot listen on 127.0.0.1:{args.port}: {exc.strerror}; "
-                           "choose another --port") from exc
+        service = local_lambda(
+            template, target, handlers, log=LogWriter(log_stream), port=args.port,
+            parameter_overrides=_overrides(args.parameter_overrides),
+            env_vars=_env_vars(args.env_vars), max_workers=args.max_workers,
+            schedules=not args.no_schedules, schedule_every=args.schedule_every,
+            async_retry_delays=(delay, 2 * delay),
+            unreserved_concurrency=args.unreserved_concurrency)
         _serve(service, ui, target, log_path, args.schedule_every)
     finally:
         if log_file is not None:

@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+import threading
+import time
+import uuid
 from contextlib import closing
+from typing import TextIO
 
+from leaseq import LeaseqError, QueueClient
 from rich.console import Console
 
 from leaseq_cli import demo, invoke
@@ -67,6 +74,8 @@ def cmd_reap(args: argparse.Namespace, ui: Ui) -> int:
 
 
 def cmd_demo(args: argparse.Namespace, ui: Ui) -> int:
+    if args.fan_out:
+        return _demo_fan_out(args, ui)
     target = target_for(args, ui)
     home = local_home()
     run_id = demo.new_run_id()
@@ -131,3 +140,146 @@ def _render_demo(out: Console, summary: demo.DemoSummary, totals: DrainTotals) -
                   markup=False)
     out.print()
     out.print("next: leaseq status · leaseq dead list · leaseq db stop", markup=False)
+
+
+# demo --fan-out ------------------------------------------------------------------------
+
+#: The most the fan-out demo waits for its backlog, and then for the workers to stop.
+FANOUT_WAIT_SECONDS = 180.0
+FANOUT_IDLE_WAIT_SECONDS = 30.0
+
+
+class _ServiceLog:
+    """The local service's lines: kept for the summary, and written to lambda.log (or
+    to stderr with --verbose)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.lines: list[str] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, function: str, line: str) -> None:
+        with self._lock:
+            self.lines.append(f"[{function}] {line}")
+            self.stream.write(f"[{function}] {line}\n")
+            self.stream.flush()
+
+
+def _demo_fan_out(args: argparse.Namespace, ui: Ui) -> int:
+    """A backlog through the enqueue function on the local Lambda service: its wake
+    starts one worker, whose full claims start more, up to --max-workers."""
+    import boto3
+    from botocore.config import Config
+
+    from leaseq_cli.commands import lambda_service
+
+    template = lambda_service.template_path()
+    target = target_for(args, ui)
+    home = local_home()
+    home.mkdir(parents=True, exist_ok=True)
+    run_id, tenant = demo.new_run_id(), uuid.uuid4()
+    summary = demo.FanOutSummary(run_id, tenant, args.jobs, args.max_workers)
+    worker_env = {**demo.DEMO_WORKER_ENV,
+                  "LEASEQ_FANOUT_IDLE_SECONDS": f"{demo.FANOUT_IDLE_SECONDS:g}"}
+    log_file = None if ui.verbose else (home / "lambda.log").open("a", encoding="utf-8")
+    log = _ServiceLog(log_file or sys.stderr)
+    try:
+        service = lambda_service.local_lambda(
+            template, target, demo.DEMO_HANDLERS, log=log, max_workers=args.max_workers,
+            env_vars={"WorkerFunction": worker_env}, schedules=False)
+        with service, target.connect_worker() as conn, \
+                closing(QueueClient(target.connect_worker)) as client:
+            ui.note(f"local Lambda service on {service.url} ({target.description}); "
+                    f"function logs: {'stderr' if ui.verbose else home / 'lambda.log'}")
+            ui.note(f"enqueueing {args.jobs} jobs through the enqueue function; at most "
+                    f"{args.max_workers} worker invocations at once, no schedule")
+            from leaseq_lambda_local.overrides import PLACEHOLDER_CREDENTIALS
+
+            lam = boto3.client(
+                "lambda", endpoint_url=service.url, region_name="us-east-1",
+                aws_access_key_id=PLACEHOLDER_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                aws_secret_access_key=PLACEHOLDER_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+                config=Config(retries={"total_max_attempts": 1}))
+            started = time.monotonic()
+            items = demo.fan_out_items(run_id, tenant, args.jobs)
+            for first in range(0, len(items), 1000):
+                answer = lam.invoke(FunctionName="EnqueueFunction",
+                                    Payload=json.dumps({"jobs": items[first:first + 1000]}))
+                body = json.loads(answer["Payload"].read())
+                if "FunctionError" in answer or body.get("rejected"):
+                    raise CliError(f"the enqueue function refused the demo's jobs: {body}")
+            _watch_fan_out(ui, summary, Operator(conn), client, started)
+            deadline = time.monotonic() + FANOUT_IDLE_WAIT_SECONDS
+            while not service.service.idle() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            stats = service.service.stats()["functions"]["WorkerFunction"]
+    finally:
+        if log_file is not None:
+            log_file.close()
+    summary.cold_starts = int(stats["cold_starts"])
+    for line in demo.worker_summaries(log.lines):
+        if line["message"] == "drain finished":
+            trigger = str(line.get("trigger"))
+            summary.invocations[trigger] = summary.invocations.get(trigger, 0) + 1
+        else:
+            summary.refused += 1
+    ui.emit(summary.as_dict(), lambda out: _render_fan_out(out, summary))
+    if summary.unfinished:
+        raise CliError(f"{summary.unfinished} demo jobs did not finish within "
+                       f"{FANOUT_WAIT_SECONDS:g} s")
+    return 0
+
+
+def _watch_fan_out(ui: Ui, summary: demo.FanOutSummary, operator: Operator,
+                   client: QueueClient, started: float) -> None:
+    """Sample the pool and the backlog until every job finished (or the wait ends)."""
+    shown = -1.0
+    while True:
+        elapsed = time.monotonic() - started
+        counts = demo.tenant_counts(operator, summary.tenant_id)
+        finished = sum(counts.get(state, 0) for state in ("succeeded", "dead", "cancelled"))
+        try:
+            size = client.worker_pool_size()
+        except LeaseqError:
+            size = None
+        sample = demo.FanOutSample(round(elapsed, 2), size.live if size else 0,
+                                   size.reserved if size else 0, finished)
+        summary.samples.append(sample)
+        if elapsed - shown >= 0.5 or finished >= summary.jobs:
+            shown = elapsed
+            ui.note(f"{elapsed:5.1f} s  workers {'#' * sample.live:<{summary.max_workers}} "
+                    f"{sample.live}" + (f" (+{sample.reserved} starting)"
+                                        if sample.reserved else "")
+                    + f"  done {finished}/{summary.jobs}")
+        if finished >= summary.jobs or elapsed > FANOUT_WAIT_SECONDS:
+            summary.succeeded = counts.get("succeeded", 0)
+            summary.unfinished = summary.jobs - finished
+            summary.seconds = elapsed
+            return
+        time.sleep(0.1)
+
+
+def _render_fan_out(out: Console, summary: demo.FanOutSummary) -> None:
+    shown = table("seconds", "workers", "starting", "done", title=(
+        f"fan-out demo {summary.run_id}: {summary.jobs} jobs, MaxWorkers "
+        f"{summary.max_workers}"))
+    step = -1.0
+    for sample in summary.samples:
+        if sample.elapsed - step >= 1.0 or sample is summary.samples[-1]:
+            step = sample.elapsed
+            shown.add_row(f"{sample.elapsed:.1f}", "#" * sample.live + f" {sample.live}",
+                          str(sample.reserved), f"{sample.finished}/{summary.jobs}")
+    out.print(shown)
+    starts = ", ".join(f"{count} by {trigger}" for trigger, count
+                       in sorted(summary.invocations.items()))
+    out.print(f"drained {summary.succeeded} of {summary.jobs} jobs in {summary.seconds:.1f} s "
+              f"with up to {summary.peak_workers} worker invocations at once "
+              f"(MaxWorkers {summary.max_workers})")
+    out.print(f"worker invocations: {starts or 'none'}"
+              + (f"; {summary.refused} refused by a full pool" if summary.refused else "")
+              + f"; {summary.cold_starts} cold starts")
+    out.print("[dim]the wake started the first worker after the enqueue's commit; each "
+              "full claim asked for one more, at most once a second per worker[/]")
+    out.print("next: leaseq lambda serve --max-workers 4 · docs/elastic-drain.md",
+              markup=False)
+
