@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Run the queue throughput benchmark: ``python3 bench/run.py --help``.
+"""Run the queue throughput benchmark: ``python3 bench/run.py --help``; the elastic
+benchmark (fan-out and wake on the local Lambda service): ``python3 bench/run.py elastic``.
 
 The first run builds ``bench/.venv`` (leaseq from this checkout, the peers from PyPI)
 and every later step runs inside it, so the benchmark never touches the project's own

@@ -200,6 +200,10 @@ class Bench:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["elastic"]:
+        from harness import elastic
+
+        return elastic.main(argv[1:])
     args = parse_args(argv)
     if args.report is not None:
         saved = json.loads(args.report.read_text(encoding="utf-8"))

@@ -108,7 +108,7 @@ def leaseq_install(dsn: str) -> None:
 
 
 def _enqueue_in_chunks(dsn: str, statement: LiteralString, jobs: int, tenants: int,
-                       payload_bytes: int) -> None:
+                       payload_bytes: int, kind: str = "noop") -> None:
     """Run ``statement`` over chunks of jobs given as four arrays (tenant ids, operation
     keys, kinds, payloads), tenants interleaved round robin; smaller chunks for large
     payloads, so that one statement stays a few megabytes."""
@@ -120,16 +120,17 @@ def _enqueue_in_chunks(dsn: str, statement: LiteralString, jobs: int, tenants: i
             conn.execute(statement, (
                 [ids[n % tenants] for n in ns],
                 [f"op-{n}" for n in ns],
-                ["noop"] * len(ns),
+                [kind] * len(ns),
                 [json.dumps(payload(n, n % tenants, payload_bytes)) for n in ns],
             )).fetchall()
 
 
-def leaseq_enqueue(dsn: str, jobs: int, tenants: int, payload_bytes: int = 0) -> None:
+def leaseq_enqueue(dsn: str, jobs: int, tenants: int, payload_bytes: int = 0,
+                   kind: str = "noop") -> None:
     """Through leaseq's own batch API, app.enqueue_jobs."""
     _enqueue_in_chunks(
         dsn, "select count(*) from app.enqueue_jobs(%s::uuid[], %s::text[], %s::text[],"
-             " %s::jsonb[])", jobs, tenants, payload_bytes)
+             " %s::jsonb[])", jobs, tenants, payload_bytes, kind)
 
 
 #: The reference schema as the product received it (a copy the upgrade test applies).

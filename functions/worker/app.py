@@ -5,7 +5,8 @@ Job handlers come from the module named in LEASEQ_HANDLERS (see leaseq_lambda.ru
 With the worker pool on (LEASEQ_MAX_WORKERS above 0) an invocation first takes a place
 in the pool and returns at once when the pool is full; while it drains it starts more
 invocations of itself as long as the backlog lasts, and it frees its place when it ends
-(leaseq_lambda.scaling).
+(leaseq_lambda.scaling); one that stopped at its deadline with jobs still ready starts
+its successor.
 """
 
 from __future__ import annotations
@@ -67,12 +68,17 @@ def lambda_handler(event: Any, context: LambdaContext) -> dict[str, Any]:
     except DatabaseError as exc:
         oldest = None
         logger.warning("oldest ready job age unavailable", extra={"error": exc.message})
+    # Stopped by its deadline with jobs still ready: a successor takes over at once,
+    # instead of the backlog waiting for the next tick (the pool's members all stop
+    # claiming at about the same time).
+    handed_over = bool(report.stopped == "deadline" and oldest and pool.hand_over())
     telemetry.record_drain(metrics, report, oldest)
     telemetry.annotate(tracer, report.as_dict())
     summary = {"task": "worker", "status": "ok", "owner": owner, **report.as_dict(),
                "oldest_ready_age_seconds": oldest, "trigger": tick.origin}
     if fan_out is not None:
         telemetry.record_pool(metrics, size, full=False, fan_out=fan_out)
-        summary.update(fan_out.as_dict(), pool_live=size.live if size else None)
+        summary.update(fan_out.as_dict(), pool_live=size.live if size else None,
+                       handed_over=handed_over)
     logger.info("drain finished", extra=summary)
     return summary

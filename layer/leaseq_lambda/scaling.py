@@ -197,6 +197,33 @@ class PoolMembership:
             logger.warning("worker pool size unavailable", extra={"error": exc.message})
             return None
 
+    def hand_over(self) -> bool:
+        """After :meth:`finish`, when the drain stopped at its deadline with jobs still
+        ready: start one successor in the place this invocation left. Every member of a
+        pool started within a second also reaches its deadline within a second, and none
+        of them claims again, so without a successor a backlog longer than one
+        invocation's claiming time waits for the next schedule tick. Reserved like a
+        fan-out (never beyond the maximum: with the pool still full, nothing starts).
+        True when one was started; never raises (the tick drains what is left)."""
+        if not self.enabled or self.fan_out is None:
+            return False
+        try:
+            places = self.client.reserve_worker_places(
+                1, self.settings.max_workers, float(self.settings.start_hold_seconds))
+        except LeaseqError as exc:
+            logger.warning("reserving a successor's place failed", extra={"error": exc.message})
+            return False
+        for place in places:
+            try:
+                _start(self.client, self.fan_out.invoke, place, "fanout")
+            except WorkerStartError as exc:
+                logger.warning("worker start failed", extra={"error": exc.message,
+                                                             "place": str(place)})
+                return False
+            logger.info("worker started", extra={"reason": "hand_over", "place": str(place)})
+            return True
+        return False
+
     def finish(self, time_left: float) -> FanOutReport | None:
         """End of the invocation: stop the fan-out (waiting for a start under way at most
         ``time_left``, and :data:`CLOSE_SECONDS`) and free the place at once. Never

@@ -4,6 +4,7 @@ remaining time the test sets, settings from the environment, a real database."""
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from types import ModuleType
@@ -415,6 +416,41 @@ def test_with_the_pool_on_a_backlog_starts_another_worker_and_the_invocation_lea
                                           "WorkerStartsFailed")] == [[1], [0], [1], [0]]
     assert {d["Unit"] for name, d in out.metric_definitions().items()
             if name in ("WorkerPoolSize", "PoolFull", "WorkersStarted")} == {"Count"}
+
+
+def test_an_invocation_that_stops_at_its_deadline_with_jobs_ready_starts_its_successor(
+        worker_app: ModuleType, pooled: LocalInvokes, lambda_env: pytest.MonkeyPatch,
+        db: Database, admin: Conn, owner: Conn) -> None:
+    """Members of a pool started together stop claiming together: without a successor
+    the rest of a backlog would wait for the next tick."""
+    lambda_env.setenv("LEASEQ_JOB_TIMEOUT_SECONDS", "5")  # a job needs 5 + 1 + 1 s
+    lambda_env.setenv("LEASEQ_LEASE_MARGIN_SECONDS", "1")
+    runtime.reset()
+    enqueue_directly(db, 3)
+    handlers.on_run = lambda: time.sleep(0.5)  # after one batch of two, under 7 s are left
+
+    try:
+        summary = worker_app.lambda_handler(load_event("worker_schedule"),
+                                            FakeLambdaContext(remaining_ms=7_700))
+    finally:
+        handlers.on_run = None
+
+    assert (summary["stopped"], summary["succeeded"], summary["handed_over"]) == (
+        "deadline", 2, True)
+    events = pooled.events(2)  # the fan-out of its full claim, then its successor
+    assert {e["reason"] for e in events} == {"fanout"}
+    assert sorted(e["reservation"] for e in events) == sorted(
+        str(p["id"]) for p in pool_places(admin))
+    assert states(owner) == {"succeeded": 2, "pending": 1}
+
+
+def test_an_invocation_that_emptied_the_queue_starts_no_successor(
+        worker_app: ModuleType, pooled: LocalInvokes, db: Database) -> None:
+    enqueue_directly(db, 1)
+
+    summary = worker_app.lambda_handler(load_event("worker_schedule"), FakeLambdaContext())
+
+    assert (summary["stopped"], summary["handed_over"]) == ("queue_empty", False)
 
 
 def test_an_invocation_started_for_a_reservation_takes_it_and_drains(

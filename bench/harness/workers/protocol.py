@@ -35,3 +35,8 @@ def done(jobs: int) -> None:
 
 def wait_for_quit() -> None:
     _expect("quit")
+
+
+def wait_for(word: str) -> None:
+    """Block until the orchestrator sends ``word`` (``stop`` ends a continuous run)."""
+    _expect(word)
