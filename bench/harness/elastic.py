@@ -624,7 +624,7 @@ class Elastic:
                     period = max([s.period_seconds or 0 for s in stack.spec(WORKER).schedules]
                                  or [60.0])
                     sampler = ConnectionSampler(args.dsn, dbname, nice=args.nice).start()
-                    before = self._queries(dbname, statements)
+                    before = self._settled_queries(dbname, statements)
                     t0 = stack.start()
                     window = args.idle_minutes * period
                     time.sleep(max(0.0, t0 + window - 0.5 - time.time()))
@@ -663,6 +663,18 @@ class Elastic:
             loaded = conn.execute("select current_setting('shared_preload_libraries') as s"
                                   ).fetchone()
         return bool(row and row["n"]) and bool(loaded and "pg_stat_statements" in loaded["s"])
+
+    def _settled_queries(self, dbname: str, statements: bool) -> dict[str, Any]:
+        """The count once it has stopped moving: the migrations' backend reports its
+        transactions when it exits, which may be after the next read."""
+        last = self._queries(dbname, statements)
+        for _ in range(30):
+            time.sleep(1.0)
+            now = self._queries(dbname, statements)
+            if now["count"] == last["count"]:
+                return now
+            last = now
+        return last
 
     def _queries(self, dbname: str, statements: bool) -> dict[str, Any]:
         """Statements run in ``dbname`` so far, read from the admin database."""
