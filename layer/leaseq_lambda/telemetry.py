@@ -246,7 +246,13 @@ class JobTelemetry:
         for key in ("job_id", "tenant_id", "attempt", "correlation_id"):
             if key in fields:
                 document.add_metadata(key=key, value=fields[key])
-        document.flush_metrics()
+        try:
+            document.flush_metrics()
+        finally:
+            # With metrics disabled (POWERTOOLS_METRICS_DISABLED, POWERTOOLS_DEV) a flush
+            # prints nothing and keeps the document, which would then grow with every
+            # job of a long-lived worker and see each job's kind as a second dimension.
+            document.clear_metrics()
 
 
 Handler = TypeVar("Handler", bound=Callable[..., Any])

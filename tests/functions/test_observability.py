@@ -13,13 +13,22 @@ import sys
 import uuid
 import warnings
 from collections.abc import Callable
+from datetime import UTC, datetime
 from types import ModuleType
 from typing import Any
 
 import pytest
 from aws_lambda_powertools.metrics.provider import cold_start
-from leaseq import DatabaseUnavailableError, EnqueueRequest, QueueClient, connect
-from leaseq_lambda import runtime
+from leaseq import (
+    ClaimedJob,
+    DatabaseUnavailableError,
+    EnqueueRequest,
+    JobRecord,
+    JobState,
+    QueueClient,
+    connect,
+)
+from leaseq_lambda import runtime, telemetry
 
 from tests.conftest import Database
 from tests.functions.conftest import ROOT, Output, load_event
@@ -83,6 +92,37 @@ def test_an_unknown_kind_is_counted_dead_under_other(
     (doc,) = out.documents(JOB_DOCUMENT)
     assert (doc["kind"], doc["JobsDead"], doc["correlation_id"]) == ("other", [1.0], "c-1")
     assert out.metric("JobsDead") == [1]
+
+
+@pytest.mark.parametrize("disabled", ["false", "true"])
+def test_each_job_document_holds_only_its_own_job_even_with_metrics_disabled(
+        disabled: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # POWERTOOLS_METRICS_DISABLED (or POWERTOOLS_DEV) makes a flush print nothing and keep
+    # what it holds: a long-lived worker's document would grow with every job.
+    monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", disabled)
+    job_telemetry = telemetry.JobTelemetry(telemetry.make_logger(), telemetry.make_metrics(),
+                                           telemetry.KindDimension(("a", "b"), 2))
+    ready = datetime.now(UTC)
+    capsys.readouterr()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "dimension already added" must not happen
+        for i in range(250):
+            job = ClaimedJob(id=uuid.uuid4(), tenant_id=uuid.uuid4(), operation_key=f"k-{i}",
+                             kind="ab"[i % 2], payload={}, attempts=1, max_attempts=6,
+                             available_at=ready, created_at=ready, lease_owner="w",
+                             lease_token=uuid.uuid4(), lease_expires_at=ready)
+            job_telemetry(JobRecord(job=job, outcome="succeeded", state=JobState.SUCCEEDED,
+                                    duration=0.01, queue_lag=0.02))
+
+    assert job_telemetry._job_metrics.metric_set == {}
+    documents = [line for line in _lines(capsys.readouterr().out)
+                 if "_aws" in line and "kind" in line]
+    if disabled == "true":
+        assert documents == []
+    else:
+        assert [(d["kind"], d["JobsSucceeded"]) for d in documents] == [
+            ("ab"[i % 2], [1.0]) for i in range(250)]
 
 
 def test_the_first_invocation_of_an_environment_emits_a_cold_start_metric(
