@@ -31,7 +31,7 @@ from leaseq import (
 from leaseq_lambda import runtime, telemetry
 
 from tests.conftest import Database
-from tests.functions.conftest import ROOT, Output, load_event
+from tests.functions.conftest import ROOT, Output, load_app, load_event
 from tests.support.fakes import FakeLambdaContext
 
 JOB_DOCUMENT = ("kind", "service")
@@ -92,6 +92,30 @@ def test_an_unknown_kind_is_counted_dead_under_other(
     (doc,) = out.documents(JOB_DOCUMENT)
     assert (doc["kind"], doc["JobsDead"], doc["correlation_id"]) == ("other", [1.0], "c-1")
     assert out.metric("JobsDead") == [1]
+
+
+def test_at_log_level_warning_a_worker_logs_no_line_per_job_and_keeps_every_metric(
+        lambda_env: pytest.MonkeyPatch, db: Database, read_output: Callable[[], Output]) -> None:
+    # The template's LogLevel parameter (POWERTOOLS_LOG_LEVEL): the cheap setting for a busy
+    # queue. Metric documents are printed, not logged, so no log level can drop them.
+    lambda_env.setenv("POWERTOOLS_LOG_LEVEL", "WARNING")
+    client = QueueClient(lambda: connect(db.worker_dsn))
+    client.enqueue_jobs([
+        EnqueueRequest(tenant_id=uuid.uuid4(), operation_key=f"ok-{i}", kind="charge_card",
+                       payload={"order_id": f"o-{i}", "amount_cents": 100}) for i in range(2)
+    ] + [EnqueueRequest(tenant_id=uuid.uuid4(), operation_key="typo", kind="sned_email",
+                        payload={})])
+    client.close()
+    worker_app = load_app("worker")
+    read_output()
+
+    worker_app.lambda_handler(load_event("worker_schedule"), FakeLambdaContext())
+
+    out = read_output()
+    assert sorted(line["message"] for line in out.logs) == [
+        "job finished: dead", "no handler registered for this kind"]
+    assert len(out.documents(JOB_DOCUMENT)) == 3
+    assert (out.metric("JobsSucceeded"), out.metric("JobsDead")) == ([2], [1])
 
 
 @pytest.mark.parametrize("disabled", ["false", "true"])

@@ -59,6 +59,9 @@ POOL_PARAMETERS = {
     "LEASEQ_WAKE_DEBOUNCE_SECONDS": "WakeDebounceSeconds",
 }
 POOL_VARIABLES = (*POOL_PARAMETERS, "LEASEQ_WORKER_FUNCTION")
+#: What the template sets for Powertools itself (Globals): no leaseq setting reads these.
+POWERTOOLS_VARIABLES = ("POWERTOOLS_SERVICE_NAME", "POWERTOOLS_METRICS_NAMESPACE",
+                        "POWERTOOLS_LOG_LEVEL")
 #: The worker's own name, and its ARN as its own role must spell it (a !GetAtt of itself
 #: would be circular); the enqueue function may refer to the resource.
 WORKER_NAME = {"Fn::Sub": "${AWS::StackName}-worker"}
@@ -240,6 +243,21 @@ def test_every_function_is_traced_logs_json_and_carries_the_certificates_layer(
     assert "certificates/rds/*.pem" in ignored
     assert (ROOT / "certificates" / "rds" / ".gitkeep").is_file()
     assert "global-bundle.pem" in (ROOT / "certificates" / "README.md").read_text("utf-8")
+
+
+def test_the_log_level_parameter_sets_powertools_level_and_never_lambdas_filter(
+    sam: dict[str, Any], cfn: dict[str, Any],
+) -> None:
+    parameter = sam["Parameters"]["LogLevel"]
+    assert (parameter["Default"], parameter["AllowedValues"]) == (
+        "INFO", ["DEBUG", "INFO", "WARNING", "ERROR"])
+    for name in ALL_FUNCTIONS:
+        properties = function_properties(cfn, name)
+        level = properties["Environment"]["Variables"]["POWERTOOLS_LOG_LEVEL"]
+        assert level == {"Ref": "LogLevel"}, name
+        # Lambda's own filter treats a line without a "level" key as INFO: at WARN it
+        # would drop every EMF metric document, and the alarms with them.
+        assert "ApplicationLogLevel" not in properties["LoggingConfig"], name
 
 
 def test_tls_settings_reach_every_function_and_the_rds_bundle_skips_the_proxy(
@@ -712,9 +730,8 @@ def settings_variables() -> set[str]:
 def test_runtime_functions_share_the_database_and_each_logs_in_as_its_own_user(
     cfn: dict[str, Any],
 ) -> None:
-    declared = settings_variables() | {"POWERTOOLS_SERVICE_NAME", "POWERTOOLS_METRICS_NAMESPACE",
-                                       ENVIRONMENT_VARIABLE, *KIND_FILTER_VARIABLES,
-                                       *POOL_VARIABLES}
+    declared = settings_variables() | {*POWERTOOLS_VARIABLES, ENVIRONMENT_VARIABLE,
+                                       *KIND_FILTER_VARIABLES, *POOL_VARIABLES}
     from leaseq_dashboard.settings import DashboardSettings
 
     dashboard = {f.alias for f in DashboardSettings.model_fields.values() if f.alias}
@@ -905,8 +922,7 @@ def test_slow_kinds_reach_both_workers_as_one_list_that_the_library_reads_alike(
     slow = function_properties(cfn, "SlowWorkerFunction")["Environment"]["Variables"]
     main = function_properties(cfn, "WorkerFunction")["Environment"]["Variables"]
     assert set(KIND_FILTER_VARIABLES) <= settings_variables()
-    assert set(slow) <= settings_variables() | {
-        "POWERTOOLS_SERVICE_NAME", "POWERTOOLS_METRICS_NAMESPACE", ENVIRONMENT_VARIABLE}
+    assert set(slow) <= settings_variables() | {*POWERTOOLS_VARIABLES, ENVIRONMENT_VARIABLE}
     assert "LEASEQ_EXCLUDE_KINDS" not in slow
     assert "LEASEQ_KINDS" not in main
     pattern = re.compile(sam["Parameters"]["SlowKinds"]["AllowedPattern"])
@@ -1616,7 +1632,7 @@ def test_the_dashboard_is_off_by_default_and_behind_a_function_url_with_iam_auth
 def test_the_dashboard_logs_in_as_the_operators_login_and_reads_its_access_lists(
     cfn: dict[str, Any],
 ) -> None:
-    declared = settings_variables() | {"POWERTOOLS_SERVICE_NAME", "POWERTOOLS_METRICS_NAMESPACE"}
+    declared = settings_variables() | set(POWERTOOLS_VARIABLES)
     dashboard = function_properties(cfn, "DashboardFunction")
     variables = dashboard["Environment"]["Variables"]
     worker = function_properties(cfn, "WorkerFunction")["Environment"]["Variables"]
