@@ -32,15 +32,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness.pg import Server, run_database
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
-
-
-def database_url(admin_dsn: str, name: str) -> str:
-    from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
-    return make_conninfo(**{**conninfo_to_dict(admin_dsn), "dbname": name})
 
 
 def child(dsn: str, jobs: int, out: Path) -> None:
@@ -77,15 +75,10 @@ def child(dsn: str, jobs: int, out: Path) -> None:
     print(json.dumps({"succeeded": answer.get("succeeded"), "cpu_s": cpu}))
 
 
-def measure(admin_dsn: str, level: str, jobs: int, workdir: Path) -> dict[str, Any]:
-    import psycopg
-
-    name = f"leaseq_logvol_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(admin_dsn, autocommit=True) as admin:
-        admin.execute(f'create database "{name}"')  # a generated name, not input
+def measure(server: Server, level: str, jobs: int, workdir: Path) -> dict[str, Any]:
     out = workdir / f"{level}.log"
-    try:
-        env = {**os.environ, "DATABASE_URL": database_url(admin_dsn, name),
+    with server.database(run_database(f"leaseq_bench_log_volume_{level.lower()}")) as dsn:
+        env = {**os.environ, "DATABASE_URL": dsn,
                "LEASEQ_HANDLERS": "elastic_handlers", "LEASEQ_BENCH_HANDLER_MS": "0",
                "LEASEQ_WORKER_CONCURRENCY": "50", "LEASEQ_POLL_IDLE_SECONDS": "0",
                "POWERTOOLS_SERVICE_NAME": "leaseq", "POWERTOOLS_METRICS_NAMESPACE": "Leaseq",
@@ -96,9 +89,6 @@ def measure(admin_dsn: str, level: str, jobs: int, workdir: Path) -> dict[str, A
                                str(jobs), str(out)], env=env, check=True,
                               capture_output=True, text=True)
         result = json.loads(done.stdout.strip().splitlines()[-1])
-    finally:
-        with psycopg.connect(admin_dsn, autocommit=True) as admin:
-            admin.execute(f'drop database if exists "{name}" with (force)')
     if result["succeeded"] != jobs:
         raise SystemExit(f"{level}: {result['succeeded']} of {jobs} jobs succeeded")
     lines = out.read_text(encoding="utf-8").splitlines()
@@ -131,7 +121,8 @@ def main() -> None:
           "| metric bytes / job | bytes / job | worker CPU ms / job (median of "
           f"{args.repeat}) |\n|---|--:|--:|--:|--:|--:|--:|")
     for level in args.levels.split(","):
-        runs = [measure(args.dsn, level, args.jobs, workdir) for _ in range(args.repeat)]
+        runs = [measure(Server(args.dsn), level, args.jobs, workdir)
+                for _ in range(args.repeat)]
         cpu = sorted(r["cpu_ms_per_job"] for r in runs)[len(runs) // 2]
         r = runs[0]
         print(f"| {level} | {r['log_lines_per_job']:.2f} | {r['log_bytes_per_job']:.0f} "

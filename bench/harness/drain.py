@@ -131,16 +131,18 @@ def worker_env() -> dict[str, str]:
     return env
 
 
-def _read_line(proc: subprocess.Popen[str], expected: str) -> str:
+def read_line(proc: subprocess.Popen[str], expected: str) -> str:
+    """The next line a benchmark process says, which must start with ``expected``."""
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if not line.startswith(expected):
         rest = proc.stdout.read() if proc.poll() is not None else ""
-        raise RuntimeError(f"worker {proc.args!r} said {line!r}, expected {expected!r}\n{rest}")
+        raise RuntimeError(f"{proc.args!r} said {line!r}, expected {expected!r}\n{rest}")
     return line
 
 
-def _send(proc: subprocess.Popen[str], word: str) -> None:
+def send(proc: subprocess.Popen[str], word: str) -> None:
+    """Tell a benchmark process ``word`` (one line on its stdin)."""
     assert proc.stdin is not None
     proc.stdin.write(word + "\n")
     proc.stdin.flush()
@@ -164,7 +166,7 @@ def run_drain(
     ]
     try:
         for proc in procs:
-            _read_line(proc, "ready")
+            read_line(proc, "ready")
             if nice:
                 meters.renice(proc.pid, nice)
         with connect(dsn) as probe, measured(
@@ -172,16 +174,16 @@ def run_drain(
             client_pids=[p.pid for p in procs],
         ) as window:
             for proc in procs:
-                _send(proc, "go")
+                send(proc, "go")
             jobs = 0
             rss = []
             for proc in procs:
-                words = _read_line(proc, "done").split()
+                words = read_line(proc, "done").split()
                 jobs += int(words[1])
                 rss.append(int(words[2]))
             window.stop()
         for proc in procs:
-            _send(proc, "quit")
+            send(proc, "quit")
         for proc in procs:
             if proc.wait(timeout=60) != 0:
                 raise RuntimeError(f"worker {proc.args!r} exited with {proc.returncode}")

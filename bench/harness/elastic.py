@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import elastic_report, machine, meters, source
+from harness.drain import send
 from harness.elastic_stack import (
     AWS_ENV,
     ENQUEUE,
@@ -47,7 +48,6 @@ from harness.elastic_stack import (
     has_fanout,
     peak_of,
     processes,
-    send,
 )
 from harness.pg import Conn, Server, analyze, as_url, run_database
 from harness.records import (
@@ -291,6 +291,22 @@ class Elastic:
                 "async_dropped_retries", "scheduled", "duration_ms_total", "gb_seconds")}
         return functions
 
+    def _after_leaseq(self, stack: Stack, sampler: ConnectionSampler, pool: Any, t0: float, *,
+                      idle_timeout: float) -> dict[str, Any]:
+        """What every leaseq run reads once its jobs are done, before the stack closes: the
+        stack left idle, its schedules stopped, the functions' Lambda figures, the
+        connections against the budget of the functions that ran, the pool's samples."""
+        idle = stack.wait_idle(timeout=idle_timeout)
+        stack.stop_schedules()
+        lam = self._lambda_figures(stack.stats())
+        connections = sampler.stop()
+        return {"idle_after": idle, "lambda": lam, "pool": self._pool_result(pool, t0),
+                "stack": stack.describe(),
+                "connections": {**connections, "system_peak": connections["peak"],
+                                "worker_peak": peak_of(connections, "leaseq WorkerFunction"),
+                                "budget": stack.connection_budget(tuple(lam)),
+                                "budget_of": "reserved concurrency of " + ", ".join(lam)}}
+
     def _pool_sampler(self, dsn: str) -> Any:
         """Samples app.worker_pool_size() every 0.1 s when the schema has it."""
         import threading
@@ -386,14 +402,7 @@ class Elastic:
                     done = self._wait_leaseq(dsn, args.jobs,
                                              timeout=max(300.0, 40 * args.jobs / self.target))
                     cpu_figures = cpu.stop(environment_pids(stack.stats()))
-                    idle = stack.wait_idle(timeout=180)
-                    stack.stop_schedules()
-                    stats = stack.stats()
-                    connections = sampler.stop()
-                    pool_figures = self._pool_result(pool, t0)
-                    ran = tuple(self._lambda_figures(stats))
-                    budget = stack.connection_budget(ran)
-                    describe = stack.describe()
+                    after = self._after_leaseq(stack, sampler, pool, t0, idle_timeout=180)
                 finally:
                     stack.close()
                 if done["succeeded_events"] != args.jobs:
@@ -404,17 +413,11 @@ class Elastic:
         finally:
             log.close()
             self._drop_records(records_dir)
-        lam = self._lambda_figures(stats)
-        worker = lam.get(WORKER, {})
+        worker = after["lambda"].get(WORKER, {})
         worker_gb_s = worker.get("gb_seconds", 0) - (warmed or {}).get("gb_seconds", 0)
-        return {**figures, "settle": settled, "cpu": cpu_figures, "warm_up": warmed,
-                "idle_after": idle, "lambda": lam, "log": {"lines": log.lines, **log.counts},
-                "gb_s_per_1000_jobs": worker_gb_s / args.jobs * 1000,
-                "connections": {**connections, "system_peak": connections["peak"],
-                                "worker_peak": peak_of(connections, "leaseq WorkerFunction"),
-                                "budget": budget,
-                                "budget_of": "reserved concurrency of " + ", ".join(ran)},
-                "pool": pool_figures, "stack": describe}
+        return {**figures, **after, "settle": settled, "cpu": cpu_figures, "warm_up": warmed,
+                "log": {"lines": log.lines, **log.counts},
+                "gb_s_per_1000_jobs": worker_gb_s / args.jobs * 1000}
 
     def _pgqueuer_commands(self, dsn: str, continuous: bool) -> list[list[str]]:
         flags = ["--per-worker"] + (["--continuous"] if continuous else [])
@@ -525,14 +528,8 @@ class Elastic:
                     period = max([s.period_seconds or 0 for s in stack.spec(WORKER).schedules]
                                  or [60.0])
                     done = self._wait_leaseq(dsn, jobs, timeout=3 * period + 120)
-                    idle = stack.wait_idle(timeout=period + 30)
-                    stack.stop_schedules()
-                    stats = stack.stats()
-                    connections = sampler.stop()
-                    pool_figures = self._pool_result(pool, t0)
-                    functions = tuple(self._lambda_figures(stats))
-                    budget = stack.connection_budget(functions)
-                    describe = stack.describe()
+                    after = self._after_leaseq(stack, sampler, pool, t0,
+                                               idle_timeout=period + 30)
                 finally:
                     stack.close()
                 if done["succeeded_events"] != jobs:
@@ -542,19 +539,13 @@ class Elastic:
         finally:
             log.close()
             self._drop_records(records_dir)
-        lam = self._lambda_figures(stats)
-        gb_s = sum(f["gb_seconds"] for f in lam.values())
-        return {"rate": rate, "duration_s": args.duration, "jobs": jobs, "ran": len(records),
-                "ran_twice": len(duplicates(records)), "latency": latency_summary(records),
-                "enqueue": how, "wakes_started": wakes, "wake_errors": wake_errors,
-                "producer_max_lag_s": lag, "settle": settled, "idle_after": idle,
-                "lambda": lam, "log": {"lines": log.lines, **log.counts},
+        gb_s = sum(f["gb_seconds"] for f in after["lambda"].values())
+        return {**after, "rate": rate, "duration_s": args.duration, "jobs": jobs,
+                "ran": len(records), "ran_twice": len(duplicates(records)),
+                "latency": latency_summary(records), "enqueue": how, "wakes_started": wakes,
+                "wake_errors": wake_errors, "producer_max_lag_s": lag, "settle": settled,
+                "log": {"lines": log.lines, **log.counts},
                 "gb_s_per_1000_jobs": gb_s / jobs * 1000 if jobs else None,
-                "connections": {**connections, "system_peak": connections["peak"],
-                                "worker_peak": peak_of(connections, "leaseq WorkerFunction"),
-                                "budget": budget,
-                                "budget_of": "reserved concurrency of " + ", ".join(functions)},
-                "pool": pool_figures, "stack": describe,
                 "last_completed_s": done["last_completed"] - t0}
 
     def _latency_pgqueuer(self, rate: float, run: int) -> dict[str, Any]:

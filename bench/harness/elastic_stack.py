@@ -39,7 +39,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from harness import meters, source
-from harness.drain import BENCH_DIR, worker_env
+from harness.drain import BENCH_DIR, read_line, worker_env
 
 WORKER = "WorkerFunction"
 ENQUEUE = "EnqueueFunction"
@@ -318,23 +318,8 @@ def peak_of(sampled: dict[str, Any], prefix: str) -> int:
 # Worker processes (PgQueuer) and the producer ----------------------------------------
 
 
-def _read_line(proc: subprocess.Popen[str], expected: str) -> str:
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line.startswith(expected):
-        rest = proc.stdout.read() if proc.poll() is not None else ""
-        raise RuntimeError(f"{proc.args!r} said {line!r}, expected {expected!r}\n{rest}")
-    return line
-
-
-def send(proc: subprocess.Popen[str], word: str) -> None:
-    assert proc.stdin is not None
-    proc.stdin.write(word + "\n")
-    proc.stdin.flush()
-
-
 def expect(proc: subprocess.Popen[str], word: str) -> list[str]:
-    return _read_line(proc, word).split()
+    return read_line(proc, word).split()
 
 
 @contextmanager

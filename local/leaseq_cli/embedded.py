@@ -182,6 +182,15 @@ def peer_authentication(os_user: str | None = None) -> Authentication:
     return Authentication("peer", _PEER_HBA, ident, None)
 
 
+def socket_dsn(socket_dir: str, port: int, user: str, dbname: str,
+               password: str | None = None) -> str:
+    """A connection string to the server's Unix socket (no password when None)."""
+    params: dict[str, Any] = {"host": socket_dir, "port": port, "user": user, "dbname": dbname}
+    if password is not None:
+        params["password"] = password
+    return make_conninfo(**params)
+
+
 @dataclass(frozen=True)
 class Postmaster:
     """A running server, as its ``postmaster.pid`` describes it."""
@@ -195,11 +204,7 @@ class Postmaster:
     def dsn(self, user: str = SUPERUSER, dbname: str = "postgres",
             password: str | None = None) -> str:
         """A connection string over the socket, for ``user`` with ``password``."""
-        params: dict[str, Any] = {"host": str(self.socket_dir), "port": self.port,
-                                  "user": user, "dbname": dbname}
-        if password is not None:
-            params["password"] = password
-        return make_conninfo(**params)
+        return socket_dsn(str(self.socket_dir), self.port, user, dbname, password)
 
 
 @dataclass(frozen=True)
@@ -218,11 +223,8 @@ class EmbeddedDatabase:
     @property
     def admin_dsn(self) -> str:
         """The bootstrap superuser's connection string (with its password)."""
-        params: dict[str, Any] = {"host": self.socket_dir, "port": self.port,
-                                  "user": SUPERUSER, "dbname": "postgres"}
-        if self.admin_password is not None:
-            params["password"] = self.admin_password
-        return make_conninfo(**params)
+        return socket_dsn(self.socket_dir, self.port, SUPERUSER, "postgres",
+                          self.admin_password)
 
 
 @dataclass(frozen=True)

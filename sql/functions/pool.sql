@@ -56,6 +56,7 @@ declare
   v_now timestamptz := clock_timestamp();
   v_expires_at timestamptz;
   v_places integer;
+  v_joined boolean;
 begin
   perform app.check_owner(p_owner);
   if p_reason is null or p_reason not in ('schedule', 'manual', 'fanout', 'wake') then
@@ -70,47 +71,43 @@ begin
   perform 1 from app.worker_pool_state s for update;
   delete from app.worker_pool p where p.expires_at <= v_now;
 
+  -- The same execution environment again: refresh its place; the reservation it names
+  -- has arrived, so it is consumed.
   update app.worker_pool p set expires_at = v_expires_at where p.owner = p_owner;
-  if found then
-    if p_reservation is not null then
-      delete from app.worker_pool p where p.id = p_reservation and p.owner is null;
-    end if;
-    update app.worker_pool_state s set changed_at = v_now;
-    return true;
-  end if;
-
+  v_joined := found;
   if p_reservation is not null then
-    update app.worker_pool p
-    set owner = p_owner, reason = p_reason, expires_at = v_expires_at
-    where p.id = p_reservation and p.owner is null;
-    if found then
-      update app.worker_pool_state s set changed_at = v_now;
-      return true;
+    if v_joined then
+      delete from app.worker_pool p where p.id = p_reservation and p.owner is null;
+    else
+      update app.worker_pool p
+      set owner = p_owner, reason = p_reason, expires_at = v_expires_at
+      where p.id = p_reservation and p.owner is null;
+      v_joined := found;
     end if;
   end if;
 
-  select count(*) into v_places from app.worker_pool p;
-  if v_places >= p_max_workers then
-    if p_reason not in ('schedule', 'manual') or v_places > p_max_workers then
-      return false;
+  if not v_joined then
+    select count(*) into v_places from app.worker_pool p;
+    if v_places < p_max_workers then
+      insert into app.worker_pool (owner, reason, created_at, expires_at)
+      values (p_owner, p_reason, v_now, v_expires_at);
+      v_joined := true;
+    elsif v_places = p_max_workers and p_reason in ('schedule', 'manual') then
+      -- A tick in a pool that reservations fill (starts asked for and not arrived, or
+      -- lost): it takes the oldest one, so the schedule drains whatever happened to the
+      -- starts. The count is unchanged; the start that arrives late finds no room.
+      update app.worker_pool p
+      set owner = p_owner, reason = p_reason, expires_at = v_expires_at
+      where p.id = (select r.id from app.worker_pool r where r.owner is null
+                    order by r.created_at, r.id limit 1);
+      v_joined := found;
     end if;
-    -- A tick in a pool that reservations fill (starts asked for and not arrived, or
-    -- lost): it takes the oldest one, so the schedule drains whatever happened to the
-    -- starts. The count is unchanged; the start that arrives late finds no room.
-    update app.worker_pool p
-    set owner = p_owner, reason = p_reason, expires_at = v_expires_at
-    where p.id = (select r.id from app.worker_pool r where r.owner is null
-                  order by r.created_at, r.id limit 1);
-    if not found then
-      return false;
-    end if;
-    update app.worker_pool_state s set changed_at = v_now;
-    return true;
   end if;
-  insert into app.worker_pool (owner, reason, created_at, expires_at)
-  values (p_owner, p_reason, v_now, v_expires_at);
-  update app.worker_pool_state s set changed_at = v_now;
-  return true;
+
+  if v_joined then
+    update app.worker_pool_state s set changed_at = v_now;
+  end if;
+  return v_joined;
 end;
 $$;
 revoke all on function app.join_worker_pool(text, text, uuid, integer, interval) from public, service_role;

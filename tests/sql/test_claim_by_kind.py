@@ -24,15 +24,7 @@ from psycopg.types.json import Jsonb
 
 from tests.conftest import Database
 from tests.sql.calls import WORKER_NAME, enqueue, new_tenant, raises_sqlstate, snapshot
-from tests.sql.test_fair_claim import (
-    _enqueued,
-    _given_back,
-    _lease_expired,
-    _reaped,
-    _redriven,
-    _retried,
-    _waiting_for_an_advisory_lock,
-)
+from tests.sql.test_fair_claim import _waiting_for_an_advisory_lock, every_path_to_claimable
 from tests.support import postgres
 from tests.support.postgres import Conn
 
@@ -409,12 +401,7 @@ def test_each_kind_of_claim_leaves_no_stale_due_turn_of_an_idle_tenant_for_the_o
 # Every path that makes a job claimable wakes its kind ------------------------------------
 
 
-@pytest.mark.parametrize(
-    "make_claimable",
-    [_enqueued, _retried, _lease_expired, _reaped, _given_back, _redriven],
-    ids=["enqueue", "retry", "release_expired", "release_all_expired", "release_jobs",
-         "redrive"],
-)
+@every_path_to_claimable
 def test_a_kind_without_a_turn_gets_one_when_a_job_of_it_becomes_claimable(
     worker: Conn, owner: Conn, admin: Conn,
     make_claimable: Callable[[Conn, Conn, Conn, uuid.UUID, Any], None],

@@ -181,12 +181,18 @@ def _redriven(worker: Conn, owner: Conn, admin: Conn, tenant: uuid.UUID, held: A
     worker.execute("select * from app.redrive_jobs('operator', %s)", (tenant,))
 
 
-@pytest.mark.parametrize(
+#: Every path that makes a job claimable, as ``make_claimable(worker, owner, admin,
+#: tenant, held)``: the tests of both turn tables (tenants here, kinds in
+#: test_claim_by_kind.py) run through all of them.
+every_path_to_claimable = pytest.mark.parametrize(
     "make_claimable",
     [_enqueued, _retried, _lease_expired, _reaped, _given_back, _redriven],
     ids=["enqueue", "retry", "release_expired", "release_all_expired", "release_jobs",
          "redrive"],
 )
+
+
+@every_path_to_claimable
 def test_a_tenant_without_a_turn_gets_one_when_a_job_becomes_claimable(
     worker: Conn, owner: Conn, admin: Conn,
     make_claimable: Callable[[Conn, Conn, Conn, uuid.UUID, Any], None],
