@@ -244,14 +244,20 @@ def test_finish_and_claim_with_a_bad_filter_records_no_outcome(
 # Two workers of disjoint kinds -----------------------------------------------------------
 
 
-def _drain(db: Database, name: str, kinds: Filter, start: threading.Barrier,
+def _drain(db: Database, name: str, kinds: Filter, first_claims: threading.Barrier,
            claimed: list[dict[str, Any]]) -> None:
-    """Claim with one filter until nothing of it is ready; finish every job claimed."""
+    """Claim with one filter until nothing of it is ready; finish every job claimed.
+
+    Every worker holds its first batch until all have claimed one, so that all of them
+    claim side by side; otherwise one thread the scheduler favours may drain its kinds
+    before another has started."""
     with db.connect(postgres.DUTY_WORKER) as conn:
-        start.wait(timeout=30)
-        while batch := claim_ready(conn, 7, kinds, owner=name):
+        batch = claim_ready(conn, 7, kinds, owner=name)
+        first_claims.wait(timeout=30)
+        while batch:
             claimed.extend(batch)
             finish(conn, batch, owner=name)
+            batch = claim_ready(conn, 7, kinds, owner=name)
 
 
 def test_two_main_and_two_slow_workers_drain_a_mixed_queue_each_job_exactly_once(
@@ -263,12 +269,12 @@ def test_two_main_and_two_slow_workers_drain_a_mixed_queue_each_job_exactly_once
     filters = {"main-1": MAIN_WORKER, "main-2": MAIN_WORKER,
                "slow-1": SLOW_WORKER, "slow-2": SLOW_WORKER}
     claimed: dict[str, list[dict[str, Any]]] = {name: [] for name in filters}
-    start = threading.Barrier(len(filters))
+    first_claims = threading.Barrier(len(filters))
     errors: list[BaseException] = []
 
     def run(name: str) -> None:
         try:
-            _drain(db, name, filters[name], start, claimed[name])
+            _drain(db, name, filters[name], first_claims, claimed[name])
         except BaseException as exc:  # re-raised below, in the test thread
             errors.append(exc)
 
