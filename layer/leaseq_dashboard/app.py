@@ -33,6 +33,7 @@ from leaseq.views import STATES, Cursor, JobFilter, OperatorViews, QueueViews, T
 
 from leaseq_dashboard import charts, csrf
 from leaseq_dashboard.access import AccessDeniedError, AccessPolicy, Viewer, principal_of
+from leaseq_dashboard.paths import same_origin_path
 
 PAGE_SIZE = 50
 #: The overview's time windows: label -> (window, buckets). The charts count every job
@@ -352,9 +353,10 @@ def build(source: ViewSource, policy: AccessPolicy, *, secure_cookies: bool = Tr
         reason = _text(_first(form, "reason"))
         if reason is not None and len(reason) > 500:
             raise BadRequestError("the reason is at most 500 characters")
-        back = _text(_first(form, "back"))
-        if back is None or not back.startswith("/") or back.startswith("//"):
-            back = "/jobs"
+        back = _text(_first(form, "back")) or "/jobs"
+        if same_origin_path(back) is None:
+            raise BadRequestError(f"back must be a path on this dashboard, such as "
+                                  f"/jobs?state=dead (got {back[:100]!r})")
         if _first(form, "confirmed") != "yes":
             return html("confirm.html", who=who, action=name, ids=ids, reason=reason,
                         back=back, applies_to=ACTIONS[name])

@@ -7,13 +7,18 @@ the server was started with.
 
 The server listens on 127.0.0.1 only and answers one request at a time, like one Lambda
 execution environment: the connections a :class:`ConnectionViewSource` holds are never
-used by two requests at once. Written on the standard library's ``http.server`` (no web
-framework needed: all it does is translate a request and write the response back).
+used by two requests at once. Only the OS user who started it gets past its door: on
+Linux a connection another user opened is refused (:mod:`leaseq_dashboard.peer`), and
+every request must name this server as its Host and bring the run's key or the cookie
+it gives (:mod:`leaseq_dashboard.local_door`), before the pages see it. Written on the
+standard library's ``http.server`` (no web framework needed: all it does is check the
+door, translate a request and write the response back).
 """
 
 from __future__ import annotations
 
 import base64
+import os
 import threading
 import time
 import uuid
@@ -29,10 +34,13 @@ from leaseq.client import QueueClient
 from leaseq.db import Connection
 from leaseq.views import OperatorViews, TenantViews
 
+from leaseq_dashboard import peer
 from leaseq_dashboard.app import handle
+from leaseq_dashboard.local_door import LOOPBACK, Admitted, Answer, LocalDoor
 
-LOOPBACK = "127.0.0.1"
 MAX_BODY = 1 << 20
+#: Seconds a connection may take to send its request (one slow client blocks the rest).
+REQUEST_TIMEOUT = 30.0
 
 
 class ConnectionViewSource:
@@ -114,20 +122,60 @@ def function_url_event(method: str, target: str, headers: dict[str, str], body: 
     }
 
 
-def _handler_class(app: LambdaFunctionUrlResolver, principal: str | None,
+def another_users_connection(client: tuple[str, int], server: tuple[str, int]) -> str | None:
+    """Why the connection is refused when another OS user opened it, else None.
+
+    Where the platform cannot tell (no ``/proc/net/tcp``), None: the key is the barrier.
+    """
+    try:
+        uid = peer.peer_uid(client, server)
+    except LookupError as exc:
+        return f"this connection's owner could not be found ({exc})"
+    if uid is None or uid == os.geteuid():
+        return None
+    return (f"this dashboard belongs to another OS user; connections of uid {uid} are "
+            "refused")
+
+
+def _handler_class(app: LambdaFunctionUrlResolver, principal: str | None, door: LocalDoor,
                    log: Callable[[str], None]) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
-        """Translate, resolve, write back."""
+        """Check the door, translate, resolve, write back."""
 
         server_version = "leaseq-dashboard"
+        timeout = REQUEST_TIMEOUT
+
+        def _answer(self, answer: Answer) -> None:
+            # Read what was sent first: closing on unread bytes resets the connection,
+            # and the client would lose the answer that says why it was refused.
+            length = self.headers.get("content-length") or "0"
+            if length.isdigit() and int(length) <= MAX_BODY:
+                self.rfile.read(int(length))
+            data = answer.body.encode()
+            self.send_response(answer.status)
+            for name, value in answer.all_headers():
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            log(f"{self.command} {urlsplit(self.path).path} {answer.status} (door)")
 
         def _serve(self) -> None:
+            client = (str(self.client_address[0]), int(self.client_address[1]))
+            foreign = another_users_connection(client, (LOOPBACK, door.port))
+            if foreign is not None:
+                self._answer(Answer(403, f"Refused: {foreign}.\n"))
+                return
+            passed = door.admit(self.command, self.path, self.headers.items())
+            if not isinstance(passed, Admitted):
+                self._answer(passed)
+                return
             length = int(self.headers.get("content-length") or 0)
             if length > MAX_BODY:
                 self.send_error(413, "request body too large")
                 return
             body = self.rfile.read(length) if length else b""
-            event = function_url_event(self.command, self.path, dict(self.headers.items()),
+            event = function_url_event(self.command, self.path, passed.headers,
                                        body, principal, source_ip=self.client_address[0])
             started = time.perf_counter()
             response = handle(app, event, None)
@@ -158,17 +206,26 @@ def _handler_class(app: LambdaFunctionUrlResolver, principal: str | None,
 
 
 class LocalServer:
-    """The dashboard on http://127.0.0.1:PORT (port 0 picks a free one)."""
+    """The dashboard on http://127.0.0.1:PORT (port 0 picks a free one), behind its door."""
 
     def __init__(self, app: LambdaFunctionUrlResolver, *, principal: str | None,
                  port: int = 0, log: Callable[[str], None] = lambda line: None) -> None:
-        self.httpd = HTTPServer((LOOPBACK, port), _handler_class(app, principal, log))
+        # Bound first: the door needs the port (0 is chosen by the kernel), the handler
+        # needs the door.
+        self.httpd = HTTPServer((LOOPBACK, port), BaseHTTPRequestHandler)
+        self.door = LocalDoor(int(self.httpd.server_address[1]))
+        self.httpd.RequestHandlerClass = _handler_class(app, principal, self.door, log)
         self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
-        """Where the dashboard answers."""
-        return f"http://{LOOPBACK}:{self.httpd.server_address[1]}"
+        """Where the dashboard answers (a browser needs :attr:`login_url` first)."""
+        return self.door.url
+
+    @property
+    def login_url(self) -> str:
+        """The URL with this run's key: print it to the operator, nowhere else."""
+        return self.door.login_url
 
     def serve_forever(self) -> None:
         """Answer requests until interrupted (the command's foreground loop)."""

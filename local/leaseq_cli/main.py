@@ -212,7 +212,9 @@ def build_parser() -> Parser:
                          description=(
                              "Serve the dashboard Lambda's pages locally: each request "
                              "becomes a function URL event with the IAM principal "
-                             "local:$USER, who gets the role of --as."))
+                             "local:$USER, who gets the role of --as. Only the URL it "
+                             "prints (with a key made for this run) lets a browser in, "
+                             "and only as http://127.0.0.1:PORT or localhost:PORT."))
     dashboard.add_argument("--port", type=int, default=8050,
                            help="port on 127.0.0.1 (default 8050; 0 picks a free one)")
     dashboard.add_argument("--as", dest="role", choices=("operator", "viewer", "tenant"),

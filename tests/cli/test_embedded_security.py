@@ -14,13 +14,10 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
-import shutil
 import stat
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +27,7 @@ from leaseq_cli import embedded
 from psycopg.conninfo import make_conninfo
 
 from tests.cli.conftest import Result, clean_environment, run_process
+from tests.support.os_users import another_os_user, run_as
 from tests.support.postgres import Cluster, host_of
 
 PSQL = embedded._binaries() / "psql"
@@ -266,33 +264,6 @@ def test_a_leaseq_home_owned_by_another_user_is_refused_and_left_unchanged(
 # Another OS user ---------------------------------------------------------------------------
 
 
-@contextmanager
-def another_os_user() -> Iterator[str]:
-    """A throwaway local user, removed afterwards; skips where none may be made."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create a second OS user (useradd) and act as it (runuser); "
-                    "run the suite as root to check that another local user is refused")
-    if shutil.which("useradd") is None or shutil.which("runuser") is None:
-        pytest.skip("useradd or runuser is not installed, so no second OS user can be tried")
-    name = f"lqprobe{secrets.token_hex(4)}"
-    made = subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name],
-                          capture_output=True, text=True, check=False)
-    if made.returncode != 0:
-        pytest.skip(f"this machine does not allow creating a user: {made.stderr.strip()}")
-    try:
-        yield name
-    finally:
-        subprocess.run(["userdel", name], capture_output=True, check=False)
-
-
-def _as(user: str, *argv: str) -> subprocess.CompletedProcess[str]:
-    runuser = shutil.which("runuser")
-    assert runuser is not None
-    return subprocess.run([runuser, "-u", user, "--", *argv], capture_output=True, text=True,
-                          env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, cwd="/",
-                          timeout=60, check=False)
-
-
 def test_another_os_user_can_neither_reach_the_server_nor_read_its_passwords(
     server: dict[str, Any]
 ) -> None:
@@ -301,15 +272,15 @@ def test_another_os_user_can_neither_reach_the_server_nor_read_its_passwords(
     with another_os_user() as intruder:
         # The intruder can run psql and get as far as the home (the server's OS user
         # needs to pass through it), so the refusals below are the socket's directory.
-        assert _as(intruder, str(PSQL), "--version").returncode == 0
+        assert run_as(intruder, str(PSQL), "--version").returncode == 0
         for user in (embedded.SUPERUSER, embedded.OWNER_ROLE, embedded.WORKER_ROLE):
-            tried = _as(intruder, str(PSQL), make_conninfo(target, user=user), "-c", attack)
+            tried = run_as(intruder, str(PSQL), make_conninfo(target, user=user), "-c", attack)
             assert tried.returncode != 0
             assert "Permission denied" in tried.stderr, tried.stderr
-        read = _as(intruder, "cat", str(server["home_path"] / "credentials.json"))
+        read = run_as(intruder, "cat", str(server["home_path"] / "credentials.json"))
         assert read.returncode != 0
         assert "Permission denied" in read.stderr
-        listing = _as(intruder, "ls", str(server["home_path"]))
+        listing = run_as(intruder, "ls", str(server["home_path"]))
         assert listing.returncode != 0
     # The same command with the password, as the user who started it, does get in.
     mine = subprocess.run(

@@ -27,11 +27,13 @@ from leaseq.migrate import migrate
 from leaseq_cli import aws
 from leaseq_cli.commands import _shared
 from leaseq_cli.main import main
+from leaseq_dashboard.local import LocalServer
 from moto import mock_aws
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from tests.cli.conftest import Result
+from tests.dashboard.client import Client, send_raw
 from tests.functions.test_producer import invocation_record, job_doc
 from tests.support.lambda_service import InProcessLambda
 
@@ -234,6 +236,39 @@ def test_migrate_never_runs_through_the_operators_login(
 
     assert result.code == 2
     assert "never as the schema owner" in result.err
+
+
+def test_the_dashboard_over_a_stack_has_the_same_door_as_over_a_local_database(
+    stack: PasswordServer, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # --stack serves the production database: the server it starts must let in only the
+    # printed key URL, under its own Host. Its foreground loop is replaced by these
+    # requests (then it stops as after Ctrl-C).
+    seen: dict[str, Any] = {}
+
+    def serve_a_few(server: LocalServer) -> None:
+        server.start()
+        try:
+            port = server.door.port
+            seen["no key"] = send_raw(port, "GET", "/", [("Host", f"127.0.0.1:{port}")])
+            seen["foreign"] = send_raw(port, "GET", f"/?key={server.door.key}",
+                                       [("Host", f"attacker.example:{port}")])
+            seen["key"] = Client(server.url).enter(server.login_url).get("/jobs?state=dead")
+            seen["printed"] = server.login_url
+        finally:
+            server.httpd.shutdown()
+
+    monkeypatch.setattr(LocalServer, "serve_forever", serve_a_few)
+    result = run(capsys, "dashboard", "--stack", STACK, "--port", "0")
+
+    assert result.code == 0, result.err
+    assert seen["printed"] in result.out
+    assert seen["no key"].status == 403
+    assert seen["foreign"].status == 421
+    assert seen["key"].status == 200
+    assert "local:" in seen["key"].body
+    assert stack.tokens  # it was the stack's database, through the operators' IAM login
 
 
 # ---- leaseq enqueue resubmit --stack -----------------------------------------------------------

@@ -2,16 +2,20 @@
 
 Playwright's own browser download needs the internet; the tests launch the system's
 ``chromium`` instead (``apt-get install chromium``; .ci/run installs it when missing).
+:func:`enter` opens the local dashboard the way its operator does: through the URL with
+the run's key.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
+
+from tests.dashboard.conftest import Served
 
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome")
 
@@ -28,8 +32,8 @@ def chromium_path() -> str | None:
     return None
 
 
-def launch() -> Iterator[Any]:
-    """Yield a headless browser, or skip the test with the reason."""
+def launch(extra_args: Sequence[str] = ()) -> Iterator[Any]:
+    """Yield a headless browser (with these flags too), or skip the test with the reason."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
@@ -40,8 +44,15 @@ def launch() -> Iterator[Any]:
                     "(or set LEASEQ_CHROMIUM to a Chromium binary)")
     args = ["--no-sandbox"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=path, headless=True, args=args)
+        browser = playwright.chromium.launch(executable_path=path, headless=True,
+                                             args=[*args, *extra_args])
         try:
             yield browser
         finally:
             browser.close()
+
+
+def enter(page: Any, served: Served) -> None:
+    """Open the key URL; the browser keeps the cookie and lands on / without the key."""
+    page.goto(served.login_url)
+    assert page.url == served.url + "/", page.url

@@ -1,7 +1,11 @@
-"""A small HTTP client with cookies, for the page tests that need no browser."""
+"""A small HTTP client with cookies, for the page tests that need no browser.
+
+:meth:`Client.enter` brings the local dashboard's key, as the operator's browser does.
+"""
 
 from __future__ import annotations
 
+import http.client
 import http.cookiejar
 import re
 import urllib.error
@@ -44,6 +48,22 @@ class Client:
         except urllib.error.HTTPError as exc:
             return Page(exc.code, exc.read().decode(), dict(exc.headers))
 
+    def enter(self, login_url: str) -> Client:
+        """Bring the dashboard's key once: the answer sets the session cookie and
+        redirects to the page without the key."""
+        request = urllib.request.Request(login_url)  # noqa: S310
+        try:
+            with urllib.request.build_opener(
+                    urllib.request.HTTPCookieProcessor(self.jar), _NoRedirect()
+            ).open(request, timeout=30) as response:
+                status, location = response.status, response.headers.get("Location")
+        except urllib.error.HTTPError as exc:
+            status, location = exc.code, exc.headers.get("Location")
+        assert status == 303, status
+        assert location is not None
+        assert "key=" not in location, location
+        return self
+
     def cookie(self, name: str) -> str:
         found = [c.value for c in self.jar if c.name == name and c.value]
         assert found, f"no cookie {name}"
@@ -59,3 +79,24 @@ class Client:
             self.base + path, data=data, method="POST",
                                          headers=headers or {})
         return self._open(request)
+
+
+def send_raw(port: int, method: str, target: str, headers: list[tuple[str, str]],
+             body: bytes = b"") -> Page:
+    """One request to 127.0.0.1:port with exactly these headers (no Host unless given)."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        connection.putrequest(method, target, skip_host=True, skip_accept_encoding=True)
+        for name, value in headers:
+            connection.putheader(name, value)
+        if body:
+            connection.putheader("Content-Length", str(len(body)))
+        connection.endheaders(body or None)
+        response = connection.getresponse()
+        answered = response.read().decode()
+        found: dict[str, str] = {}
+        for name, value in response.getheaders():
+            found[name] = f"{found[name]}, {value}" if name in found else value
+        return Page(response.status, answered, found)
+    finally:
+        connection.close()

@@ -12,6 +12,7 @@ from leaseq_dashboard import AccessPolicy, build
 from leaseq_dashboard.local import ConnectionViewSource, LocalServer
 
 from tests.conftest import Database
+from tests.dashboard.client import Client
 from tests.dashboard.seed import Seeded, seed
 from tests.support import postgres
 from tests.support.postgres import Conn
@@ -23,11 +24,20 @@ TENANT_VIEWER = "arn:aws:iam::123456789012:user/acme"
 
 @dataclass
 class Served:
-    """A running dashboard, who it thinks the caller is, and the data behind it."""
+    """A running dashboard, who it thinks the caller is, and the data behind it.
+
+    ``url`` is its address; ``login_url`` the one with the run's key, the only way in.
+    """
 
     url: str
+    login_url: str
     principal: str
     seeded: Seeded
+    server: LocalServer
+
+    def client(self, *, follow: bool = True) -> Client:
+        """A client that entered through the key URL, as a browser would."""
+        return Client(self.url, follow=follow).enter(self.login_url)
 
 
 def policy_for(tenant: UUID) -> AccessPolicy:
@@ -53,7 +63,7 @@ def serve(db: Database, seeded: Seeded) -> Iterator[Callable[[str], Served]]:
         app = build(source, policy_for(seeded.tenants[0]), secure_cookies=False)
         server = LocalServer(app, principal=principal).start()
         servers.append((server, source))
-        return Served(server.url, principal, seeded)
+        return Served(server.url, server.login_url, principal, seeded, server)
 
     yield start
     for server, source in servers:

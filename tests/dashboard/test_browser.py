@@ -26,9 +26,19 @@ from tests.support.postgres import Conn
 Serve = Callable[[str], Served]
 
 
+#: The attacker's name resolves to this machine, as after a DNS rebinding.
+REBOUND = "attacker.example"
+
+
 @pytest.fixture(scope="module")
 def chromium() -> Iterator[Any]:
-    yield from browser.launch()
+    yield from browser.launch([
+        f"--host-resolver-rules=MAP {REBOUND} 127.0.0.1",
+        # Chromium's own guard against public pages reaching loopback (local network
+        # access) is off: the rebinding test measures the dashboard's, which every
+        # browser gets, whatever it guards itself.
+        "--disable-features=LocalNetworkAccessChecks,BlockInsecurePrivateNetworkRequests,"
+        "PrivateNetworkAccessSendPreflights,PrivateNetworkAccessRespectPreflightResults"])
 
 
 @pytest.fixture
@@ -60,6 +70,7 @@ def test_the_overview_draws_depth_tiles_tables_and_charts(
     serve: Serve, page: Any, worker: Conn, owner: Conn, shots: Callable[[Any, str], Path]
 ) -> None:
     served = serve(OPERATOR)
+    browser.enter(page, served)
     seed_history(worker, owner, [uuid.UUID(int=0xB0B << 96 | i) for i in range(1, 6)])
     page.goto(served.url + "/")
     assert page.title() == "Overview · leaseq"
@@ -86,6 +97,7 @@ def test_the_overview_draws_depth_tiles_tables_and_charts(
 
 def test_the_dead_list_filters_by_tenant_and_kind(serve: Serve, page: Any) -> None:
     served = serve(OPERATOR)
+    browser.enter(page, served)
     third = served.seeded.tenants[2]
     page.goto(served.url + "/jobs?state=dead")
     rows = page.locator("table.jobs tbody tr")
@@ -110,6 +122,7 @@ def test_the_running_list_shows_lease_owner_and_the_expired_lease(
     serve: Serve, page: Any
 ) -> None:
     served = serve(OPERATOR)
+    browser.enter(page, served)
     page.goto(served.url + "/jobs?state=running")
     text = page.locator("table.jobs").inner_text()
     assert text.count("seed-worker") == 2
@@ -120,6 +133,7 @@ def test_a_redrive_from_the_job_page_is_confirmed_changes_the_job_and_is_audited
     serve: Serve, page: Any, owner: Conn, shots: Callable[[Any, str], Path]
 ) -> None:
     served = serve(OPERATOR)
+    browser.enter(page, served)
     dead = served.seeded.jobs["dead"][0]
     page.goto(f"{served.url}/jobs/{dead}")
     assert page.locator("h1 .badge").inner_text() == "dead"
@@ -152,6 +166,7 @@ def test_cancel_selected_jobs_from_the_ready_list(
     serve: Serve, page: Any, owner: Conn
 ) -> None:
     served = serve(OPERATOR)
+    browser.enter(page, served)
     chosen, kept, *_ = served.seeded.jobs["pending"]
     page.goto(served.url + "/jobs?state=pending")
     page.check(f"input[name=job][value='{chosen}']")
@@ -166,6 +181,7 @@ def test_cancel_selected_jobs_from_the_ready_list(
 
 def test_a_tenant_viewer_sees_its_tenant_and_no_action(serve: Serve, page: Any) -> None:
     served = serve(TENANT_VIEWER)
+    browser.enter(page, served)
     own_dead, other_dead = served.seeded.jobs["dead"]
     page.goto(served.url + "/jobs?state=dead")
     text = page.locator("table.jobs").inner_text()
@@ -175,3 +191,71 @@ def test_a_tenant_viewer_sees_its_tenant_and_no_action(serve: Serve, page: Any) 
     page.goto(f"{served.url}/jobs/{own_dead}")
     assert page.locator("text=Redrive this job…").count() == 0
     assert "tenant" in page.locator(".who").inner_text()
+
+
+def test_the_key_url_lets_the_browser_in_and_leaves_no_key_in_the_address_or_a_referer(
+    serve: Serve, page: Any
+) -> None:
+    served = serve(OPERATOR)
+    key = served.server.door.key
+    page.goto(served.url + "/jobs?state=dead")
+    assert page.title() == "Locked · leaseq"
+    assert "printed in its terminal" in page.locator("body").inner_text()
+    assert page.locator("table.jobs").count() == 0
+
+    page.goto(f"{served.url}/jobs?state=dead&key={key}")
+    assert page.url == served.url + "/jobs?state=dead"
+    assert page.locator("table.jobs tbody tr").count() == 2
+    cookies = {c["name"]: c for c in page.context.cookies()}
+    session = cookies[served.server.door.cookie_name]
+    assert (session["httpOnly"], session["sameSite"], session["path"]) == (True, "Strict", "/")
+    assert key not in session["value"]
+    sent: list[dict[str, str]] = []
+    page.on("request", lambda request: sent.append(request.headers))
+    page.locator("table.jobs tbody a").first.click()
+    page.wait_for_url("**/jobs/*")
+    assert sent
+    assert all(key not in value for headers in sent for value in headers.values())
+    assert sent[0].get("referer") == served.url + "/jobs?state=dead"
+
+
+def test_a_dns_rebinding_page_in_the_operators_browser_reads_and_changes_nothing(
+    serve: Serve, chromium: Any, owner: Conn
+) -> None:
+    # The attack as a browser runs it: the attacker's page is served from its own name,
+    # which then resolves to 127.0.0.1 (here a resolver rule of Chromium's), so the
+    # page's own-origin fetches reach the dashboard, in a browser that has entered it.
+    served = serve(OPERATOR)
+    port, victim = served.server.door.port, served.seeded.jobs["dead"][1]
+    evil = f"http://{REBOUND}:{port}"
+    script = f"""
+      window.onerror = (m) => {{ document.title = 'error ' + m; }};
+      window.onunhandledrejection = (e) => {{ document.title = 'error ' + e.reason; }};
+      const out = [];
+      for (const url of ['/jobs/{victim}', '/?key={served.server.door.key}']) {{
+        const r = await fetch(url);
+        out.push(r.status, (await r.text()).includes('{victim}'));
+      }}
+      const form = new URLSearchParams({{csrf: 'x'.repeat(43), job: '{victim}',
+                                        confirmed: 'yes'}});
+      document.cookie = 'leaseq_csrf=' + 'x'.repeat(43);
+      const p = await fetch('/actions/redrive', {{method: 'POST', body: form}});
+      out.push(p.status);
+      document.title = JSON.stringify(out);
+    """
+    context = chromium.new_context()
+    try:
+        opened = context.new_page()
+        browser.enter(opened, served)  # the operator is logged in, in this browser
+        opened.route(evil + "/", lambda route: route.fulfill(
+            status=200, content_type="text/html",
+            body=f"<title>x</title><script type=module>{script}</script>"))
+        opened.goto(evil + "/")
+        opened.wait_for_function("document.title.startsWith('[') || "
+                                 "document.title.startsWith('error')", timeout=20_000)
+        assert opened.title().startswith("["), opened.title()
+        assert json.loads(opened.title()) == [421, False, 421, False, 421]
+    finally:
+        context.close()
+    assert job(owner, victim)["state"] == "dead"
+    assert "redriven" not in [e["event_type"] for e in events(owner, victim)]

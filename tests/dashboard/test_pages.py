@@ -26,7 +26,7 @@ def _all_pages(client: Client, served: Served) -> list[str]:
 
 def test_every_page_renders_for_an_operator_with_the_counts(serve: Serve) -> None:
     served = serve(OPERATOR)
-    client = Client(served.url)
+    client = served.client()
     page = client.get("/")
     assert page.status == 200
     assert "dead" in page.body
@@ -45,7 +45,7 @@ def test_hostile_kinds_payloads_and_errors_are_escaped_everywhere(
     serve: Serve, owner: Conn
 ) -> None:
     served = serve(OPERATOR)
-    client = Client(served.url)
+    client = served.client()
     bodies = _all_pages(client, served)
     joined = "\n".join(bodies)
     assert "<script" not in joined.lower()
@@ -63,14 +63,14 @@ def test_no_page_ever_shows_a_lease_token(serve: Serve, owner: Conn) -> None:
         "select lease_token from app.jobs where lease_token is not null union"
         " select lease_token from app.job_events where lease_token is not null").fetchall()]
     assert tokens
-    joined = "\n".join(_all_pages(Client(served.url), served))
+    joined = "\n".join(_all_pages(served.client(), served))
     assert [t for t in tokens if t in joined] == []
 
 
 def test_a_tenant_viewer_sees_only_its_tenant(serve: Serve) -> None:
     served = serve(TENANT_VIEWER)
     mine, _, other = served.seeded.tenants
-    client = Client(served.url)
+    client = served.client()
     dead = client.get("/jobs?state=dead").body
     own_dead, other_dead = served.seeded.jobs["dead"]
     assert str(own_dead) in dead
@@ -85,7 +85,7 @@ def test_a_tenant_viewer_sees_only_its_tenant(serve: Serve) -> None:
 
 def test_an_unknown_principal_is_refused_and_told_how_to_get_access(serve: Serve) -> None:
     served = serve("arn:aws:iam::999999999999:user/mallory")
-    page = Client(served.url).get("/")
+    page = served.client().get("/")
     assert page.status == 403
     assert "DashboardOperators" in page.body
     assert "mallory" in page.body
@@ -95,7 +95,7 @@ def test_a_redrive_needs_confirmation_then_changes_the_job_and_audits_the_operat
     serve: Serve, owner: Conn
 ) -> None:
     served = serve(OPERATOR)
-    client = Client(served.url)
+    client = served.client()
     dead = served.seeded.jobs["dead"][0]
     token = client.get(f"/jobs/{dead}").csrf()
     fields = [("csrf", token), ("job", str(dead)), ("back", f"/jobs/{dead}"),
@@ -119,7 +119,7 @@ def test_a_cancel_from_the_list_cancels_only_the_selected_pending_jobs(
     serve: Serve, owner: Conn
 ) -> None:
     served = serve(OPERATOR)
-    client = Client(served.url)
+    client = served.client()
     first, second, *_ = served.seeded.jobs["pending"]
     token = client.get("/jobs?state=pending").csrf()
     fields = [("csrf", token), ("job", str(first)), ("back", "/jobs?state=pending"),
@@ -135,14 +135,14 @@ def test_actions_without_the_csrf_token_or_from_another_origin_change_nothing(
     serve: Serve, owner: Conn
 ) -> None:
     served = serve(OPERATOR)
-    client = Client(served.url)
+    client = served.client()
     dead = served.seeded.jobs["dead"][0]
     token = client.get(f"/jobs/{dead}").csrf()
     base = [("job", str(dead)), ("confirmed", "yes")]
 
     assert client.post("/actions/redrive", base).status == 403
     assert client.post("/actions/redrive", [*base, ("csrf", "x" * 43)]).status == 403
-    fresh = Client(served.url)  # another browser: no cookie, a stolen token
+    fresh = served.client()  # another browser: no cookie, a stolen token
     assert fresh.post("/actions/redrive", [*base, ("csrf", token)]).status == 403
     cross = client.post("/actions/redrive", [*base, ("csrf", token)],
                         headers={"Origin": "http://evil.example"})
@@ -160,7 +160,7 @@ def test_viewers_and_tenant_viewers_may_not_act(serve: Serve, owner: Conn) -> No
     for principal in (VIEWER, TENANT_VIEWER):
         served = serve(principal)
         dead = served.seeded.jobs["dead"][0]
-        client = Client(served.url)
+        client = served.client()
         page = client.get(f"/jobs/{dead}")
         assert "Redrive this job" not in page.body
         assert 'name="csrf"' not in page.body
@@ -174,7 +174,7 @@ def test_viewers_and_tenant_viewers_may_not_act(serve: Serve, owner: Conn) -> No
 
 
 def test_bad_filters_are_answered_with_400_and_the_reason(serve: Serve) -> None:
-    client = Client(serve(OPERATOR).url)
+    client = serve(OPERATOR).client()
     for path, message in [
         ("/jobs?state=lost", "state must be one of"),
         ("/jobs?state=dead&tenant=nope", "tenant must be a UUID"),
@@ -195,7 +195,7 @@ def test_keyset_pages_walk_a_long_list_without_repeats(
     worker.execute("select * from app.enqueue_jobs(%s, %s, %s, %s)", (
         [tenant] * 120, [f"bulk-{i}" for i in range(120)], ["bulk"] * 120,
         [__import__("psycopg").types.json.Jsonb({"i": i}) for i in range(120)]))
-    client = Client(served.url)
+    client = served.client()
     seen: list[str] = []
     path: str | None = "/jobs?state=pending&kind=bulk"
     while path:

@@ -3,6 +3,11 @@
 It serves the same Powertools resolver as the dashboard Lambda: each local request is
 turned into a function URL event whose IAM principal is ``local:$USER``, given the role
 chosen here (operator by default: it is your own machine and your own database login).
+
+That login may be the production database's (``--stack``), so the server lets in only
+whoever started it (:mod:`leaseq_dashboard.local_door`): the URL printed here carries a
+key made for this run, which the first visit exchanges for a cookie. It is printed on
+this terminal and nowhere else (not on the command line, not in a file).
 """
 
 from __future__ import annotations
@@ -56,8 +61,9 @@ def cmd_dashboard(args: argparse.Namespace, ui: Ui) -> int:
                          port=args.port,
                          log=(lambda line: print(line, file=sys.stderr)) if args.verbose_http
                          else (lambda line: None))
-    print(f"leaseq dashboard on {server.url} as {principal} ({args.role}), "
-          f"over the {target.description}; Ctrl-C stops it", flush=True)
+    print(f"leaseq dashboard on {server.login_url} as {principal} ({args.role}), "
+          f"over the {target.description}; open this URL (its key, new at every start, "
+          "is what lets a browser in); Ctrl-C stops it", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
