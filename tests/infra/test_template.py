@@ -226,7 +226,9 @@ def test_every_function_is_traced_logs_json_and_carries_the_certificates_layer(
     sam: dict[str, Any], cfn: dict[str, Any],
 ) -> None:
     layer = sam["Resources"]["CertificatesLayer"]
-    assert "Condition" not in layer, "harmless without a bundle, so always there"
+    assert "Condition" not in layer, "every function may verify with it, so always there"
+    # certificates/Makefile puts the checked RDS CA bundle in it, or fails the build.
+    assert layer["Metadata"] == {"BuildMethod": "makefile"}
     assert layer["Properties"]["ContentUri"] == "certificates/"
     assert layer["Properties"]["CompatibleRuntimes"] == ["python3.13"]
     assert layer["Properties"]["CompatibleArchitectures"] == ["x86_64", "arm64"]
@@ -265,8 +267,10 @@ def test_tls_settings_reach_every_function_and_the_rds_bundle_skips_the_proxy(
 ) -> None:
     parameters = sam["Parameters"]
     assert parameters["DbSslMode"]["Default"] == ""
-    assert parameters["DbSslMode"]["AllowedValues"] == ["", "require", "verify-ca", "verify-full"]
-    assert parameters["DbSslRootCert"]["Default"] == ""
+    # No plain require: connecting unverified is chosen by a name that says so.
+    assert parameters["DbSslMode"]["AllowedValues"] == [
+        "", "verify-full", "verify-ca", "require-unverified"]
+    assert parameters["DbSslRootCert"]["Default"] == "/opt/rds/global-bundle.pem"
     through_proxy = {"Fn::If": ["UsesProxy", {"Ref": "AWS::NoValue"}, {"Ref": "DbSslRootCert"}]}
     for name in ALL_FUNCTIONS:
         variables = function_properties(cfn, name)["Environment"]["Variables"]
