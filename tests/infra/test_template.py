@@ -1496,7 +1496,7 @@ def test_every_exemption_names_permissions_the_handlers_really_list() -> None:
 
 #: Actions by which a deployer could grant a role more than the boundary lets it have.
 ROLE_POLICY_WRITES = ("iam:CreateRole", "iam:PutRolePolicy", "iam:AttachRolePolicy",
-                      "iam:PutRolePermissionsBoundary")
+                      "iam:PutRolePermissionsBoundary", "iam:UpdateAssumeRolePolicy")
 
 
 def test_the_deployer_policy_grants_no_wildcard_service_and_no_unbounded_role_writes() -> None:
@@ -1554,7 +1554,8 @@ _OWN_RESOURCES = re.compile(
     r"|^arn:aws:s3:::aws-sam-cli-managed-default-\*(/\*)?$"
     r"|^arn:aws:iam::\*:role/aws-service-role/rds\.amazonaws\.com/AWSServiceRoleForRDS$")
 #: The one statement that changes resources neither a name nor a tag ties to the stack: a
-#: proxy's target group carries no stack tag of its own (documented in infra/README.md).
+#: proxy's target group carries no stack tag of its own (documented in infra/README.md);
+#: registering a database with it also needs the database's own stack tag.
 _UNTAGGED_EXCEPTIONS = {"ProxyTargetGroupsCarryNoStackTagOfTheirOwn"}
 
 
@@ -1575,7 +1576,8 @@ def test_the_deployer_policy_changes_and_deletes_only_the_stacks_resources() -> 
     (untagged,) = [s for s in policy["Statement"] if s["Sid"] in _UNTAGGED_EXCEPTIONS]
     assert untagged["Resource"] == "arn:aws:rds:*:*:target-group:*"
     assert set(untagged["Action"]) == {"rds:DeregisterDBProxyTargets",
-                                       "rds:ModifyDBProxyTargetGroup"}
+                                       "rds:ModifyDBProxyTargetGroup",
+                                       "rds:RegisterDBProxyTargets"}
 
 
 @pytest.mark.parametrize("name", [*DEPLOYER_POLICIES, "permissions-boundary.json"])
