@@ -32,7 +32,7 @@ ACCOUNT = "111122223333"
 OWN_DB = f"arn:aws:rds:eu-west-1:{ACCOUNT}:db:leaseq-prod-database-k3j4h5g6f7d8"
 #: Another application's database in the same account.
 FOREIGN_DB = f"arn:aws:rds:eu-west-1:{ACCOUNT}:db:payments-prod"
-#: What the stack's Rules and roles trust: the services of the stack's roles.
+#: The services the stack's roles are for: the only principals their trust policies name.
 TRUSTED_SERVICES = {"lambda.amazonaws.com", "rds.amazonaws.com", "scheduler.amazonaws.com"}
 
 
