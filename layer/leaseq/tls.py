@@ -65,13 +65,14 @@ UNVERIFIED: Final = "require-unverified"
 _UNCHECKED: tuple[SslMode, ...] = ("disable", "allow", "prefer", "require")
 _LIBPQ_MODES: dict[str, SslMode] = {mode: mode for mode in get_args(SslMode)}
 
+logger = logging.getLogger("leaseq.tls")
+
 
 def libpq_mode(setting: SslSetting) -> SslMode:
     """The libpq ``sslmode`` of a LEASEQ_DB_SSLMODE value (``require-unverified`` is
     libpq's ``require``)."""
     return "require" if setting == UNVERIFIED else _LIBPQ_MODES[setting]
 
-logger = logging.getLogger("leaseq.tls")
 
 #: Where operating systems keep their bundle of trusted roots; the first that exists wins.
 SYSTEM_BUNDLES: tuple[str, ...] = (
