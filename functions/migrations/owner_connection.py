@@ -1,10 +1,17 @@
-"""Where the schema owner's credentials come from.
+"""Where the schema owner's credentials come from, and how its connection is checked.
 
 In AWS the owner is the RDS master user, whose RDS-managed secret holds only ``username``
 and ``password``; host, port and database name come from the function's environment
 (``LEASEQ_DB_HOST``, ``LEASEQ_DB_PORT``, ``LEASEQ_DB_NAME``), and a secret that carries them
 too fills what the environment leaves out. ``DATABASE_URL`` (a plain DSN) short-circuits all
 of it for local runs.
+
+The owner connects directly to the database, never through RDS Proxy, with the most
+powerful login of the stack, so its TLS follows the runtime's rules (leaseq.tls): over a
+network the server is verified (``verify-full`` against ``LEASEQ_DB_SSLROOTCERT``, which the
+template sets to the RDS CA bundle of the certificates layer) or the connection is refused
+before anything is sent, unless the deployer chose ``DbSslMode=require-unverified``, which
+is logged as a warning. A refusal names the template parameters as well as the variables.
 """
 
 from __future__ import annotations
@@ -14,11 +21,18 @@ from collections.abc import Callable, Mapping
 from typing import Any, get_args
 
 from leaseq.errors import ConfigurationError
-from leaseq.tls import SslMode, choose_tls
+from leaseq.tls import SslSetting, choose_tls
 from psycopg.conninfo import make_conninfo
 
 #: Reads a Secrets Manager secret (JSON) by ARN.
 SecretReader = Callable[[str], Mapping[str, Any]]
+
+#: Where a deployer changes the owner's TLS: the template parameters behind the variables.
+IN_THE_STACK = (
+    "In the stack these are the parameters DbSslRootCert (LEASEQ_DB_SSLROOTCERT; its "
+    "default, /opt/rds/global-bundle.pem, is the RDS CA bundle the certificates layer is "
+    "built with) and DbSslMode (LEASEQ_DB_SSLMODE; require-unverified connects without "
+    "checking the server, as the RDS master user: not recommended)")
 
 
 def secrets_manager_reader(client: Any = None) -> SecretReader:
@@ -63,13 +77,16 @@ def owner_dsn_from_environment(environ: Mapping[str, str], read_secret: SecretRe
         )
     port = environ.get("LEASEQ_DB_PORT") or secret.get("port") or 5432
     # The runtime's rules (leaseq.tls): an empty setting is unset, a CA file alone means
-    # verify-full, nothing at all means require (a direct connection to an RDS instance).
-    tls = choose_tls(
-        host=str(host),
-        sslmode=ssl_mode(environ.get("LEASEQ_DB_SSLMODE") or None),
-        sslrootcert=environ.get("LEASEQ_DB_SSLROOTCERT") or None,
-        environ=environ,
-    )
+    # verify-full, and a host across a network with nothing to verify it is refused.
+    try:
+        tls = choose_tls(
+            host=str(host),
+            sslmode=ssl_mode(environ.get("LEASEQ_DB_SSLMODE") or None),
+            sslrootcert=environ.get("LEASEQ_DB_SSLROOTCERT") or None,
+            environ=environ,
+        )
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"{exc.message}. {IN_THE_STACK}") from exc
     return make_conninfo(
         host=str(host),
         port=str(port),
@@ -80,13 +97,14 @@ def owner_dsn_from_environment(environ: Mapping[str, str], read_secret: SecretRe
     )
 
 
-def ssl_mode(value: str | None) -> SslMode | None:
-    """``LEASEQ_DB_SSLMODE`` as libpq's mode, refused by name when it is none of them."""
+def ssl_mode(value: str | None) -> SslSetting | None:
+    """``LEASEQ_DB_SSLMODE`` as one of its values, refused by name when it is none of them."""
     if value is None:
         return None
-    modes: tuple[SslMode, ...] = get_args(SslMode)
+    modes: tuple[SslSetting, ...] = get_args(SslSetting)
     for mode in modes:
         if value == mode:
             return mode
     raise ConfigurationError(
-        f"LEASEQ_DB_SSLMODE={value} is not a libpq sslmode: use one of {', '.join(modes)}")
+        f"LEASEQ_DB_SSLMODE={value} is not an sslmode leaseq knows: use one of "
+        f"{', '.join(modes)}")

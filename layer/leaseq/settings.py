@@ -35,7 +35,7 @@ from pydantic import (
 from leaseq import config
 from leaseq.errors import ConfigurationError, one_line
 from leaseq.reaper import REAPER_LIMIT, RETENTION_DAYS
-from leaseq.tls import SslMode, TlsOptions, choose_tls
+from leaseq.tls import SslSetting, TlsOptions, choose_tls, libpq_mode
 
 
 class DatabaseSettings(BaseModel):
@@ -51,8 +51,9 @@ class DatabaseSettings(BaseModel):
     user: str | None = Field(default=None, alias="LEASEQ_DB_USER")
     iam_auth: bool = Field(default=False, alias="LEASEQ_DB_IAM_AUTH")
     #: Unset: verify-full when there are roots to verify with (LEASEQ_DB_SSLROOTCERT, or
-    #: an RDS Proxy host), else require. See leaseq.tls.
-    sslmode: SslMode = Field(default="require", alias="LEASEQ_DB_SSLMODE")
+    #: an RDS Proxy host); a host across a network without them is refused, unless
+    #: ``require-unverified`` says to connect unchecked. See leaseq.tls.
+    sslmode: SslSetting = Field(default="require", alias="LEASEQ_DB_SSLMODE")
     #: A PEM bundle of the CAs that sign the server's certificate, or ``system``.
     sslrootcert: str | None = Field(default=None, min_length=1, alias="LEASEQ_DB_SSLROOTCERT")
     #: OpenSSL's own override of the system bundle, which ``system`` honours too.
@@ -64,6 +65,7 @@ class DatabaseSettings(BaseModel):
     max_idle_seconds: float = Field(default=240.0, gt=0, alias="LEASEQ_DB_MAX_IDLE_SECONDS")
 
     _tls: TlsOptions | None = PrivateAttr(default=None)
+    _tls_by_host: dict[str, TlsOptions] = PrivateAttr(default_factory=dict)
 
     @property
     def tls(self) -> TlsOptions:
@@ -71,8 +73,29 @@ class DatabaseSettings(BaseModel):
         assert self._tls is not None  # set by validation
         return self._tls
 
+    def tls_for(self, host: str) -> TlsOptions:
+        """The TLS of a connection to ``host``: :attr:`tls` for LEASEQ_DB_HOST, chosen
+        again (once) for a host that only the secret names, because whether a host is
+        reached over a network decides what is allowed (leaseq.tls)."""
+        if host == self.host or self.url is not None:
+            return self.tls
+        if host not in self._tls_by_host:
+            self._tls_by_host[host] = self._choose(host)
+        return self._tls_by_host[host]
+
+    def _choose(self, host: str | None) -> TlsOptions:
+        return choose_tls(
+            host=host, sslmode=self.sslmode if "sslmode" in self.model_fields_set else None,
+            sslrootcert=self.sslrootcert,
+            environ={k: v for k, v in (("SSL_CERT_FILE", self.ssl_cert_file),
+                                       ("SSL_CERT_DIR", self.ssl_cert_dir)) if v})
+
     @model_validator(mode="after")
     def _one_way_in(self) -> DatabaseSettings:
+        if self._tls is not None:
+            # Validated before (pydantic runs this again when the section is passed to
+            # LeaseqSettings): the choice, and its warning, are made once.
+            return self
         if self.url is None and self.secret_arn is None and not (self.host and self.iam_auth):
             raise ValueError(
                 "no database configured: set DATABASE_URL, or LEASEQ_DATABASE_SECRET_ARN, "
@@ -85,20 +108,16 @@ class DatabaseSettings(BaseModel):
                 raise ValueError(
                     "LEASEQ_DB_SSLROOTCERT is not used with DATABASE_URL, which is used as "
                     "given: put sslmode=verify-full&sslrootcert=PATH in the URL instead")
-            self._tls = TlsOptions(self.sslmode)
+            # A placeholder: the URL's own sslmode is the one libpq uses.
+            self._tls = TlsOptions(libpq_mode(self.sslmode))
             return self
-        explicit = self.model_fields_set
-        chosen = choose_tls(
-            host=self.host, sslmode=self.sslmode if "sslmode" in explicit else None,
-            sslrootcert=self.sslrootcert,
-            environ={k: v for k, v in (("SSL_CERT_FILE", self.ssl_cert_file),
-                                       ("SSL_CERT_DIR", self.ssl_cert_dir)) if v})
-        if self.iam_auth and chosen.sslmode in ("disable", "allow", "prefer"):
+        if self.iam_auth and self.sslmode in ("disable", "allow", "prefer"):
             raise ValueError(
-                "LEASEQ_DB_IAM_AUTH=true needs TLS: set LEASEQ_DB_SSLMODE to require, verify-ca "
-                f"or verify-full (got {chosen.sslmode})")
+                "LEASEQ_DB_IAM_AUTH=true needs TLS: set LEASEQ_DB_SSLMODE to verify-full, "
+                f"verify-ca or require-unverified (got {self.sslmode})")
+        chosen = self._choose(self.host)
         # The effective mode is what the field reports, explicit or chosen.
-        object.__setattr__(self, "sslmode", chosen.sslmode)
+        object.__setattr__(self, "sslmode", chosen.setting)
         self._tls = chosen
         return self
 

@@ -14,13 +14,19 @@ Three rules shape this module.
   As libpq does for ``system``, only ``verify-full`` is allowed with it: anybody can get
   a publicly trusted certificate for a name they own, so a chain check alone proves
   nothing.
-* **The defaults verify when they can.** A host that is an RDS Proxy endpoint presents
-  a certificate from AWS Certificate Manager, which chains to the publicly trusted
-  Amazon roots, so with no roots configured (and no mode, or verify-full) such a host
-  gets ``verify-full`` with ``system``. A CA file given without a mode gets
-  ``verify-full``. Anything else keeps ``require`` (encrypted, identity unchecked): an
-  RDS instance's certificate is signed by the RDS CA, which no system bundle holds, so
-  verifying it needs the file.
+* **Over a network, the defaults verify or refuse.** A host that is an RDS Proxy
+  endpoint presents a certificate from AWS Certificate Manager, which chains to the
+  publicly trusted Amazon roots, so with no roots configured (and no mode, or
+  verify-full) such a host gets ``verify-full`` with ``system``. A CA file given without
+  a mode gets ``verify-full``. Any other host reached over a network, with nothing to
+  verify it with, is refused at cold start: an RDS instance's certificate is signed by
+  the RDS CA, which no system bundle holds, and ``require`` would accept whoever answers
+  at that address, the schema owner's login (the RDS master user) included. So are the
+  modes that check nothing (``require``, ``prefer``, ``allow``, ``disable``). Connecting
+  without the check is a choice made by name, ``LEASEQ_DB_SSLMODE=require-unverified``
+  (libpq's ``require``), and it is logged as a warning every time it is chosen. A Unix
+  socket or a loopback address crosses no network, so there the modes keep libpq's
+  meaning and the default stays ``require``.
 * **A refused certificate is a configuration error, never "unavailable".** libpq
   reports a failed check as a connection failure without a SQLSTATE, which would
   otherwise be retried as an unreachable server. :func:`refusal` recognises libpq's
@@ -33,19 +39,40 @@ own ``ssl`` module reports only its own OpenSSL's defaults, which we try last).
 
 from __future__ import annotations
 
+import ipaddress
+import logging
 import re
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal, get_args
 
 from leaseq.errors import ConfigurationError, TlsVerificationError
 
+#: libpq's ``sslmode`` values.
 SslMode = Literal["disable", "allow", "prefer", "require", "verify-ca", "verify-full"]
+#: What ``LEASEQ_DB_SSLMODE`` accepts: libpq's modes and the opt-out by name.
+SslSetting = Literal["disable", "allow", "prefer", "require", "verify-ca", "verify-full",
+                     "require-unverified"]
 
 #: The value of LEASEQ_DB_SSLROOTCERT that means the operating system's trusted roots.
 SYSTEM = "system"
+#: The value of LEASEQ_DB_SSLMODE that connects encrypted but without checking who the
+#: server is: libpq's ``require``, chosen by a name that says what it gives up.
+UNVERIFIED: Final = "require-unverified"
+#: The modes that do not check the server's identity (libpq's ``require`` and weaker).
+_UNCHECKED: tuple[SslMode, ...] = ("disable", "allow", "prefer", "require")
+_LIBPQ_MODES: dict[str, SslMode] = {mode: mode for mode in get_args(SslMode)}
+
+logger = logging.getLogger("leaseq.tls")
+
+
+def libpq_mode(setting: SslSetting) -> SslMode:
+    """The libpq ``sslmode`` of a LEASEQ_DB_SSLMODE value (``require-unverified`` is
+    libpq's ``require``)."""
+    return "require" if setting == UNVERIFIED else _LIBPQ_MODES[setting]
+
 
 #: Where operating systems keep their bundle of trusted roots; the first that exists wins.
 SYSTEM_BUNDLES: tuple[str, ...] = (
@@ -68,6 +95,22 @@ def is_rds_proxy_host(host: str | None) -> bool:
     return bool(host) and _RDS_PROXY_HOST.match(host or "") is not None
 
 
+def is_local_host(host: str) -> bool:
+    """Whether every host of libpq's ``host`` list is reached without a network: a Unix
+    socket directory (``/...``, or ``@...`` for an abstract socket), ``localhost`` or a
+    loopback address. Nobody can stand between the client and such a server."""
+    return all(_is_local(one.strip()) for one in host.split(","))
+
+
+def _is_local(host: str) -> bool:
+    if host.startswith(("/", "@")) or host.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 @dataclass(frozen=True)
 class TlsOptions:
     """The libpq parameters of one connection's TLS, as passed to ``psycopg.connect``."""
@@ -77,6 +120,13 @@ class TlsOptions:
     sslrootcert: str | None = None
     #: Where the roots came from, for messages: ``LEASEQ_DB_SSLROOTCERT=...``.
     source: str | None = None
+    #: The operator chose LEASEQ_DB_SSLMODE=require-unverified: encrypted, identity unchecked.
+    unverified_by_choice: bool = False
+
+    @property
+    def setting(self) -> SslSetting:
+        """The mode as LEASEQ_DB_SSLMODE names it (``require-unverified`` if so chosen)."""
+        return UNVERIFIED if self.unverified_by_choice else self.sslmode
 
     def params(self) -> dict[str, str]:
         """Keyword arguments for ``psycopg.connect``: ``sslrootcert`` only when set."""
@@ -120,47 +170,87 @@ def check_ca_file(path: str, setting: str) -> str:
         problem = "holds no PEM certificate (-----BEGIN CERTIFICATE-----)"
     raise ConfigurationError(
         f"{setting}={path}: the file {problem}. Give the path of a PEM bundle of the CAs "
-        "that sign the server's certificate (for Amazon RDS: global-bundle.pem, shipped "
-        f"with the function or a layer; see docs/deploy.md), or {SYSTEM} for the "
-        "operating system's trusted roots")
+        "that sign the server's certificate (for Amazon RDS: /opt/rds/global-bundle.pem, "
+        "which the certificates layer holds when it was built with the RDS bundle; see "
+        f"certificates/README.md), or {SYSTEM} for the operating system's trusted roots")
 
 
-def choose_tls(*, host: str | None, sslmode: SslMode | None, sslrootcert: str | None,
-           environ: Mapping[str, str]) -> TlsOptions:
+def choose_tls(*, host: str | None, sslmode: SslSetting | None, sslrootcert: str | None,
+               environ: Mapping[str, str]) -> TlsOptions:
     """The TLS of a host-based connection from what was configured (None: not set).
 
+    ``host`` None means the host is not known yet (a secret will name it): only the
+    combination of settings is checked, and the choice is made again for the host once
+    it is known (:meth:`leaseq.settings.DatabaseSettings.tls_for`).
+
     Raises :class:`ConfigurationError` naming the setting when the combination cannot
-    work: ``system`` with a mode weaker than verify-full, a verifying mode without roots
-    to verify with, or a CA file that is missing or holds no certificate.
+    work, or would connect over a network without checking who the server is: ``system``
+    with a mode weaker than verify-full, a verifying mode without roots to verify with, a
+    CA file that is missing or holds no certificate, no roots at all for a host that is
+    not an RDS Proxy endpoint, or a mode that checks nothing. ``require-unverified`` is
+    the one way past the check, and it is logged as a warning.
     """
+    if sslmode == UNVERIFIED:
+        if sslrootcert is not None:
+            raise ConfigurationError(
+                f"LEASEQ_DB_SSLMODE={UNVERIFIED} checks no certificate, but "
+                f"LEASEQ_DB_SSLROOTCERT={sslrootcert} is set: unset LEASEQ_DB_SSLROOTCERT, "
+                "or (better) leave LEASEQ_DB_SSLMODE unset to verify the server with it")
+        logger.warning(
+            "LEASEQ_DB_SSLMODE=%s: the connection to %s is encrypted but the server's "
+            "identity is not checked, so whoever can answer at that address can pose as "
+            "the database and read what this login sends. Set LEASEQ_DB_SSLROOTCERT (for "
+            "Amazon RDS: /opt/rds/global-bundle.pem from the certificates layer) and unset "
+            "LEASEQ_DB_SSLMODE to verify it", UNVERIFIED, host or "the database")
+        return TlsOptions("require", unverified_by_choice=True)
+    mode = None if sslmode is None else libpq_mode(sslmode)
     source = f"LEASEQ_DB_SSLROOTCERT={sslrootcert}"
-    if (sslrootcert is None and sslmode in (None, "verify-full")
+    if (sslrootcert is None and mode in (None, "verify-full")
             and is_rds_proxy_host(host)):
         sslrootcert = SYSTEM  # ACM certificates: the public Amazon roots verify them
         source = f"{SYSTEM} (the default for an RDS Proxy host)"
-    if sslmode is None:
-        sslmode = "verify-full" if sslrootcert is not None else "require"
     if sslrootcert is None:
-        if sslmode in ("verify-ca", "verify-full"):
+        if mode in ("verify-ca", "verify-full"):
             raise ConfigurationError(
-                f"LEASEQ_DB_SSLMODE={sslmode} needs the CAs to verify the server with: set "
+                f"LEASEQ_DB_SSLMODE={mode} needs the CAs to verify the server with: set "
                 "LEASEQ_DB_SSLROOTCERT to a PEM bundle (for Amazon RDS: global-bundle.pem) "
                 f"or to {SYSTEM} (for RDS Proxy, whose certificates are publicly trusted)")
-        return TlsOptions(sslmode)
+        if host is None or is_local_host(host):
+            return TlsOptions(mode or "require")
+        raise ConfigurationError(_unverified_refusal(host, mode))
     if sslrootcert == SYSTEM:
-        if sslmode != "verify-full":
+        if mode not in (None, "verify-full"):
             raise ConfigurationError(
                 f"LEASEQ_DB_SSLROOTCERT={SYSTEM} needs LEASEQ_DB_SSLMODE=verify-full (got "
-                f"{sslmode}): publicly trusted roots prove a server's identity only together "
+                f"{mode}): publicly trusted roots prove a server's identity only together "
                 "with its host name")
-        return TlsOptions(sslmode, system_roots(environ), source)
-    if sslmode in ("disable", "allow", "prefer", "require"):
+        return TlsOptions("verify-full", system_roots(environ), source)
+    if mode in _UNCHECKED:
         # libpq would silently verify the chain for require and ignore the file for
         # the weaker modes; say what was meant instead of guessing.
         raise ConfigurationError(
-            f"LEASEQ_DB_SSLROOTCERT is set but LEASEQ_DB_SSLMODE={sslmode} does not verify "
+            f"LEASEQ_DB_SSLROOTCERT is set but LEASEQ_DB_SSLMODE={mode} does not verify "
             "the server: set LEASEQ_DB_SSLMODE to verify-full (or leave it unset)")
-    return TlsOptions(sslmode, check_ca_file(sslrootcert, "LEASEQ_DB_SSLROOTCERT"), source)
+    return TlsOptions(mode or "verify-full",
+                      check_ca_file(sslrootcert, "LEASEQ_DB_SSLROOTCERT"), source)
+
+
+def _unverified_refusal(host: str, sslmode: SslMode | None) -> str:
+    """Why a connection over a network that checks nothing is refused, and the fixes."""
+    if sslmode is None:
+        what = ("nothing to verify its certificate with (LEASEQ_DB_SSLROOTCERT is unset, "
+                "and it is not an RDS Proxy endpoint, whose certificate the system roots "
+                "verify)")
+    else:
+        what = (f"LEASEQ_DB_SSLMODE={sslmode}, which does not check who the server is: "
+                "whoever can answer at that address could pose as the database and read "
+                "this login's credentials and data")
+    return (f"refusing an unverified connection to {host} over the network: {what}. Set "
+            "LEASEQ_DB_SSLROOTCERT to the CA bundle that signs the server's certificate "
+            "(Amazon RDS: /opt/rds/global-bundle.pem, which the certificates layer ships; "
+            f"see certificates/README.md) or to {SYSTEM}, and leave LEASEQ_DB_SSLMODE unset "
+            f"(verify-full). To connect without the check on purpose, set "
+            f"LEASEQ_DB_SSLMODE={UNVERIFIED}")
 
 
 # Refusals -----------------------------------------------------------------------------------

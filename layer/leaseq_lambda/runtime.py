@@ -106,7 +106,7 @@ def _secret_params(secret: Any, db: DatabaseSettings) -> dict[str, Any]:
             f"secret {db.secret_arn} lacks {', '.join(missing)}; add them to the secret or "
             "set LEASEQ_DB_HOST / LEASEQ_DB_NAME / LEASEQ_DB_USER")
     return {"host": host, "port": port, "dbname": dbname, "user": user,
-            "password": password, **db.tls.params()}
+            "password": password, **db.tls_for(str(host)).params()}
 
 
 def connection_factory(db: DatabaseSettings, deps: Dependencies,

@@ -9,6 +9,7 @@ The settings choose verify-full wherever there are roots to verify with.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -29,7 +30,7 @@ from leaseq_lambda import runtime
 from moto import mock_aws
 
 from tests.support.fakes import FakeLambdaContext
-from tests.support.tls_server import TlsServer, tls_server
+from tests.support.tls_server import INSTANCE_HOST, TlsServer, tls_server
 
 PROXY_HOST = "leaseq.proxy-c1a2b3c4d5e6.eu-west-1.rds.amazonaws.com"
 
@@ -130,20 +131,85 @@ def test_an_rds_proxy_host_defaults_to_verify_full_against_the_system_roots(
         assert not tls.is_rds_proxy_host(host), host
 
 
-def test_other_hosts_keep_require_until_roots_are_given_and_then_verify_full(
+def test_roots_given_mean_verify_full_and_verify_ca_only_when_asked_for(
         server: TlsServer) -> None:
-    assert _host_settings().database.tls.params() == {"sslmode": "require"}
     direct = _host_settings(LEASEQ_DB_SSLROOTCERT=str(server.ca_file))
     assert direct.database.tls.params() == {"sslmode": "verify-full",
                                             "sslrootcert": str(server.ca_file)}
     chain_only = _host_settings(LEASEQ_DB_SSLROOTCERT=str(server.ca_file),
                                 LEASEQ_DB_SSLMODE="verify-ca")
     assert chain_only.database.sslmode == "verify-ca"
-    explicit = _host_settings(LEASEQ_DB_HOST=PROXY_HOST, LEASEQ_DB_SSLMODE="require")
-    assert explicit.database.tls.params() == {"sslmode": "require"}  # as told
     full = _host_settings(LEASEQ_DB_HOST=PROXY_HOST, LEASEQ_DB_SSLMODE="verify-full",
                           SSL_CERT_FILE=str(server.ca_file))
     assert full.database.tls.sslrootcert == str(server.ca_file)  # the "system" roots
+
+
+@pytest.mark.parametrize(("host", "mode"), [
+    ("db.internal", None),  # nothing to verify with
+    (INSTANCE_HOST, None),  # an RDS instance: its CA is in no system bundle
+    (INSTANCE_HOST, "require"),  # encrypted, but anybody at the address is "the server"
+    (INSTANCE_HOST, "prefer"),
+    (INSTANCE_HOST, "allow"),
+    ("10.0.3.7", "disable"),
+    (PROXY_HOST, "require"),  # a proxy is verified by default; require would undo that
+])
+def test_a_host_across_a_network_is_never_connected_unverified_by_default_or_by_require(
+        host: str, mode: str | None) -> None:
+    env = {"LEASEQ_DB_HOST": host, "LEASEQ_DB_USER": "u", "LEASEQ_DB_NAME": "d",
+           "LEASEQ_DATABASE_SECRET_ARN": "arn:aws:secretsmanager:eu-west-1:1:secret:x"}
+    if mode is not None:
+        env["LEASEQ_DB_SSLMODE"] = mode
+    with pytest.raises(ConfigurationError) as caught:
+        LeaseqSettings.from_env(env)
+    message = caught.value.message
+    assert f"refusing an unverified connection to {host}" in message
+    # The fix and the opt-out are both named.
+    assert "LEASEQ_DB_SSLROOTCERT" in message
+    assert "/opt/rds/global-bundle.pem" in message
+    assert "LEASEQ_DB_SSLMODE=require-unverified" in message
+
+
+@pytest.mark.parametrize("host", ["/run/postgresql", "@leaseq", "localhost", "127.0.0.1",
+                                  "::1", "localhost,127.0.0.2"])
+def test_a_unix_socket_or_loopback_host_crosses_no_network_and_keeps_libpqs_modes(
+        host: str) -> None:
+    env = {"LEASEQ_DB_HOST": host, "LEASEQ_DB_USER": "u", "LEASEQ_DB_NAME": "d",
+           "LEASEQ_DATABASE_SECRET_ARN": "arn:aws:secretsmanager:eu-west-1:1:secret:x"}
+    assert tls.is_local_host(host)
+    assert LeaseqSettings.from_env(env).database.tls.params() == {"sslmode": "require"}
+    plain = LeaseqSettings.from_env({**env, "LEASEQ_DB_SSLMODE": "disable"})
+    assert plain.database.tls.params() == {"sslmode": "disable"}
+    for remote in ("db.internal", "10.0.0.5", "localhost.example.com", "127.0.0.1,db"):
+        assert not tls.is_local_host(remote), remote
+
+
+def test_require_unverified_is_the_opt_out_by_name_and_warns_every_time_it_is_chosen(
+        caplog: pytest.LogCaptureFixture, server: TlsServer) -> None:
+    with caplog.at_level(logging.WARNING, logger="leaseq.tls"):
+        opted = _host_settings(LEASEQ_DB_HOST=INSTANCE_HOST,
+                               LEASEQ_DB_SSLMODE="require-unverified")
+    assert opted.database.tls.params() == {"sslmode": "require"}  # libpq's require
+    assert opted.database.sslmode == "require-unverified"
+    (warning,) = [r for r in caplog.records if r.name == "leaseq.tls"]
+    assert warning.levelno == logging.WARNING
+    assert INSTANCE_HOST in warning.getMessage()
+    assert "identity is not checked" in warning.getMessage()
+    # Opting out and giving roots at once is a contradiction, refused by name.
+    with pytest.raises(ConfigurationError, match="require-unverified checks no certificate"):
+        _host_settings(LEASEQ_DB_SSLMODE="require-unverified",
+                       LEASEQ_DB_SSLROOTCERT=str(server.ca_file))
+
+
+def test_require_unverified_connects_to_a_server_the_certificate_does_not_name(
+        server: TlsServer, caplog: pytest.LogCaptureFixture) -> None:
+    # 127.0.0.2 is not in the certificate: verify-full refuses it (above); the opt-out
+    # connects anyway, encrypted, which is exactly what it gives up.
+    with caplog.at_level(logging.WARNING, logger="leaseq.tls"):
+        options = tls.choose_tls(host="127.0.0.2", sslmode="require-unverified",
+                                 sslrootcert=None, environ={})
+    with connect("", **options.params(), **server.params("127.0.0.2")) as conn:  # type: ignore[arg-type]
+        assert _ssl_in_use(conn)
+    assert any("require-unverified" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.parametrize(("env", "problem"), [
@@ -235,3 +301,21 @@ def test_an_invocation_against_an_unknown_ca_fails_once_with_the_setting_named(
     (failed,) = [line for line in lines if line.get("message") == "reaper pass failed"]
     assert "TLS check failed" in failed["error"]
     assert runtime.get().client.reconnects == 0  # refused on the first connect, not retried
+
+
+def test_a_secret_naming_a_host_across_the_network_is_refused_without_roots_before_connecting(
+        tls_secret: pytest.MonkeyPatch, reaper_app: ModuleType) -> None:
+    # LEASEQ_DB_HOST is unset: only the secret says where the database is, so the rule
+    # is applied to the secret's host when the runtime reads it.
+    arn = boto3.client("secretsmanager").create_secret(
+        Name="leaseq/remote", SecretString=json.dumps({
+            "username": "u", "password": "p", "host": INSTANCE_HOST, "dbname": "leaseq"}))["ARN"]
+    tls_secret.setenv("LEASEQ_DATABASE_SECRET_ARN", arn)
+    runtime.reset()
+
+    with pytest.raises(ConfigurationError) as caught:
+        reaper_app.lambda_handler({}, FakeLambdaContext())
+
+    assert not isinstance(caught.value, TlsVerificationError | DatabaseUnavailableError)
+    assert f"refusing an unverified connection to {INSTANCE_HOST}" in caught.value.message
+    assert "LEASEQ_DB_SSLMODE=require-unverified" in caught.value.message

@@ -6,12 +6,15 @@ EventBridge Scheduler rejects at deploy time, so the schedule grammar is checked
 
 from __future__ import annotations
 
+import atexit
 import copy
+import functools
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +74,67 @@ def parameter_default(template: dict[str, Any], value: Any) -> Any:
     if isinstance(value, dict) and set(value) == {"Ref"}:
         return template["Parameters"][value["Ref"]]["Default"]
     return value
+
+
+# ---- the template's Rules, evaluated as CloudFormation does before creating anything -------
+
+
+def parameter_values(template: dict[str, Any], **given: str) -> dict[str, Any]:
+    """Every parameter's value for a deploy: ``given``, else its default (as text, or a
+    list of text for a CommaDelimitedList), as CloudFormation hands them to the Rules."""
+    values: dict[str, Any] = {}
+    for name, parameter in template["Parameters"].items():
+        value = given.get(name, parameter.get("Default", ""))
+        if parameter.get("Type") == "CommaDelimitedList":
+            values[name] = [] if value == "" else str(value).split(",")
+        else:
+            values[name] = value if isinstance(value, str) else str(value)
+    return values
+
+
+def rule_value(value: Any, parameters: dict[str, Any],
+               conditions: dict[str, Any] | None = None) -> Any:
+    """A Rules (or Conditions) expression's value: the functions this template uses there,
+    and no other; ``{"Condition": name}`` is evaluated from ``conditions``."""
+    if isinstance(value, str | int | float | bool):
+        return value if isinstance(value, str | bool) else str(value)
+    if isinstance(value, list):
+        return [rule_value(item, parameters, conditions) for item in value]
+    ((function, argument),) = value.items()
+    if function == "Ref":
+        return parameters[argument]
+    if function == "Condition" and conditions is not None:
+        return rule_value(conditions[argument], parameters, conditions)
+    arguments = rule_value(argument, parameters, conditions)
+    if function == "Fn::Equals":
+        left, right = arguments
+        return left == right
+    if function == "Fn::Not":
+        return not arguments[0]
+    if function == "Fn::And":
+        return all(arguments)
+    if function == "Fn::Or":
+        return any(arguments)
+    if function == "Fn::Contains":
+        values, wanted = arguments
+        return wanted in values
+    if function == "Fn::Join":
+        separator, items = arguments
+        return separator.join(items)
+    raise NotImplementedError(f"rule function {function}: teach rule_value it")
+
+
+def rule_refusals(template: dict[str, Any], **given: str) -> list[str]:
+    """The names of the Rules that refuse a deploy with these parameters."""
+    parameters = parameter_values(template, **given)
+    refused = []
+    for name, rule in template.get("Rules", {}).items():
+        condition = rule.get("RuleCondition")
+        if condition is not None and not rule_value(condition, parameters):
+            continue
+        if not all(rule_value(a["Assert"], parameters) for a in rule["Assertions"]):
+            refused.append(name)
+    return refused
 
 
 # ---- EventBridge Scheduler expressions ------------------------------------------------------
@@ -190,6 +254,17 @@ def require_lambda_python() -> str:
     return python
 
 
+@functools.cache
+def stand_in_rds_bundle() -> Path:
+    """A bundle of CAs named like the RDS CAs, made once per run: the certificates layer
+    cannot be built without one, and the real one cannot be downloaded here."""
+    from tests.support.tls_server import write_rds_like_bundle
+
+    directory = Path(tempfile.mkdtemp(prefix="leaseq-rds-bundle-"))
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    return write_rds_like_bundle(directory / "global-bundle.pem")
+
+
 def sam_environment() -> dict[str, str]:
     env = dict(os.environ)
     env.update(
@@ -199,5 +274,7 @@ def sam_environment() -> dict[str, str]:
         # layer/Makefile runs pip with the first python3 on PATH: the test interpreter's
         # environment, whatever its version (pip is told the target platform and Python).
         PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
+        # certificates/Makefile takes the RDS CA bundle from here instead of downloading.
+        LEASEQ_RDS_CA_BUNDLE=str(stand_in_rds_bundle()),
     )
     return env

@@ -1157,14 +1157,21 @@ def owner_dsn(migrations_app: Any, **variables: str) -> dict[str, str]:
     return found
 
 
-def test_the_owner_with_empty_tls_settings_connects_with_require_and_no_roots(
+def test_the_owner_with_empty_tls_settings_is_refused_naming_the_stack_parameters(
     migrations_app: Any,
 ) -> None:
-    # The template passes empty parameters as empty strings: they mean "not set".
-    params = owner_dsn(migrations_app, LEASEQ_DB_SSLMODE="", LEASEQ_DB_SSLROOTCERT="")
+    from leaseq.errors import ConfigurationError
 
-    assert params["sslmode"] == "require"
-    assert "sslrootcert" not in params
+    # The template passes empty parameters as empty strings: they mean "not set", and an
+    # RDS instance with nothing to verify it with is refused before anything is sent.
+    with pytest.raises(ConfigurationError) as caught:
+        owner_dsn(migrations_app, LEASEQ_DB_SSLMODE="", LEASEQ_DB_SSLROOTCERT="")
+
+    message = caught.value.message
+    assert "refusing an unverified connection" in message
+    for named in ("DbSslRootCert", "/opt/rds/global-bundle.pem", "DbSslMode",
+                  "require-unverified"):
+        assert named in message
 
 
 def test_the_owner_with_a_ca_bundle_alone_verifies_the_server_with_it(

@@ -25,6 +25,7 @@ from tests.infra.template_support import (
     require_lambda_python,
     require_sam,
     sam_environment,
+    stand_in_rds_bundle,
 )
 
 #: What the Lambda python runtime itself provides on its path besides the standard library.
@@ -280,6 +281,17 @@ def test_the_built_layer_holds_what_lambda_runs_and_none_of_the_local_tools(
     present += [p.name for p in layer.glob("*.dist-info")
                 if p.name.split("-")[0].lower() in LOCAL_ONLY_DISTRIBUTIONS]
     assert present == []
+
+
+def test_the_certificates_layer_carries_the_rds_bundle_it_was_built_with_and_no_build_files(
+    build_dir: Path,
+) -> None:
+    layer = build_dir / "CertificatesLayer"
+    files = sorted(str(p.relative_to(layer)) for p in layer.rglob("*") if p.is_file())
+
+    # /opt/rds/global-bundle.pem: the template's default DbSslRootCert.
+    assert (layer / "rds" / "global-bundle.pem").read_bytes() == stand_in_rds_bundle().read_bytes()
+    assert files == ["README.md", "rds/global-bundle.pem"]
 
 
 def test_the_demo_handlers_a_first_stack_names_load_from_the_built_layer(

@@ -226,7 +226,9 @@ def test_every_function_is_traced_logs_json_and_carries_the_certificates_layer(
     sam: dict[str, Any], cfn: dict[str, Any],
 ) -> None:
     layer = sam["Resources"]["CertificatesLayer"]
-    assert "Condition" not in layer, "harmless without a bundle, so always there"
+    assert "Condition" not in layer, "every function may verify with it, so always there"
+    # certificates/Makefile puts the checked RDS CA bundle in it, or fails the build.
+    assert layer["Metadata"] == {"BuildMethod": "makefile"}
     assert layer["Properties"]["ContentUri"] == "certificates/"
     assert layer["Properties"]["CompatibleRuntimes"] == ["python3.13"]
     assert layer["Properties"]["CompatibleArchitectures"] == ["x86_64", "arm64"]
@@ -265,8 +267,10 @@ def test_tls_settings_reach_every_function_and_the_rds_bundle_skips_the_proxy(
 ) -> None:
     parameters = sam["Parameters"]
     assert parameters["DbSslMode"]["Default"] == ""
-    assert parameters["DbSslMode"]["AllowedValues"] == ["", "require", "verify-ca", "verify-full"]
-    assert parameters["DbSslRootCert"]["Default"] == ""
+    # No plain require: connecting unverified is chosen by a name that says so.
+    assert parameters["DbSslMode"]["AllowedValues"] == [
+        "", "verify-full", "verify-ca", "require-unverified"]
+    assert parameters["DbSslRootCert"]["Default"] == "/opt/rds/global-bundle.pem"
     through_proxy = {"Fn::If": ["UsesProxy", {"Ref": "AWS::NoValue"}, {"Ref": "DbSslRootCert"}]}
     for name in ALL_FUNCTIONS:
         variables = function_properties(cfn, name)["Environment"]["Variables"]
@@ -1492,7 +1496,7 @@ def test_every_exemption_names_permissions_the_handlers_really_list() -> None:
 
 #: Actions by which a deployer could grant a role more than the boundary lets it have.
 ROLE_POLICY_WRITES = ("iam:CreateRole", "iam:PutRolePolicy", "iam:AttachRolePolicy",
-                      "iam:PutRolePermissionsBoundary")
+                      "iam:PutRolePermissionsBoundary", "iam:UpdateAssumeRolePolicy")
 
 
 def test_the_deployer_policy_grants_no_wildcard_service_and_no_unbounded_role_writes() -> None:
@@ -1550,7 +1554,8 @@ _OWN_RESOURCES = re.compile(
     r"|^arn:aws:s3:::aws-sam-cli-managed-default-\*(/\*)?$"
     r"|^arn:aws:iam::\*:role/aws-service-role/rds\.amazonaws\.com/AWSServiceRoleForRDS$")
 #: The one statement that changes resources neither a name nor a tag ties to the stack: a
-#: proxy's target group carries no stack tag of its own (documented in infra/README.md).
+#: proxy's target group carries no stack tag of its own (documented in infra/README.md);
+#: registering a database with it also needs the database's own stack tag.
 _UNTAGGED_EXCEPTIONS = {"ProxyTargetGroupsCarryNoStackTagOfTheirOwn"}
 
 
@@ -1571,7 +1576,8 @@ def test_the_deployer_policy_changes_and_deletes_only_the_stacks_resources() -> 
     (untagged,) = [s for s in policy["Statement"] if s["Sid"] in _UNTAGGED_EXCEPTIONS]
     assert untagged["Resource"] == "arn:aws:rds:*:*:target-group:*"
     assert set(untagged["Action"]) == {"rds:DeregisterDBProxyTargets",
-                                       "rds:ModifyDBProxyTargetGroup"}
+                                       "rds:ModifyDBProxyTargetGroup",
+                                       "rds:RegisterDBProxyTargets"}
 
 
 @pytest.mark.parametrize("name", [*DEPLOYER_POLICIES, "permissions-boundary.json"])

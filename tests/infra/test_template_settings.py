@@ -48,6 +48,11 @@ DEPLOYMENT_DEFAULTS: dict[str, tuple[Any, str]] = {
     "SlowJobTimeoutSeconds": (
         600.0, "the slow worker exists for kinds that need longer than the main worker's "
                "30 s budget"),
+    "DbSslRootCert": (
+        "/opt/rds/global-bundle.pem",
+        "the RDS CA bundle the stack's certificates layer is built with; the library alone "
+        "knows no bundle's location, and without one refuses a host across a network "
+        "rather than guess"),
     "DbName": ("leaseq", "the database the stack creates; the library has no default "
                          "database name (a DSN or a secret may carry it)"),
     "WorkerDbUser": ("leaseq_worker_login", "a login per function, named by the stack"),
@@ -314,7 +319,7 @@ def test_each_parameter_is_found_filling_its_setting(cfn: dict[str, Any]) -> Non
     ("LeaseMarginSeconds", {"Default": 4}, "Default 4.0 differs from the default of "
                                            "WorkerSettings.lease_margin_seconds"),
     ("JobRetentionDays", {"MaxValue": None}, "needs a MaxValue"),
-    ("DbSslMode", {"AllowedValues": ["", "require", "verify-every-thing"]},
+    ("DbSslMode", {"AllowedValues": ["", "require-unverified", "verify-every-thing"]},
      "AllowedValues has 'verify-every-thing'"),
     ("WorkerTimeoutSeconds", {"Default": 900}, "DEPLOYMENT_DEFAULTS lists 60.0"),
 ])

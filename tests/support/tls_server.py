@@ -1,9 +1,12 @@
 """A throwaway PostgreSQL that speaks TLS only, with certificates made for the test.
 
-The CA signs a server certificate for ``localhost`` and ``127.0.0.1``; a second CA
-signs nothing, so a client that trusts only it must refuse the server. The server
-listens on 127.0.0.1 and 127.0.0.2 (Linux answers the whole 127/8 on loopback), so a
-client can reach it under a name its certificate does not hold. It accepts only TLS
+The CA signs a server certificate for ``localhost``, ``127.0.0.1`` and
+:data:`INSTANCE_HOST`, a name shaped like an RDS instance's endpoint (the test CA plays
+the RDS CA); a second CA signs nothing, so a client that trusts only it must refuse the
+server. The server listens on 127.0.0.1 and 127.0.0.2 (Linux answers the whole 127/8 on
+loopback), so a client can reach it under a name its certificate does not hold; a client
+that names a remote host reaches it with libpq's ``hostaddr`` (the name is what the
+certificate is checked against, the address is where libpq connects). It accepts only TLS
 connections with a password (scram-sha-256) and has no Unix socket. It runs the
 installed PostgreSQL's binaries (the embedded server's wheel has no SSL) as the
 account the embedded server uses, so it works as root too.
@@ -28,7 +31,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-SERVER_NAMES = ("localhost", "127.0.0.1")
+#: An RDS instance endpoint's name, held by the server's certificate.
+INSTANCE_HOST = "leaseq-test.c1a2b3c4d5e6.eu-west-1.rds.amazonaws.com"
+#: An endpoint of the same shape that the certificate does not hold.
+OTHER_INSTANCE_HOST = "other-db.c1a2b3c4d5e6.eu-west-1.rds.amazonaws.com"
+SERVER_NAMES = ("localhost", "127.0.0.1", INSTANCE_HOST)
 
 
 @dataclass(frozen=True)
@@ -79,8 +86,7 @@ def _server_certificate(ca_key: ec.EllipticCurvePrivateKey, ca: x509.Certificate
                         ) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     key = _key()
     now = dt.datetime.now(dt.UTC)
-    names: list[x509.GeneralName] = [x509.DNSName("localhost"),
-                                     x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    names: list[x509.GeneralName] = [_general_name(name) for name in SERVER_NAMES]
     cert = (
         x509.CertificateBuilder()
         .subject_name(_name("localhost")).issuer_name(ca.subject)
@@ -95,6 +101,52 @@ def _server_certificate(ca_key: ec.EllipticCurvePrivateKey, ca: x509.Certificate
         .sign(ca_key, hashes.SHA256())
     )
     return key, cert
+
+
+def _general_name(name: str) -> x509.GeneralName:
+    try:
+        return x509.IPAddress(ipaddress.ip_address(name))
+    except ValueError:
+        return x509.DNSName(name)
+
+
+def write_rds_like_bundle(path: Path, count: int = 2, *, expired: bool = False) -> Path:
+    """A PEM bundle of ``count`` CA certificates named as the RDS CAs are
+    (``OU=Amazon RDS``), for builds of the certificates layer that cannot download the
+    real one. ``expired``: every certificate's validity ended yesterday."""
+    now = dt.datetime.now(dt.UTC)
+    blocks = []
+    for number in range(count):
+        key = _key()
+        subject = x509.Name([
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Amazon Web Services, Inc."),
+            x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, "Amazon RDS"),
+            x509.NameAttribute(NameOID.COMMON_NAME, f"Amazon RDS test-{number} Root CA")])
+        ends = now - dt.timedelta(days=1) if expired else now + dt.timedelta(days=30)
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(subject).issuer_name(subject)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(ends - dt.timedelta(days=60)).not_valid_after(ends)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256())
+        )
+        blocks.append(_pem(cert))
+    path.write_bytes(b"".join(blocks))
+    return path
+
+
+def write_https_identity(directory: Path) -> tuple[Path, Path, Path]:
+    """A CA file, and a certificate and key for ``localhost`` that it signed, for a test
+    HTTPS server whose clients trust the CA file. Returns (ca, certificate, key)."""
+    ca_key, ca = _ca("leaseq test HTTPS CA")
+    key, cert = _server_certificate(ca_key, ca)
+    files = (directory / "https-ca.pem", directory / "https.crt", directory / "https.key")
+    files[0].write_bytes(_pem(ca))
+    files[1].write_bytes(_pem(cert))
+    files[2].write_bytes(_key_pem(key))
+    os.chmod(files[2], 0o600)
+    return files
 
 
 def _pem(cert: x509.Certificate) -> bytes:
