@@ -150,9 +150,9 @@ def test_a_name_holding_a_control_format_or_line_separator_character_is_rejected
     assert len(snapshot(owner)[0]) == 1
 
 
-@pytest.mark.parametrize("text", ["rapport_\u00e9", "\u5831\u544a", "\u043e\u0442\u0447\u0451\u0442",
-                                  "\u062a\u0642\u0631\u064a\u0631", "caf\u0065\u0301",
-                                  "a b", "\u00a0nbsp\u3000wide"])
+@pytest.mark.parametrize("text", [
+    "rapport_\u00e9", "\u5831\u544a", "\u043e\u0442\u0447\u0451\u0442",
+    "\u062a\u0642\u0631\u064a\u0631", "caf\u0065\u0301", "a b", "\u00a0nbsp\u3000wide"])
 def test_names_of_letters_of_any_script_and_spaces_are_stored(producer: Conn,
                                                                text: str) -> None:
     rows = enqueue_batch(producer, [{}], kinds=[text], keys=[text], correlation_ids=[text])
