@@ -84,7 +84,8 @@ def reap_once(client: QueueClient, deadline: Deadline, *, limit: int = REAPER_LI
         raise ValueError(f"retention must be between 0 and {MAX_RETENTION.days} days "
                          f"(got {retention})")
     report = ReapReport()
-    _end_stalled_sessions(client, report)
+    if deadline.remaining() > margin:
+        _end_stalled_sessions(client, report)
     while report.calls < max_calls and deadline.remaining() > margin:
         released = client.release_all_expired_jobs(limit)
         report.calls += 1
