@@ -85,12 +85,13 @@ language sql
 immutable
 set search_path = pg_catalog, pg_temp
 as $$
-  select 'must not contain control, format (invisible or bidirectional) or line separator '
-         || 'characters (found U+' || upper(lpad(s.hex, greatest(4, length(s.hex)), '0'))
-         || ' at character ' || strpos(p_value, s.c) || '; remove it)'
-  from (select c, to_hex(ascii(c)) as hex
-        from (select substring(p_value from E'[\u0001-\u001f\u007f-\u009f\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890-\u0891\u08e2\u180e\u200b-\u200f\u2028-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f]') as c) f) s
-  where s.c is not null
+  select case when p_value ~ E'[\u0001-\u001f\u007f-\u009f\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890-\u0891\u08e2\u180e\u200b-\u200f\u2028-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f]' then
+    (select 'must not contain control, format (invisible or bidirectional) or line '
+            || 'separator characters (found U+' || upper(lpad(h.hex, greatest(4, length(h.hex)), '0'))
+            || ' at character ' || strpos(p_value, h.c) || '; remove it)'
+     from (select f.c, to_hex(ascii(f.c)) as hex
+           from (select substring(p_value from E'[\u0001-\u001f\u007f-\u009f\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890-\u0891\u08e2\u180e\u200b-\u200f\u2028-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f]') as c) f) h)
+  end
 $$;
 revoke all on function app.character_problem(text) from public;
 
