@@ -35,7 +35,8 @@
 -- adds at most half) and for 1000 jobs of 16 KiB. The check adds the size of text this
 -- loop builds anyway, and refuses as soon as the sum passes the bound, so an oversized
 -- call costs the checks of 16 MiB at most; its arguments have already been received
--- (PostgreSQL's 1 GB per value bounds that part). leaseq.limits.MAX_ENQUEUE_BYTES is
+-- and parsed (the login's statement_timeout and PostgreSQL's 1 GB per value bound that
+-- part). leaseq.limits.MAX_ENQUEUE_BYTES is
 -- the same number, and the library refuses such a call before sending it, with the
 -- same message.
 create or replace function app.enqueue_jobs(
