@@ -41,8 +41,10 @@ from leaseq.jobs import (
     JobOutcome,
     JobState,
     Selection,
+    enqueue_call_problem,
 )
 from leaseq.pool import PoolSize
+from leaseq.sessions import StalledSession
 
 T = TypeVar("T")
 
@@ -61,10 +63,15 @@ def enqueue_jobs(conn: psycopg.Connection[Any],
     Runs inside the caller's open transaction when there is one, so the jobs exist if
     and only if the caller's work commits. Conflicts are reported per item, not raised,
     and so are items the database rejects (status "rejected", with its 22023 message in
-    ``error``): the batch's other items are stored all the same.
+    ``error``): the batch's other items are stored all the same. A batch whose payloads
+    together pass :data:`leaseq.limits.MAX_ENQUEUE_BYTES` is refused whole before
+    anything is sent (InvalidRequestError, SQLSTATE 22023, the database's message).
     """
     if not requests:
         return []
+    problem = enqueue_call_problem(list(enumerate(requests, 1)))
+    if problem is not None:
+        raise InvalidRequestError(problem, sqlstate="22023")
     params = {
         "tenant_ids": [r.tenant_id for r in requests],
         "operation_keys": [r.operation_key for r in requests],
@@ -427,6 +434,15 @@ class QueueClient:
         ``limit`` means the sweep reached the last tenant and starts again."""
         (row,) = self._query(queries.REPAIR_TENANT_TURNS, {"limit": limit})
         return int(row["tenants_checked"]), int(row["turns_repaired"])
+
+    def end_stalled_sessions(self) -> list[StalledSession]:
+        """End the sessions of readers and runtime logins that are idle in a transaction,
+        or run one statement, longer than their caps allow (app.end_stalled_sessions):
+        one :class:`StalledSession` per session ended, refused or unseen."""
+        rows = self._query(queries.END_STALLED_SESSIONS, {})
+        return [StalledSession(pid=int(row["pid"]), login=str(row["login"]),
+                               state=row["state"], stalled_for=row["stalled_for"],
+                               outcome=row["outcome"]) for row in rows]
 
     # Retention ----------------------------------------------------------------------
 

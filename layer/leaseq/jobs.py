@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -11,13 +12,14 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from leaseq.decoding import UndecodableJson
-from leaseq.limits import MAX_ATTEMPTS
+from leaseq.limits import MAX_ATTEMPTS, MAX_ENQUEUE_BYTES, enqueue_size_problem
 from leaseq.storable import (
     MAX_DOCUMENT_BYTES,
     MAX_PAYLOAD_DEPTH,
     MAX_SCHEDULE_AHEAD,
     NUL_PROBLEM,
     blank_problem,
+    character_problem,
     json_size,
     nesting_depth,
     storage_problem,
@@ -49,7 +51,12 @@ class EnqueueRequest(BaseModel):
 
     ``operation_key`` names the operation for its tenant: enqueueing it again (a
     producer's retry) finds the job already there instead of making a second.
-    ``max_attempts`` left None takes the queue's default of 6.
+    ``max_attempts`` left None takes the queue's default of 6. The operation key, the
+    kind and the correlation id are plain text: no control, format (invisible or
+    bidirectional) or line separator character (:func:`leaseq.storable.character_problem`),
+    as each is written into log lines and listings as it is. Letters of any script are
+    fine. The payloads of one call may hold :data:`leaseq.limits.MAX_ENQUEUE_BYTES`
+    together, which :meth:`QueueClient.enqueue_jobs` checks for the batch.
 
     >>> from uuid import UUID
     >>> tenant = UUID("6f1c2d3e-0000-4000-8000-000000000001")
@@ -92,6 +99,16 @@ class EnqueueRequest(BaseModel):
             raise ValueError(NUL_PROBLEM)
         return value
 
+    @field_validator("operation_key", "kind", "correlation_id")
+    @classmethod
+    def _plain_text(cls, value: str | None) -> str | None:
+        """No control, format or line separator characters: these values are written
+        into logs, metric dimensions and listings as they are (app.character_problem)."""
+        problem = None if value is None else character_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
     @field_validator("payload")
     @classmethod
     def _storable_payload(cls, value: dict[str, Any]) -> dict[str, Any]:
@@ -128,6 +145,29 @@ class EnqueueRequest(BaseModel):
             raise ValueError(f"must be at most {MAX_SCHEDULE_AHEAD.days} days ahead "
                              f"(got {utc.isoformat()}, later than {latest.isoformat()})")
         return utc
+
+
+def enqueue_call_problem(requests: Sequence[tuple[int, EnqueueRequest]]) -> str | None:
+    """Why ``requests`` cannot go to the database in one enqueue call, or None: their
+    payloads together pass :data:`~leaseq.limits.MAX_ENQUEUE_BYTES` (the message is
+    app.enqueue_jobs's, naming the job that takes the sum past it). ``requests`` are
+    ``(position, request)``, positions counted from 1 as the caller numbers its jobs.
+
+    Each payload is measured as JSON text, as PostgreSQL writes it; a call of at most 64
+    jobs always fits (64 payloads of 256 KiB are 16 MiB) and costs nothing. The database
+    checks the same bound, so this only refuses early; it can differ from the database's
+    count for numbers that PostgreSQL writes longer than Python (``1e300``)."""
+    if len(requests) * MAX_DOCUMENT_BYTES <= MAX_ENQUEUE_BYTES:
+        return None
+    return enqueue_size_problem((position, _payload_size(request))
+                                for position, request in requests)
+
+
+def _payload_size(request: EnqueueRequest) -> int:
+    try:
+        return json_size(request.payload)
+    except (TypeError, ValueError, RecursionError):
+        return 0  # not JSON (a request built without validation): sending it fails anyway
 
 
 EnqueueStatus = Literal["created", "existing", "conflict", "rejected"]

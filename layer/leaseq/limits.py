@@ -10,6 +10,7 @@ import it rather than repeat the number.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -18,6 +19,9 @@ from typing import Any
 MAX_CLAIM = 100
 #: Jobs one app.enqueue_jobs call may carry.
 MAX_ENQUEUE = 1000
+#: Bytes of JSON text the payloads of one app.enqueue_jobs call may hold together
+#: (16 MiB; each payload is also bounded, by leaseq.storable.MAX_DOCUMENT_BYTES).
+MAX_ENQUEUE_BYTES = 16 * 1024 * 1024
 #: Rows one call of the reaper's paged functions may touch (app.release_all_expired_jobs,
 #: repair_tenant_turns, prune_jobs, prune_retained_jobs).
 MAX_PAGE = 10_000
@@ -30,6 +34,28 @@ MAX_LEASE = timedelta(days=1)
 MAX_RETRY_DELAY = timedelta(days=30)
 #: The longest retention a prune accepts.
 MAX_RETENTION = timedelta(days=3650)
+
+
+def enqueue_size_problem(sizes: Iterable[tuple[int, int]]) -> str | None:
+    """Why an enqueue call is too large, or None: the SQL contract's check and message.
+
+    ``sizes`` are ``(position, bytes)`` of the payloads the call would store, in order,
+    positions counted from 1; their sum may not pass :data:`MAX_ENQUEUE_BYTES`. The
+    message names the payload that takes it past, as app.enqueue_jobs does:
+
+    >>> enqueue_size_problem([(1, MAX_ENQUEUE_BYTES)]) is None
+    True
+    >>> enqueue_size_problem([(1, MAX_ENQUEUE_BYTES), (2, 2)]).split(", and ")[1]
+    'job 2 brings them to 16777218; split the batch into smaller calls'
+    """
+    total = 0
+    for position, size in sizes:
+        total += size
+        if total > MAX_ENQUEUE_BYTES:
+            return (f"enqueue call too large: its payloads must total at most "
+                    f"{MAX_ENQUEUE_BYTES} bytes as JSON text, and job {position} brings them "
+                    f"to {total}; split the batch into smaller calls")
+    return None
 
 
 @dataclass(frozen=True)

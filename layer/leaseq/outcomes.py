@@ -26,7 +26,7 @@ from leaseq.limits import MAX_RETRY_DELAY
 from leaseq.registry import Registration
 from leaseq.retry import RetryPolicy
 from leaseq.signals import DiscardJob, RetryJob
-from leaseq.storable import MAX_DOCUMENT_BYTES, json_size, storage_problem
+from leaseq.storable import MAX_DOCUMENT_BYTES, character_problem, json_size, storage_problem
 
 logger = logging.getLogger("leaseq.worker")
 
@@ -90,6 +90,16 @@ class Judge:
                 f"{undecodable.reason}. Enqueue a corrected job under a new operation "
                 "key; retrying this one would fail the same way",
                 prefix=undecodable.prefix, length=len(undecodable.text))))
+        if registration is None and character_problem(job.kind) is not None:
+            # Stored before enqueue refused such kinds: no handler can be registered for
+            # it (Registry refuses it too), so it dies here like an unknown kind, with
+            # the reason, and the drain goes on.
+            logger.error("job kind holds characters kinds may not hold",
+                         extra=job_log_fields(job))
+            return Prepared(refused=JobOutcome(job, "dead", error_document(
+                "INVALID_KIND", f"kind {job.kind!r} {character_problem(job.kind)}: no "
+                "handler can be registered for it. Enqueue a corrected job under a new "
+                "operation key", kind=job.kind)))
         if registration is None:
             logger.error("no handler registered for this kind", extra=job_log_fields(job))
             return Prepared(refused=JobOutcome(job, "dead", error_document(

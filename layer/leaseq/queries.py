@@ -128,6 +128,10 @@ PRUNE_RETAINED_JOBS: Final[LiteralString] = (
     "select jobs_deleted, events_deleted from app.prune_retained_jobs("
     "%(older_than)s::interval, %(limit)s)"
 )
+# The reaper's sweep of sessions past their caps (sql/functions/tenancy.sql).
+END_STALLED_SESSIONS: Final[LiteralString] = (
+    "select pid, login, state, stalled_for, outcome from app.end_stalled_sessions()"
+)
 
 PING: Final[LiteralString] = "select 1"
 

@@ -1,5 +1,10 @@
-"""reap_once(): give every tenant's expired leases back to the queue, check a page of
-tenants' turns, then apply the retention period to finished jobs.
+"""reap_once(): end the sessions past their caps, give every tenant's expired leases
+back to the queue, check a page of tenants' turns, then apply the retention period to
+finished jobs.
+
+The sessions come first and cost one call (app.end_stalled_sessions, see
+:mod:`leaseq.sessions`): a reader or a runtime login that lifted its own timeout and
+sits in a transaction would otherwise keep every migration and vacuum waiting.
 
 Each call of app.release_all_expired_jobs and app.prune_retained_jobs is bounded
 (``limit`` rows, oldest first), and the pass repeats one only while whole pages come
@@ -41,7 +46,8 @@ RETENTION_DAYS = Bounds(14.0, 0, MAX_RETENTION.days)
 
 @dataclass
 class ReapReport:
-    """What one reaper pass did: the expired leases it released (``released``, in
+    """What one reaper pass did: the sessions past their caps it ended (or could not:
+    ``sessions_refused``, ``sessions_unseen``), the expired leases it released (``released``, in
     ``calls`` calls; ``complete`` once a call came back short, so none were left), the
     tenants' turns it checked and repaired, the finished jobs and events it deleted, and
     the seconds left when it ended. The reaper function logs it and turns it into
@@ -54,6 +60,9 @@ class ReapReport:
     pruned_events: int = 0
     turns_checked: int = 0
     turns_repaired: int = 0
+    sessions_ended: int = 0
+    sessions_refused: int = 0
+    sessions_unseen: int = 0
     time_left: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
@@ -75,6 +84,8 @@ def reap_once(client: QueueClient, deadline: Deadline, *, limit: int = REAPER_LI
         raise ValueError(f"retention must be between 0 and {MAX_RETENTION.days} days "
                          f"(got {retention})")
     report = ReapReport()
+    if deadline.remaining() > margin:
+        _end_stalled_sessions(client, report)
     while report.calls < max_calls and deadline.remaining() > margin:
         released = client.release_all_expired_jobs(limit)
         report.calls += 1
@@ -95,6 +106,29 @@ def reap_once(client: QueueClient, deadline: Deadline, *, limit: int = REAPER_LI
         logger.info("deleted jobs past their retention", extra={
             "jobs": report.pruned_jobs, "events": report.pruned_events})
     return report
+
+
+def _end_stalled_sessions(client: QueueClient, report: ReapReport) -> None:
+    """End the sessions past their caps first: one of them may be what keeps a
+    migration or vacuum waiting. Each ended session is worth a look (a client that
+    lifted its own timeout, or a stuck one); a missing grant is said on every pass."""
+    for session in client.end_stalled_sessions():
+        if session.outcome == "ended":
+            report.sessions_ended += 1
+            logger.warning("ended a session past its cap", extra={
+                "login": session.login, "pid": session.pid, "state": session.state,
+                "stalled_seconds": None if session.stalled_for is None
+                else round(session.stalled_for.total_seconds(), 1)})
+        elif session.outcome == "refused":
+            report.sessions_refused += 1
+        else:
+            report.sessions_unseen += 1
+    if report.sessions_refused or report.sessions_unseen:
+        logger.warning(
+            "sessions past their caps cannot be ended: the schema owner needs "
+            "pg_signal_backend (to end them) and pg_read_all_stats (to see their state); "
+            "grant both to it as an administrator", extra={
+                "refused": report.sessions_refused, "unseen": report.sessions_unseen})
 
 
 def _repair_turns(client: QueueClient, deadline: Deadline, report: ReapReport, limit: int,

@@ -22,7 +22,7 @@ from pydantic import BaseModel
 
 from leaseq.errors import ConfigurationError
 from leaseq.retry import RetryPolicy
-from leaseq.storable import is_blank
+from leaseq.storable import character_problem, is_blank
 
 if TYPE_CHECKING:
     from leaseq.job_context import JobContext
@@ -87,11 +87,15 @@ class Registry:
         """Register ``handler`` for ``kind`` (see the class docstring for the options);
         a kind the queue would refuse, a kind registered twice or a timeout that is not
         positive is a :class:`ConfigurationError`."""
-        # The enqueue rule for kinds: a kind that shows nothing could never be enqueued.
+        # The enqueue rule for kinds: a kind that shows nothing, or holds a character
+        # kinds may not hold, could never be enqueued.
         if not kind or is_blank(kind) or len(kind) > 128:
             raise ConfigurationError(
                 f"job kind {kind!r} is invalid: use 1 to 128 characters, at least one of "
                 "them visible (not white space or an invisible format character)")
+        problem = character_problem(kind)
+        if problem is not None:
+            raise ConfigurationError(f"job kind {kind!r} is invalid: it {problem}")
         if kind in self._by_kind:
             raise ConfigurationError(
                 f"job kind {kind!r} is registered twice; register each kind once")

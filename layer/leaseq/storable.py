@@ -68,6 +68,39 @@ _FORMAT_CHARACTERS = frozenset(
 _INVISIBLE = WHITE_SPACE | _FORMAT_CHARACTERS
 
 
+#: Code points no name-like value may hold (kind, operation key, correlation id; the SQL
+#: functions hold owners, actors and reasons to it too), as inclusive ranges: control
+#: characters (Unicode Cc: tab, newline, carriage return, escape, NEL...), the format
+#: characters above (invisible ones, and the bidirectional controls that reorder what a
+#: reader sees) and the line and paragraph separators. Such values are written as they
+#: are into log lines, metric dimensions, the dashboard and the command line's tables,
+#: where a newline starts a forged line and a right-to-left override shows text in
+#: another order. ``app.character_problem`` spells out the same set.
+UNSAFE_CHARACTER_RANGES: tuple[tuple[int, int], ...] = (
+    (0x0000, 0x001F), (0x007F, 0x009F), *FORMAT_CHARACTER_RANGES, (0x2028, 0x2029),
+)
+_UNSAFE_CHARACTERS = frozenset(
+    chr(code) for first, last in UNSAFE_CHARACTER_RANGES for code in range(first, last + 1))
+
+
+def character_problem(text: str) -> str | None:
+    """Why ``text`` may not name a kind, an operation key or a correlation id, or None.
+
+    The message is the SQL contract's (``app.character_problem``), naming the first
+    refused character by code point and its position, counted from 1:
+
+    >>> character_problem("send_receipt"), character_problem("報告")
+    (None, None)
+    >>> character_problem("send\\nreceipt").partition("(found ")[2]
+    'U+000A at character 5; remove it)'
+    """
+    if _UNSAFE_CHARACTERS.isdisjoint(text):
+        return None
+    position, char = next((i, c) for i, c in enumerate(text, 1) if c in _UNSAFE_CHARACTERS)
+    return ("must not contain control, format (invisible or bidirectional) or line separator "
+            f"characters (found U+{ord(char):04X} at character {position}; remove it)")
+
+
 def is_blank(text: str) -> bool:
     """Whether ``text`` shows nothing: empty, or only White_Space and format characters.
 

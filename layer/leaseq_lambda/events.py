@@ -13,7 +13,9 @@ producer after its commit (wake), holding the place reserved for it in the worke
 
 Enqueue (direct invoke from another Lambda, or an EventBridge event):
   * one job ``{tenant_id, operation_key, kind, payload, available_at?, max_attempts?,
-    correlation_id?}`` or a batch ``{"jobs": [...]}`` of at most 1000;
+    correlation_id?}`` or a batch ``{"jobs": [...]}`` of at most 1000, whose payloads
+    hold at most 16 MiB together (``leaseq.limits.MAX_ENQUEUE_BYTES``; every job of a
+    larger batch is rejected with the database's message, nothing is stored);
   * an EventBridge event with ``"detail-type": "leaseq.enqueue"`` whose detail is either.
 
 Bad enqueue input never raises: every item gets a result, and an item that does not
@@ -33,6 +35,7 @@ from aws_lambda_powertools.utilities.parser import parse
 from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
 from leaseq import EnqueueRequest, InvalidRequestError
 from leaseq.errors import field_path, one_line
+from leaseq.jobs import enqueue_call_problem
 from leaseq.limits import MAX_ENQUEUE
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -248,7 +251,14 @@ def _body(body: Any, correlation_id: str) -> list[EnqueueRequest | Rejection]:
     if not 1 <= len(jobs) <= MAX_BATCH:
         return _rejected_envelope(
             f"a batch holds 1 to {MAX_BATCH} jobs (got {len(jobs)}); split it", len(jobs))
-    return [_item(raw, correlation_id) for raw in jobs]
+    items = [_item(raw, correlation_id) for raw in jobs]
+    # The valid jobs go to the database in one call: over the call's size bound, the
+    # database would refuse it whole, so every job is refused here with its message.
+    too_large = enqueue_call_problem([(i, item) for i, item in enumerate(items, 1)
+                                      if isinstance(item, EnqueueRequest)])
+    if too_large is not None:
+        return _rejected_envelope(too_large, len(jobs))
+    return items
 
 
 def parse_enqueue(event: Any, request_id: str) -> EnqueueBatch:

@@ -311,10 +311,13 @@ def record_drain(metrics: Metrics, report: DrainReport, oldest_ready_age: float 
 def record_reap(metrics: Metrics, report: ReapReport) -> None:
     """A reaper pass's counts as metrics: leases released (crashed or killed workers),
     finished jobs pruned (the retention period at work), tenants' turns repaired (a
-    defect or a hand edit; anything above 0 is worth a look)."""
+    defect or a hand edit; anything above 0 is worth a look), sessions ended past their
+    caps (a client that lifted its own timeout, or a stuck one; worth a look too)."""
     metrics.add_metric(name="JobsReleased", unit=MetricUnit.Count, value=report.released)
     metrics.add_metric(name="JobsPruned", unit=MetricUnit.Count, value=report.pruned_jobs)
     metrics.add_metric(name="TurnsRepaired", unit=MetricUnit.Count, value=report.turns_repaired)
+    metrics.add_metric(name="StalledSessionsEnded", unit=MetricUnit.Count,
+                       value=report.sessions_ended)
 
 
 def record_enqueue(metrics: Metrics, created: int, existing: int, rejected: int) -> None:

@@ -779,6 +779,10 @@ def _bootstrap(admin_dsn: str, creds: dict[str, str]) -> None:
                 verb, sql.Identifier(role),
                 sql.SQL("createrole" if may_create_roles else "nocreaterole"),
                 sql.Literal(_verifier(conn, role, creds[role]))))
+        # What the reaper's sweep of sessions past their caps needs of the owner (as the
+        # RDS master user has it): reading other logins' session states and ending them.
+        conn.execute(sql.SQL("grant pg_signal_backend, pg_read_all_stats to {}").format(
+            sql.Identifier(OWNER_ROLE)))
         exists = conn.execute("select 1 from pg_database where datname = %s",
                               (DATABASE,)).fetchone()
         if exists is None:

@@ -61,6 +61,40 @@ as $$
 $$;
 revoke all on function app.is_blank(text) from public;
 
+-- The one "plain text" rule of every name-like value a function stores (kind, operation
+-- key, correlation id, owner, actor, reason), shared with the Python model
+-- (leaseq.storable.UNSAFE_CHARACTER_RANGES; sql/README.md lists the set). Such values
+-- are written as they are into log lines, metric dimensions, the dashboard and the
+-- command line's tables, so none may hold
+--   control characters (Unicode Cc): U+0001-U+001F and U+007F-U+009F (tab, newline,
+--               carriage return, escape, NEL; U+0000 cannot be in a text at all);
+--   format characters (Cf), the list of app.is_blank above: invisible ones (zero-width
+--               space, joiners, BOM) and the bidirectional controls (U+061C, U+200E,
+--               U+200F, U+202A-U+202E, U+2066-U+2069), which reorder what a reader sees;
+--   the line and paragraph separators U+2028 and U+2029.
+-- A newline or an escape sequence in a kind would start a new line, or recolour the
+-- terminal, in every plain-text log and listing that shows it; a right-to-left override
+-- would show "fdp.exe" as "exe.pdf". Answers NULL when the value holds none (or is
+-- NULL), else how it breaks the rule, naming the first such character by code point and
+-- position (1-based, in characters), to complete a sentence that starts with the
+-- value's name. Callers that check a value per job test it against '[^ -~]' first (a
+-- value of printable ASCII only holds none of them) and call this only otherwise.
+create or replace function app.character_problem(p_value text)
+returns text
+language sql
+immutable
+set search_path = pg_catalog, pg_temp
+as $$
+  select case when p_value ~ E'[\u0001-\u001f\u007f-\u009f\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890-\u0891\u08e2\u180e\u200b-\u200f\u2028-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f]' then
+    (select 'must not contain control, format (invisible or bidirectional) or line '
+            || 'separator characters (found U+' || upper(lpad(h.hex, greatest(4, length(h.hex)), '0'))
+            || ' at character ' || strpos(p_value, h.c) || '; remove it)'
+     from (select f.c, to_hex(ascii(f.c)) as hex
+           from (select substring(p_value from E'[\u0001-\u001f\u007f-\u009f\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890-\u0891\u08e2\u180e\u200b-\u200f\u2028-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f]') as c) f) h)
+  end
+$$;
+revoke all on function app.character_problem(text) from public;
+
 -- An array argument must be one-dimensional and indexed from 1 (or empty, or NULL,
 -- where the caller allows that): the functions read element i as array[i] next to
 -- unnest(), and for '{{x}}' or '[5:5]={x}' the subscript reads NULL while unnest()
@@ -130,6 +164,9 @@ end;
 $$;
 revoke all on function app.document_problem(jsonb, text, integer) from public;
 
+-- The owner rule (a worker's name, stored as lease_owner and as the actor of its
+-- events, which tenant readers see): non-blank, at most 200 characters, plain text
+-- (app.character_problem).
 create or replace function app.check_owner(p_owner text)
 returns void
 language plpgsql
@@ -140,12 +177,15 @@ begin
   if p_owner is null or app.is_blank(p_owner) or length(p_owner) > 200 then
     perform app.raise_invalid('p_owner must be a non-blank text of at most 200 characters');
   end if;
+  if app.character_problem(p_owner) is not null then
+    perform app.raise_invalid('p_owner ' || app.character_problem(p_owner));
+  end if;
 end;
 $$;
 revoke all on function app.check_owner(text) from public;
 
--- The operator's name on the events of redrive and cancel: the owner rule, under its
--- own name.
+-- The operator's name on the events of redrive and cancel: the owner rule (non-blank,
+-- at most 200 characters, app.character_problem), under its own name.
 create or replace function app.check_actor(p_actor text)
 returns void
 language plpgsql
@@ -155,6 +195,9 @@ as $$
 begin
   if p_actor is null or app.is_blank(p_actor) or length(p_actor) > 200 then
     perform app.raise_invalid('p_actor must be a non-blank text of at most 200 characters');
+  end if;
+  if app.character_problem(p_actor) is not null then
+    perform app.raise_invalid('p_actor ' || app.character_problem(p_actor));
   end if;
 end;
 $$;
@@ -209,7 +252,7 @@ immutable
 set search_path = pg_catalog, pg_temp
 as $$
 begin
-  if p_owner is null or length(p_owner) > 200
+  if p_owner is null or length(p_owner) > 200 or p_owner ~ '[^ -~]'
      or (ascii(p_owner) not between 33 and 126 and app.is_blank(p_owner)) then
     perform app.check_owner(p_owner);
   end if;
@@ -225,8 +268,10 @@ revoke all on function app.check_claim(text, integer, interval) from public;
 
 -- A claim's kind filter: the kinds to claim (p_kinds) or the kinds to leave
 -- (p_exclude_kinds), never both; NULL for both means every kind. A filter names 1 .. 100
--- kinds (each costs the claim an index probe or two), each a valid kind (the enqueue
--- rule: non-blank, at most 128 characters), in a one-dimensional array indexed from 1.
+-- kinds (each costs the claim an index probe or two), each a valid kind (non-blank, at
+-- most 128 characters: the enqueue rule without app.character_problem, as a filter only
+-- selects, and must still reach the jobs of kinds stored before enqueue held kinds to
+-- it), in a one-dimensional array indexed from 1.
 -- An empty list is refused rather than read as "nothing" or "everything": a worker
 -- configured with one by mistake would otherwise claim nothing, or all. Called by the
 -- claims only when a filter is given, so an unfiltered claim pays nothing for it; a
@@ -307,6 +352,9 @@ end;
 $$;
 revoke all on function app.error_document(jsonb) from public;
 
+-- The operator functions' filters. p_kind, like the claims' kind filter, is not held to
+-- app.character_problem: it selects, so that jobs of kinds stored before enqueue held
+-- kinds to it can still be redriven, cancelled and listed.
 create or replace function app.check_filters(p_job_ids uuid[], p_kind text, p_limit integer)
 returns void
 language plpgsql
@@ -329,6 +377,9 @@ end;
 $$;
 revoke all on function app.check_filters(uuid[], text, integer) from public;
 
+-- An operator's reason, stored in the events of redrive and cancel and shown on the
+-- job's timeline: at most 500 characters of plain text (app.character_problem: a reason
+-- is one line, like the dashboard's field for it), or NULL.
 create or replace function app.check_reason(p_reason text)
 returns void
 language plpgsql
@@ -339,6 +390,9 @@ begin
   if p_reason is not null and length(p_reason) > 500 then
     perform app.raise_invalid(format('p_reason must be at most 500 characters (got %s)',
       length(p_reason)));
+  end if;
+  if app.character_problem(p_reason) is not null then
+    perform app.raise_invalid('p_reason ' || app.character_problem(p_reason));
   end if;
 end;
 $$;

@@ -7,8 +7,14 @@
 --   payload            a JSON object of at most 256 KiB (as text), nested at most 100
 --                      levels deep, no number longer than 1000 characters as text
 --                      (app.document_problem: a worker could not decode either)
---   operation key      non-blank (app.is_blank), at most 255 characters
---   kind               non-blank, at most 128 characters
+--   payloads together  at most 16,777,216 bytes (16 MiB) as JSON text per call, the
+--                      payloads of the items that pass their own checks (a refused
+--                      item costs no storage); over it the whole call is refused
+--   operation key      non-blank (app.is_blank), at most 255 characters, plain text
+--                      (app.character_problem: no control, format or line separator
+--                      characters)
+--   kind               non-blank, at most 128 characters, plain text
+--   correlation id     1 .. 200 characters, plain text
 
 -- Set-based enqueue of up to 1000 jobs. Each input position gets one output row:
 --   status 'created'  a new job, with exactly one 'created' event;
@@ -20,7 +26,19 @@
 -- A bad item costs only itself: the valid items of the batch are stored. The call as a
 -- whole is refused (22023, nothing stored) only for what no item can fix: a count
 -- outside 1 .. 1000, arrays of different lengths, an array that is not one-dimensional
--- and indexed from 1.
+-- and indexed from 1, payloads of more than 16 MiB together.
+--
+-- Why a bound on the call as well as on each payload: 1000 payloads of 256 KiB are
+-- 256 MiB of document checks, rows, index entries and WAL in one statement and one
+-- transaction, holding its locks throughout. 16 MiB is room for every event the enqueue
+-- function can be sent (Lambda takes at most 6 MB per invocation, and jsonb's spacing
+-- adds at most half) and for 1000 jobs of 16 KiB. The check adds the size of text this
+-- loop builds anyway, and refuses as soon as the sum passes the bound, so an oversized
+-- call costs the checks of 16 MiB at most; its arguments have already been received
+-- and parsed (the login's statement_timeout and PostgreSQL's 1 GB per value bound that
+-- part). leaseq.limits.MAX_ENQUEUE_BYTES is
+-- the same number, and the library refuses such a call before sending it, with the
+-- same message.
 create or replace function app.enqueue_jobs(
   p_tenant_ids uuid[],
   p_operation_keys text[],
@@ -42,6 +60,8 @@ declare
   v_item record;
   v_problem text;
   v_text text;
+  v_bytes integer;
+  v_total bigint := 0;
   v_errors text[];
   v_created uuid[];
   v_new_tenants uuid[];
@@ -89,9 +109,14 @@ begin
           or (ascii(v_item.operation_key) not between 33 and 126
               and app.is_blank(v_item.operation_key)) then
       v_problem := 'operation_key must be a non-blank text of at most 255 characters';
+    elsif v_item.operation_key ~ '[^ -~]'
+          and app.character_problem(v_item.operation_key) is not null then
+      v_problem := 'operation_key ' || app.character_problem(v_item.operation_key);
     elsif v_item.kind is null or length(v_item.kind) > 128
           or (ascii(v_item.kind) not between 33 and 126 and app.is_blank(v_item.kind)) then
       v_problem := 'kind must be a non-blank text of at most 128 characters';
+    elsif v_item.kind ~ '[^ -~]' and app.character_problem(v_item.kind) is not null then
+      v_problem := 'kind ' || app.character_problem(v_item.kind);
     elsif v_item.payload is null or jsonb_typeof(v_item.payload) <> 'object' then
       v_problem := format('payload must be a JSON object (got %s)',
                           coalesce(jsonb_typeof(v_item.payload), 'NULL'));
@@ -106,10 +131,23 @@ begin
     elsif p_correlation_ids is not null
           and length(p_correlation_ids[v_item.n]) not between 1 and 200 then
       v_problem := 'correlation_id must have 1 to 200 characters';
+    elsif p_correlation_ids is not null and p_correlation_ids[v_item.n] ~ '[^ -~]'
+          and app.character_problem(p_correlation_ids[v_item.n]) is not null then
+      v_problem := 'correlation_id ' || app.character_problem(p_correlation_ids[v_item.n]);
     else
       v_text := v_item.payload::text;
-      if octet_length(v_text) > 200 then
+      v_bytes := octet_length(v_text);
+      if v_bytes > 200 then
         v_problem := 'payload ' || app.document_problem(v_item.payload, v_text, 262144);
+      end if;
+      if v_problem is null then
+        v_total := v_total + v_bytes;
+        if v_total > 16777216 then
+          perform app.raise_invalid(format(
+            'enqueue call too large: its payloads must total at most 16777216 bytes as '
+            'JSON text, and job %s brings them to %s; split the batch into smaller calls',
+            v_item.n, v_total));
+        end if;
       end if;
     end if;
     if v_problem is not null then

@@ -80,7 +80,7 @@ declare
   v_retry_ats timestamptz[];
   v_retry_kinds text[];
 begin
-  if p_owner is null or length(p_owner) > 200
+  if p_owner is null or length(p_owner) > 200 or p_owner ~ '[^ -~]'
      or (ascii(p_owner) not between 33 and 126 and app.is_blank(p_owner)) then
     perform app.check_owner(p_owner);
   end if;

@@ -93,3 +93,145 @@ begin
 end;
 $$;
 revoke all on function app.check_producer_tenants(uuid[]) from public;
+
+-- A role's own setting of a duration parameter (statement_timeout,
+-- idle_in_transaction_session_timeout) as the owner or an administrator set it with
+-- ALTER ROLE ... [IN DATABASE ...] SET: the setting for this database first, then the
+-- one for every database; NULL when neither is set, or it is 0 (no limit). A bare number
+-- is milliseconds, as PostgreSQL reads these parameters. A session may change its own
+-- value with SET; this is the value it was given.
+create or replace function app.role_duration_setting(p_role oid, p_name text)
+returns interval
+language plpgsql
+stable
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+  v_value text;
+  v_duration interval;
+begin
+  select substr(c.setting, length(p_name) + 2) into v_value
+  from pg_catalog.pg_db_role_setting s
+  cross join lateral unnest(s.setconfig) as c(setting)
+  where s.setrole = p_role
+    and s.setdatabase in (0, (select d.oid from pg_catalog.pg_database d
+                              where d.datname = pg_catalog.current_database()))
+    and c.setting like p_name || '=%'
+  order by s.setdatabase desc
+  limit 1;
+  if v_value is null then
+    return null;
+  end if;
+  begin
+    v_duration := case when v_value ~ '^[0-9]+$' then (v_value || ' ms')::interval
+                       else v_value::interval end;
+  exception when others then
+    return null;  -- a form PostgreSQL accepts and interval does not: no cap is enforced
+  end;
+  return nullif(v_duration, interval '0');
+end;
+$$;
+revoke all on function app.role_duration_setting(oid, text) from public;
+
+-- The reaper ends the sessions that lifted their caps. Every user may SET
+-- statement_timeout and idle_in_transaction_session_timeout, including to 0, and
+-- PostgreSQL has no way to forbid it: a reader (or a runtime login) that reads app.jobs
+-- in a transaction and then sets the timeout to 0 could hold its lock, and its snapshot,
+-- for ever. The lock makes every migration's DDL give up (lock_timeout); a REPEATABLE
+-- READ snapshot keeps vacuum from removing any dead row of the queue's tables, which
+-- every claim and finish leaves behind.
+--
+-- So a session of a login that holds a leaseq group (authenticated, a duty group or
+-- service_role, directly or through another role) in this database is ended
+-- (pg_terminate_backend) when it is
+--   idle in a transaction longer than its idle cap: the login's own
+--     idle_in_transaction_session_timeout (app.role_duration_setting), and for a reader
+--     at most the 60 seconds app.current_tenant_id() caps it at; or
+--   running one statement longer than the login's own statement_timeout.
+-- A login without such a setting is given no cap of that kind here (an application's
+-- producer login may keep its own transactions open). The schema owner and
+-- administrators (superusers, and CREATEROLE roles, which from PostgreSQL 16 hold every
+-- group they created with ADMIN OPTION) are left alone, and so is the caller's session.
+--
+-- One row per session it acted on: outcome 'ended'; 'refused' when the owner may not
+-- end it (it needs pg_signal_backend); 'unseen' when the owner may not read its state
+-- (it needs pg_read_all_stats; state and stalled_for are NULL then). So a missing grant
+-- is reported on every call instead of leaving the caps silently unenforced. A session
+-- that moved on between the read and the signal is ended all the same: it had been
+-- past its cap.
+create or replace function app.end_stalled_sessions()
+returns table (pid integer, login text, state text, stalled_for interval, outcome text)
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+#variable_conflict use_column
+declare
+  v_now timestamptz := clock_timestamp();
+  v_session record;
+  v_ended boolean;
+begin
+  for v_session in
+    with sessions as (
+      select a.pid, r.oid as role_oid, r.rolname::text as login, a.state,
+             a.state_change, a.query_start, a.query,
+             pg_catalog.pg_has_role(r.oid, 'authenticated', 'MEMBER') as reader
+      from pg_catalog.pg_stat_activity a
+      join pg_catalog.pg_roles r on r.oid = a.usesysid
+      where a.datname = pg_catalog.current_database()
+        and a.pid <> pg_catalog.pg_backend_pid()
+        and r.rolcanlogin and not r.rolsuper and not r.rolcreaterole
+        and r.rolname <> current_user
+        and exists (select 1 from pg_catalog.pg_roles g
+                    where g.rolname in ('authenticated', 'leaseq_producer',
+                                        'leaseq_tenant_producer', 'leaseq_worker',
+                                        'leaseq_reaper', 'leaseq_operator', 'service_role')
+                      and pg_catalog.pg_has_role(r.oid, g.oid, 'MEMBER'))
+    ), capped as (
+      select s.*,
+             case when s.reader
+                  then least(interval '60 seconds',
+                             app.role_duration_setting(s.role_oid,
+                                                       'idle_in_transaction_session_timeout'))
+                  else app.role_duration_setting(s.role_oid,
+                                                 'idle_in_transaction_session_timeout')
+             end as idle_cap,
+             app.role_duration_setting(s.role_oid, 'statement_timeout') as statement_cap
+      from sessions s
+    )
+    select c.pid, c.login, c.state,
+           case when c.state like 'idle in transaction%' then v_now - c.state_change
+                when c.state = 'active' then v_now - c.query_start end as stalled_for,
+           c.state is null and c.query = '<insufficient privilege>' as unseen
+    from capped c
+    where (c.state is null and c.query = '<insufficient privilege>')
+       or (c.state like 'idle in transaction%' and v_now - c.state_change > c.idle_cap)
+       or (c.state = 'active' and v_now - c.query_start > c.statement_cap)
+    order by c.pid
+  loop
+    pid := v_session.pid;
+    login := v_session.login;
+    if v_session.unseen then
+      state := null;
+      stalled_for := null;
+      outcome := 'unseen';
+      return next;
+      continue;
+    end if;
+    state := v_session.state;
+    stalled_for := v_session.stalled_for;
+    begin
+      v_ended := pg_catalog.pg_terminate_backend(v_session.pid);
+      outcome := 'ended';
+    exception when insufficient_privilege then
+      v_ended := true;
+      outcome := 'refused';
+    end;
+    if v_ended then  -- false: the session had already gone
+      return next;
+    end if;
+  end loop;
+end;
+$$;
+revoke all on function app.end_stalled_sessions() from public;
+grant execute on function app.end_stalled_sessions() to leaseq_reaper;

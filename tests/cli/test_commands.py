@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
 from psycopg.types.json import Jsonb
 
 from tests.cli.conftest import Cli
@@ -88,6 +89,53 @@ def test_enqueue_file_with_a_bad_line_names_the_line_and_enqueues_nothing(
     assert result.error_lines == [
         f"leaseq: error: {path} line 2: payload must be a JSON object, such as "
         '{"to": "ada@example.com"}']
+    assert owner.execute("select count(*) as n from app.jobs").fetchone() == {"n": 0}
+
+
+def test_enqueue_file_larger_than_one_call_goes_in_calls_the_database_takes(
+    cli: Cli, tmp_path: Path, owner: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """70 payloads of 256 KiB are more than one enqueue call may carry (16 MiB): the
+    file is sent as calls within both bounds, and every job is stored."""
+    from leaseq import QueueClient
+    from leaseq.storable import json_size
+
+    calls: list[int] = []
+    original = QueueClient.enqueue_jobs
+
+    def counted(self: QueueClient, requests: Any) -> Any:
+        calls.append(sum(json_size(r.payload) for r in requests))
+        return original(self, requests)
+
+    monkeypatch.setattr(QueueClient, "enqueue_jobs", counted)
+    path = _write_jobs(tmp_path / "big.jsonl", [
+        {"operation_key": f"big-{i}", "kind": "import", "payload": {"d": "x" * (262_144 - 9)}}
+        for i in range(70)])
+
+    result = cli("enqueue", "--file", str(path), "--tenant", str(new_tenant()), "--json")
+
+    assert result.code == 0, result.err
+    assert result.json()["counts"]["created"] == 70
+    assert calls == [16_777_216, 6 * 262_144]
+    assert owner.execute("select count(*) as n from app.jobs").fetchone() == {"n": 70}
+
+
+def test_enqueue_file_with_a_control_character_in_a_kind_names_the_line_and_the_code_point(
+    cli: Cli, tmp_path: Path, owner: Conn
+) -> None:
+    tenant = str(new_tenant())
+    path = _write_jobs(tmp_path / "jobs.jsonl", [
+        {"tenant_id": tenant, "operation_key": "ok-1", "kind": "charge_card", "payload": {}},
+        {"tenant_id": tenant, "operation_key": "bad", "kind": "charge\x1b[2Jcard",
+         "payload": {}},
+    ])
+    result = cli("enqueue", "--file", str(path))
+    assert result.code == 2
+    assert result.error_lines == [
+        f"leaseq: error: {path} line 2: kind: Value error, must not contain control, format "
+        "(invisible or bidirectional) or line separator characters (found U+001B at "
+        "character 7; remove it)"]
+    assert "\x1b" not in result.err
     assert owner.execute("select count(*) as n from app.jobs").fetchone() == {"n": 0}
 
 

@@ -452,7 +452,10 @@ RULE_CASES: list[tuple[str, Any, bool]] = [
     *[(field, text, False) for field in ("kind", "operation_key")
       for text in INVISIBLE_TEXT if text],
     *[(field, text, True) for field in ("kind", "operation_key")
-      for text in ("a\u200b", "\u2060x", "\x1c", "\u0301")],
+      for text in ("a\u00a0", "\u3000x", "\u0301", "rapport_\u00e9", "\u5831\u544a")],
+    # Visible, but holding a control, format or line separator character.
+    *[(field, text, False) for field in ("kind", "operation_key")
+      for text in ("a\u200b", "\u2060x", "\x1c", "a\nb", "a\x1b[31m", "a\u202eb")],
 ]
 
 

@@ -38,6 +38,7 @@ ROLES = {"own": postgres.OWNER, "svc": postgres.WORKER, "prod": postgres.PRODUCE
 FUNCTIONS = """
 function                                                                                         own svc prod tprod work reap oper read out
 app.cancel_jobs(text,uuid,uuid[],text,integer,text)                                              x   x   .    .     .    .    x    .    .
+app.character_problem(text)                                                                      x   .   .    .     .    .    .    .    .
 app.check_actor(text)                                                                            x   .   .    .     .    .    .    .    .
 app.check_array(text,anyarray)                                                                   x   .   .    .     .    .    .    .    .
 app.check_claim(text,integer,interval)                                                           x   .   .    .     .    .    .    .    .
@@ -59,6 +60,7 @@ app.current_tenant_id()                                                         
 app.dead_jobs(uuid,text,integer)                                                                 x   x   .    .     .    .    x    .    .
 app.discard_job(uuid,uuid,text,uuid,jsonb)                                                       x   x   .    .     x    .    .    .    .
 app.document_problem(jsonb,text,integer)                                                         x   .   .    .     .    .    .    .    .
+app.end_stalled_sessions()                                                                       x   x   .    .     .    x    .    .    .
 app.enqueue_job(uuid,text,text,jsonb,timestamp with time zone,integer)                           x   x   x    x     .    .    .    .    .
 app.enqueue_jobs(uuid[],text[],text[],jsonb[],timestamp with time zone[],integer[],text[])       x   x   x    x     .    .    .    .    .
 app.error_document(jsonb)                                                                        x   .   .    .     .    .    .    .    .
@@ -96,6 +98,7 @@ app.release_worker_place(uuid)                                                  
 app.renew_job_lease(uuid,uuid,text,uuid,interval)                                                x   x   .    .     x    .    .    .    .
 app.repair_tenant_turns(integer)                                                                 x   x   .    .     .    x    x    .    .
 app.reserve_worker_places(integer,integer,interval)                                              x   x   .    .     x    .    .    .    .
+app.role_duration_setting(oid,text)                                                              x   .   .    .     .    .    .    .    .
 app.wake_tenants(uuid[],timestamp with time zone[],text[])                                       x   .   .    .     .    .    .    .    .
 app.wake_worker_place(interval,interval,integer)                                                 x   x   x    x     x    .    .    .    .
 app.worker_pool_size()                                                                           x   x   .    .     x    .    x    .    .

@@ -134,6 +134,14 @@ def _direct(**changes: Any) -> dict[str, Any]:
     (_direct(available_at="2030-01-01T00:00:00"), "available_at: Value error, must include a"),
     (_direct(priority=1), "priority: Extra inputs are not permitted"),
     (_direct(operation_key="   "), "operation_key: Value error, must not be blank"),
+    (_direct(kind="send\nwelcome"), "kind: Value error, must not contain control, format "
+     "(invisible or bidirectional) or line separator characters (found U+000A at character "
+     "5; remove it)"),
+    (_direct(operation_key="signup\u202e4711"), "operation_key: Value error, must not contain "
+     "control, format (invisible or bidirectional) or line separator characters (found "
+     "U+202E at character 7; remove it)"),
+    (_direct(correlation_id="trace\x1b[0m"), "correlation_id: Value error, must not contain "
+     "control"),
 ])
 def test_an_invalid_item_is_rejected_with_the_reason_and_its_neighbours_are_enqueued(
         enqueue_app: ModuleType, owner: Conn, bad: Any, reason: str) -> None:
@@ -146,6 +154,36 @@ def test_an_invalid_item_is_rejected_with_the_reason_and_its_neighbours_are_enqu
     assert rejected["reason"].startswith(reason), rejected["reason"]
     assert (answer["created"], answer["rejected"]) == (3, 1)
     assert len(jobs(owner)) == 3
+
+
+def test_kinds_of_letters_of_any_script_are_enqueued(enqueue_app: ModuleType,
+                                                      owner: Conn) -> None:
+    event = {"jobs": [_direct(kind=kind, operation_key=f"op-{i}")
+                      for i, kind in enumerate(("rapport_\u00e9", "\u5831\u544a"))]}
+
+    answer = invoke(enqueue_app, event)
+
+    assert answer["created"] == 2
+    assert {row["kind"] for row in jobs(owner)} == {"rapport_\u00e9", "\u5831\u544a"}
+
+
+def test_a_batch_whose_payloads_pass_the_call_bound_is_rejected_whole_and_stores_nothing(
+        enqueue_app: ModuleType, owner: Conn, lambda_env: pytest.MonkeyPatch) -> None:
+    """65 payloads of 256 KiB: each is valid, together they pass the 16 MiB the database
+    takes in one call. Every job is refused with the database's message, before the
+    database is reached (it is unreachable here)."""
+    lambda_env.setenv("DATABASE_URL", "postgresql://nobody@127.0.0.1:1/none?connect_timeout=1")
+    big = {"d": "x" * (262_144 - 9)}
+    event = {"jobs": [_direct(operation_key=f"big-{i}", payload=big) for i in range(64)]
+             + [_direct(operation_key="one-more", payload={})]}
+
+    answer = invoke(enqueue_app, event)
+
+    assert (answer["created"], answer["rejected"]) == (0, 65)
+    assert {r["reason"] for r in answer["results"]} == {
+        "enqueue call too large: its payloads must total at most 16777216 bytes as JSON "
+        "text, and job 65 brings them to 16777218; split the batch into smaller calls"}
+    assert jobs(owner) == []
 
 
 @pytest.mark.parametrize(("event", "count", "reason"), [

@@ -112,6 +112,28 @@ def test_a_payload_nested_deeper_than_python_can_decode_is_dead_and_the_drain_go
     assert "recursion" in error["message"]
 
 
+def test_a_kind_stored_before_the_plain_text_rule_dies_with_its_reason_and_the_drain_goes_on(
+        client: QueueClient, owner: Conn) -> None:
+    """An upgraded database may hold kinds with a newline, an escape or a bidi override
+    (enqueue refuses them now). No handler can be registered for such a kind, so the
+    worker makes the job dead, saying why and naming the character, and goes on."""
+    tenant = uuid.uuid4()
+    poison = insert_job(owner, tenant, "old", "{}")
+    owner.execute("update app.jobs set kind = %s where id = %s", ("echo\n\x1b[31m", poison))
+    others = enqueue(client, tenant, 2)
+    ran: list[uuid.UUID] = []
+
+    report = drain(client, echo_registry(ran))
+
+    assert (report.succeeded, report.dead) == (2, 1)
+    assert sorted(ran) == sorted(others)
+    error = last_error(owner, poison)
+    assert error["code"] == "INVALID_KIND"
+    assert error["kind"] == "echo\n\x1b[31m"
+    assert "(found U+000A at character 5; remove it)" in error["message"]
+    assert "Enqueue a corrected job under a new operation key" in error["message"]
+
+
 def test_a_claimed_row_with_a_time_python_cannot_represent_is_read_clamped_and_runs(
         client: QueueClient, owner: Conn) -> None:
     """A created_at of -infinity (hand-written SQL only: available_at must be finite)."""

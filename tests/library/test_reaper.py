@@ -226,3 +226,39 @@ def test_a_pass_checks_at_most_turn_pages_pages_of_tenants(
     assert (first.turns_checked, first.turns_repaired) == (4, 4)
     assert (second.turns_checked, second.turns_repaired) == (3, 3)  # the rest, then it wraps
     assert len(client.claim_ready_jobs("w", 10, timedelta(seconds=30))) == 7
+
+
+def test_a_pass_first_ends_a_reader_session_that_lifted_its_idle_cap(
+        db: Database, admin: Conn, caplog: pytest.LogCaptureFixture) -> None:
+    """A reader login capped at 1 s by its role sits in a transaction with the cap
+    lifted; the reaper's pass ends it, counts it and says which login it was."""
+    import time
+
+    import psycopg
+    from psycopg import sql
+
+    role = f"leaseq_test_idle_{uuid.uuid4().hex[:8]}"
+    admin.execute(sql.SQL("create role {} login in role authenticated").format(
+        sql.Identifier(role)))
+    admin.execute(sql.SQL("alter role {} in database {} set"
+                          " idle_in_transaction_session_timeout = '1s'").format(
+        sql.Identifier(role), sql.Identifier(db.name)))
+    reaper = QueueClient(lambda: connect(db.dsn(postgres.REAPER)))
+    try:
+        with db.connect(role) as reader:
+            reader.execute("begin")
+            reader.execute("select count(*) from app.jobs")
+            reader.execute("set idle_in_transaction_session_timeout = 0")
+            time.sleep(1.3)
+
+            report = reap_once(reaper, FakeDeadline(60))
+
+            with pytest.raises(psycopg.OperationalError):
+                reader.execute("select 1")
+        assert (report.sessions_ended, report.sessions_refused, report.sessions_unseen) == (
+            1, 0, 0)
+        (line,) = [r for r in caplog.records if r.getMessage() == "ended a session past its cap"]
+        assert (line.login, line.state) == (role, "idle in transaction")  # type: ignore[attr-defined]
+    finally:
+        reaper.close()
+        admin.execute(sql.SQL("drop role {}").format(sql.Identifier(role)))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -39,6 +40,21 @@ def test_a_kind_registered_twice_is_refused() -> None:
 def test_a_kind_the_queue_would_refuse_is_refused_at_registration(kind: str) -> None:
     with pytest.raises(ConfigurationError, match="1 to 128 characters, at least one of"):
         Registry().register(kind, handler)
+
+
+@pytest.mark.parametrize(("kind", "found"), [
+    ("email\nsend", "U+000A at character 6"), ("email.send\x1b[0m", "U+001B at character 11"),
+    ("\u202eemail.send", "U+202E at character 1"), ("email\u2028send", "U+2028 at character 6"),
+])
+def test_a_kind_holding_a_control_format_or_line_separator_character_cannot_be_registered(
+        kind: str, found: str) -> None:
+    with pytest.raises(ConfigurationError, match=rf"\(found {re.escape(found)}; remove it\)"):
+        Registry().register(kind, handler)
+
+
+@pytest.mark.parametrize("kind", ["rapport_\u00e9", "\u5831\u544a"])
+def test_a_kind_of_letters_of_any_script_is_registered(kind: str) -> None:
+    assert Registry().register(kind, handler).kind == kind
 
 
 def test_a_non_positive_timeout_is_refused() -> None:

@@ -138,6 +138,9 @@ def create_login_roles(cluster: Cluster) -> None:
             exists = conn.execute("select 1 from pg_roles where rolname = %s", (role,)).fetchone()
             verb = "alter" if exists else "create"
             conn.execute(sql.SQL(f"{verb} role {{}} {options}").format(sql.Identifier(role)))
+        # As the RDS master user may: what the reaper's sweep of stalled sessions needs.
+        conn.execute(sql.SQL("grant pg_signal_backend, pg_read_all_stats to {}").format(
+            sql.Identifier(OWNER)))
 
 
 def grant_group_roles(cluster: Cluster) -> None:

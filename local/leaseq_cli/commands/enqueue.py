@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from leaseq.jobs import EnqueueRequest
+from leaseq.limits import MAX_ENQUEUE, MAX_ENQUEUE_BYTES
+from leaseq.storable import json_size
 from pydantic import ValidationError
 from rich.console import Console
 
@@ -22,7 +24,25 @@ from leaseq_cli.render import Ui, table
 
 
 #: Jobs per enqueue call: the SQL contract's batch bound.
-ENQUEUE_CHUNK = 1000
+ENQUEUE_CHUNK = MAX_ENQUEUE
+
+
+def _chunks(requests: list[EnqueueRequest]) -> list[tuple[int, list[EnqueueRequest]]]:
+    """The file's jobs as enqueue calls, in order, with the index of each call's first
+    job: each call holds at most ENQUEUE_CHUNK jobs and MAX_ENQUEUE_BYTES of payloads,
+    the SQL contract's bounds on one call, so a file of any size goes in calls the
+    database takes (a file is not one call, as it is not one transaction)."""
+    chunks: list[tuple[int, list[EnqueueRequest]]] = []
+    start, size = 0, 0
+    for index, request in enumerate(requests):
+        payload = json_size(request.payload)
+        if index > start and (index - start == ENQUEUE_CHUNK
+                              or size + payload > MAX_ENQUEUE_BYTES):
+            chunks.append((start, requests[start:index]))
+            start, size = index, 0
+        size += payload
+    chunks.append((start, requests[start:]))
+    return chunks
 
 
 def _requests_from_file(stream: TextIO, name: str,
@@ -86,8 +106,7 @@ def cmd_enqueue(args: argparse.Namespace, ui: Ui) -> int:
     requests = _read_requests(args)
     with client_for(args, ui) as client:
         results = []
-        for start in range(0, len(requests), ENQUEUE_CHUNK):
-            chunk = requests[start:start + ENQUEUE_CHUNK]
+        for start, chunk in _chunks(requests):
             for result in client.enqueue_jobs(chunk):
                 results.append((start + result.index, result))
     counts = {s: sum(1 for _, r in results if r.status == s)
