@@ -2,7 +2,8 @@
 --
 -- Callers: leaseq_operator (redrive, cancel, prune by any age); leaseq_reaper only
 -- prune_retained_jobs, bounded below by the owner's retention floor; leaseq_dashboard
--- only redrive_jobs_by_id and cancel_jobs_by_id (named jobs, never a filter).
+-- only redrive_jobs_by_id and cancel_jobs_by_id (named jobs, never a filter), which
+-- operators may call as well.
 --
 -- Decisions:
 --   * redrive turns a dead job back into a pending one with attempts reset to 0: it gets
@@ -159,6 +160,8 @@ grant execute on function app.cancel_jobs(text, uuid, uuid[], text, integer, tex
 -- 1000 of them per call (the same bound as the ids of the filtered forms), each id
 -- without NULL. A NULL or empty array is refused (22023), never read as "every job",
 -- so a dashboard login can change at most the jobs a page listed, one call at a time.
+-- Operators may call them too (a narrower form of what they may do already), so one
+-- dashboard serves both the deployed login and an operator's own on the command line.
 create or replace function app.redrive_jobs_by_id(
   p_actor text,
   p_job_ids uuid[],
@@ -178,7 +181,8 @@ begin
 end;
 $$;
 revoke all on function app.redrive_jobs_by_id(text, uuid[], text) from public;
-grant execute on function app.redrive_jobs_by_id(text, uuid[], text) to leaseq_dashboard;
+grant execute on function app.redrive_jobs_by_id(text, uuid[], text) to leaseq_operator,
+  leaseq_dashboard;
 
 create or replace function app.cancel_jobs_by_id(
   p_actor text,
@@ -199,7 +203,8 @@ begin
 end;
 $$;
 revoke all on function app.cancel_jobs_by_id(text, uuid[], text) from public;
-grant execute on function app.cancel_jobs_by_id(text, uuid[], text) to leaseq_dashboard;
+grant execute on function app.cancel_jobs_by_id(text, uuid[], text) to leaseq_operator,
+  leaseq_dashboard;
 
 -- One bounded batch: finished jobs (succeeded, dead, cancelled) completed more than
 -- p_older_than ago, oldest first, with their events. Rows locked by someone else are

@@ -38,7 +38,7 @@ ROLES = {"own": postgres.OWNER, "svc": postgres.WORKER, "prod": postgres.PRODUCE
 FUNCTIONS = """
 function                                                                                         own svc prod tprod work reap oper read out
 app.cancel_jobs(text,uuid,uuid[],text,integer,text)                                              x   x   .    .     .    .    x    .    .
-app.cancel_jobs_by_id(text,uuid[],text)                                                          x   .   .    .     .    .    .    .    .
+app.cancel_jobs_by_id(text,uuid[],text)                                                          x   x   .    .     .    .    x    .    .
 app.check_actor(text)                                                                            x   .   .    .     .    .    .    .    .
 app.check_array(text,anyarray)                                                                   x   .   .    .     .    .    .    .    .
 app.check_claim(text,integer,interval)                                                           x   .   .    .     .    .    .    .    .
@@ -89,7 +89,7 @@ app.reader_list_jobs(app.job_state,uuid,text,timestamp with time zone,timestamp 
 app.reader_queue_depth(uuid,text,integer)                                                        x   .   .    .     .    .    .    x    .
 app.ready_tenants(integer)                                                                       x   x   .    .     x    .    .    .    .
 app.redrive_jobs(text,uuid,uuid[],text,integer,text)                                             x   x   .    .     .    .    x    .    .
-app.redrive_jobs_by_id(text,uuid[],text)                                                         x   .   .    .     .    .    .    .    .
+app.redrive_jobs_by_id(text,uuid[],text)                                                         x   x   .    .     .    .    x    .    .
 app.release_all_expired_jobs(integer)                                                            x   x   .    .     .    x    .    .    .
 app.release_expired(uuid,integer)                                                                x   .   .    .     .    .    .    .    .
 app.release_expired_jobs(uuid,integer)                                                           x   x   .    .     .    x    .    .    .
