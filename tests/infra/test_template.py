@@ -1753,7 +1753,7 @@ def test_the_migrations_get_the_dashboards_login_tenant_viewers_and_patterns(
         assert properties[name] == {"Fn::If": ["DashboardOn", {"Ref": name}, ""]}, name
     assert properties["DashboardDbSecretArn"] == {
         "Fn::If": ["DashboardUsesPassword", {"Ref": "DashboardDbSecretArn"}, ""]}
-    secrets = [s for s in statements_of(cfn["Resources"]["MigrationsFunctionRole"])
-               if "Fn::If" in s][0]["Fn::If"][1]["Resource"]
+    secrets = next(s for s in statements_of(cfn["Resources"]["MigrationsFunctionRole"])
+                   if "Fn::If" in s)["Fn::If"][1]["Resource"]
     assert secrets[-1] == {"Fn::If": ["DashboardUsesPassword", {"Ref": "DashboardDbSecretArn"},
                                       {"Ref": "AWS::NoValue"}]}

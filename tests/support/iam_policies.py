@@ -119,9 +119,9 @@ def _applies(statement: Mapping[str, Any], request: Request) -> bool:
     if "Resource" in statement:
         if not _matches_any(statement["Resource"], request.resource, ignore_case=False):
             return False
-    elif "NotResource" in statement:
-        if _matches_any(statement["NotResource"], request.resource, ignore_case=False):
-            return False
+    elif "NotResource" in statement and _matches_any(
+            statement["NotResource"], request.resource, ignore_case=False):
+        return False
     return _condition_holds(statement.get("Condition") or {}, request.context)
 
 
