@@ -330,7 +330,8 @@ def _bind_to_one_tenant(conn: Connection, name: str, tenant: UUID) -> int:
         "delete from app.tenant_readers where role_name = %s::regrole and tenant_id <> %s",
         (name, tenant)).rowcount
     conn.execute(
-        "insert into app.tenant_readers (role_name, tenant_id) select %s::regrole, %s"
+        "insert into app.tenant_readers as binding (role_name, tenant_id)"
+        " select %s::regrole, %s"
         " where not exists (select 1 from app.tenant_readers"
         " where role_name = %s::regrole and tenant_id = %s)", (name, tenant, name, tenant))
     return removed
