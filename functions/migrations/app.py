@@ -5,8 +5,10 @@ room for the names made from it (``stack_name.py``) and that the connections its
 can open fit the database's connection budget (``connection_budget.py``). Then they run the
 migrations that the layer carries (applied ones are skipped, so a re-run is cheap) and make
 each function's login a member of its one duty group: the worker's of leaseq_worker, the
-reaper's of leaseq_reaper, the enqueue function's of leaseq_producer and the operators' of
-leaseq_operator. Delete touches nothing: removing the
+reaper's of leaseq_reaper, the enqueue function's of leaseq_producer, the operators' of
+leaseq_operator and, with the dashboard, the dashboard's of leaseq_dashboard and one reader
+login per tenant of its tenant viewers (``dashboard_logins.py``). Delete touches nothing:
+removing the
 stack must never drop the schema or its jobs. Every request is answered: on success, on any
 exception (the library is imported inside the guarded block, so even a broken layer is
 reported), and by a watchdog shortly before the function's own timeout, which would
@@ -144,14 +146,20 @@ class Duty(NamedTuple):
 
 
 def _duties() -> tuple[Duty, ...]:
-    from runtime_role import OPERATOR, PRODUCER, REAPER, WORKER
+    from runtime_role import DASHBOARD, OPERATOR, PRODUCER, REAPER, WORKER
 
     return (
         Duty("worker", "WorkerDbUser", "WorkerDbSecretArn", WORKER),
         Duty("reaper", "ReaperDbUser", "ReaperDbSecretArn", REAPER),
         Duty("enqueue", "EnqueueDbUser", "EnqueueDbSecretArn", PRODUCER),
         Duty("operator", "OperatorDbUser", "OperatorDbSecretArn", OPERATOR),
+        # Optional: empty (or absent, from an earlier template) without the dashboard.
+        Duty("dashboard", "DashboardDbUser", "DashboardDbSecretArn", DASHBOARD),
     )
+
+
+#: The duties whose login the template sends only when that part of the stack is on.
+OPTIONAL_DUTIES = frozenset({"dashboard"})
 
 
 def _password(
@@ -199,6 +207,8 @@ def login_specs(
     specs = []
     for duty in _duties():
         name = str(properties.get(duty.user_property) or "")
+        if not name and duty.key in OPTIONAL_DUTIES:
+            continue
         if not name:
             raise ConfigurationError(f"the resource property {duty.user_property} is missing")
         secret_arn = str(properties.get(duty.secret_property) or "")
@@ -214,6 +224,9 @@ def login_specs(
         specs.append(LoginRoleSpec(name=name, group=duty.group, iam_auth=iam_auth,
                                    statement_timeout=timeout, password=password,
                                    parameter=duty.user_property))
+    from dashboard_logins import tenant_reader_specs
+
+    specs += tenant_reader_specs(properties, iam_auth=iam_auth, statement_timeout=timeout)
     return specs
 
 
@@ -241,6 +254,7 @@ def _migrate_and_ensure_role(
 ) -> dict[str, str]:
     # Imported here so that a layer that fails to import is answered FAILED, not left hanging.
     from connection_budget import check_connection_budget, stack_connections
+    from dashboard_logins import check_access_patterns, manages_tenant_readers
     from leaseq.migrate import current_version, migrate
     from owner_connection import owner_dsn_from_environment, secrets_manager_reader
     from runtime_role import check_duty_group_names, ensure_login_roles
@@ -249,6 +263,7 @@ def _migrate_and_ensure_role(
     reader = read_secret or secrets_manager_reader()
     properties: Mapping[str, Any] = event.get("ResourceProperties") or {}
     rolling_back = _is_previous_version(properties)
+    check_access_patterns(properties)
     specs = login_specs(properties, reader)
     # Rolling back to a template without the budget: nothing to check (and nothing to fail).
     stack = None if rolling_back else stack_connections(properties)
@@ -268,11 +283,14 @@ def _migrate_and_ensure_role(
             check_duty_group_names(conn)
             report = migrate(conn)
             applied, version = report.applied, report.current_version
-        logins = ensure_login_roles(conn, specs)
+        logins = ensure_login_roles(conn, specs,
+                                    manage_tenant_readers=manages_tenant_readers(properties))
     for login in logins:
-        logger.info("login %s (%s): %s, rds_iam %s%s", login.name, login.group,
+        logger.info("login %s (%s): %s, rds_iam %s%s%s", login.name, login.group,
                     "created" if login.created else "checked", login.rds_iam,
-                    ", password set from its secret" if login.password_set else "")
+                    ", password set from its secret" if login.password_set else "",
+                    f", {login.unbound} binding(s) to other tenants removed"
+                    if login.unbound else "")
     logger.info("schema at version %d (applied now: %s)%s", version, list(applied) or "none",
                 "; rolled back to the previous version's login" if rolling_back else "")
     data = {
@@ -285,6 +303,8 @@ def _migrate_and_ensure_role(
     else:
         logger.info("connection budget: %s", budget)
         data["ConnectionBudget"] = budget
-        for duty, login in zip(_duties(), logins, strict=True):
-            data[duty.user_property] = login.name
+        for spec, login in zip(specs, logins, strict=True):
+            if spec.tenant is None:
+                data[spec.parameter] = login.name
+        data["TenantReaderLogins"] = str(sum(1 for spec in specs if spec.tenant is not None))
     return data

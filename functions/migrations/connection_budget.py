@@ -18,8 +18,11 @@ What is counted, one connection per execution:
   away rather than be throttled);
 * the slow worker (only with ``SlowKinds``), the reaper and the enqueue function: their
   reserved concurrency;
-* operators: ``OperatorConnections``, the allowance for the command line and the dashboard
-  (whose function is not reserved);
+* operators: ``OperatorConnections``, the allowance for the command line and the dashboard.
+  The dashboard's function is reserved (``DashboardReservedConcurrency``) and each of its
+  executions holds its own login's connection plus, with tenant viewers, at most
+  ``DashboardReaderConnections`` tenant reader connections: that product must fit within
+  ``OperatorConnections``, or the deploy is refused (the rest is the command line's);
 * the migrations: the one direct connection this check runs on, kept outside the proxy's share.
 
 A function left unreserved (0) has no bound Lambda enforces: it is counted at the least it
@@ -51,9 +54,13 @@ REAPER: Final = "ReaperReservedConcurrency"
 ENQUEUE: Final = "EnqueueReservedConcurrency"
 OPERATORS: Final = "OperatorConnections"
 PROXY_PERCENT: Final = "ProxyMaxConnectionsPercent"
+DASHBOARD: Final = "DashboardReservedConcurrency"
+DASHBOARD_READERS: Final = "DashboardReaderConnections"
 #: Every key the template sends; SLOW_WORKER and PROXY_PERCENT are empty when there is no
-#: slow worker, or no proxy.
-KEYS: Final = (MAX_WORKERS, WORKER, SLOW_WORKER, REAPER, ENQUEUE, OPERATORS, PROXY_PERCENT)
+#: slow worker, or no proxy; the two dashboard keys are empty without the dashboard (and
+#: absent from an earlier template's request), DASHBOARD_READERS 0 without tenant viewers.
+KEYS: Final = (MAX_WORKERS, WORKER, SLOW_WORKER, REAPER, ENQUEUE, OPERATORS, PROXY_PERCENT,
+               DASHBOARD, DASHBOARD_READERS)
 #: The direct connection of the migrations (this check runs on it).
 MIGRATIONS_CONNECTIONS: Final = 1
 
@@ -120,6 +127,23 @@ class Reservation:
 
 
 @dataclass(frozen=True)
+class DashboardConnections:
+    """The dashboard's share of the operators' allowance: its reserved executions, each
+    with its own login's connection and at most ``readers`` tenant reader connections."""
+
+    reserved: int
+    readers: int
+
+    @property
+    def total(self) -> int:
+        return self.reserved * (1 + self.readers)
+
+    def describe(self) -> str:
+        return (f"{DASHBOARD} {self.reserved} x (1 + {DASHBOARD_READERS} {self.readers}) = "
+                f"{self.total} for the dashboard")
+
+
+@dataclass(frozen=True)
 class StackConnections:
     """The connections the stack can open, from the resource's ``ConnectionBudget`` map."""
 
@@ -128,6 +152,8 @@ class StackConnections:
     operators: int
     #: ProxyMaxConnectionsPercent when the functions go through a proxy, else None.
     proxy_percent: int | None
+    #: The dashboard's connections (within ``operators``), or None without a dashboard.
+    dashboard: DashboardConnections | None = None
 
     @property
     def worker(self) -> Reservation:
@@ -143,7 +169,10 @@ class StackConnections:
         return tuple(r.parameter for r in self.reservations if r.reserved == 0)
 
     def describe(self) -> str:
-        parts = [r.describe() for r in self.reservations] + [f"{OPERATORS} {self.operators}"]
+        operators = f"{OPERATORS} {self.operators}"
+        if self.dashboard is not None:
+            operators += f" (of which {self.dashboard.describe()})"
+        parts = [r.describe() for r in self.reservations] + [operators]
         return " + ".join(parts) + f" = {self.total}"
 
 
@@ -151,6 +180,8 @@ def _optional_whole(budget: Mapping[str, Any], key: str, *, low: int = 0,
                     high: int | None = None, optional: bool = True) -> int | None:
     """The whole number under ``key``; None for an empty value where that means "none"."""
     if key not in budget:
+        if optional and key in (DASHBOARD, DASHBOARD_READERS):
+            return None  # an earlier template, without the dashboard's keys
         raise ConfigurationError(f"the resource property {PROPERTY}.{key} is missing")
     text = str(budget[key]).strip()
     if optional and text == "":
@@ -194,15 +225,35 @@ def stack_connections(properties: Mapping[str, Any]) -> StackConnections | None:
     enqueue = _whole(budget, ENQUEUE)
     operators = _whole(budget, OPERATORS)
     proxy_percent = _optional_whole(budget, PROXY_PERCENT, low=1, high=100)
+    dashboard_reserved = _optional_whole(budget, DASHBOARD, low=1, high=1000)
+    dashboard_readers = _optional_whole(budget, DASHBOARD_READERS, high=20)
     reservations = [Reservation(WORKER, worker, max_workers + 1 if max_workers else 1)]
     if slow is not None:
         reservations.append(Reservation(SLOW_WORKER, slow, 1))
     reservations += [Reservation(REAPER, reaper, 1), Reservation(ENQUEUE, enqueue, 1)]
-    stack = StackConnections(max_workers, tuple(reservations), operators, proxy_percent)
-    problem = reservation_problem(stack)
+    dashboard = None if dashboard_reserved is None else DashboardConnections(
+        dashboard_reserved, dashboard_readers or 0)
+    stack = StackConnections(max_workers, tuple(reservations), operators, proxy_percent,
+                             dashboard)
+    problem = reservation_problem(stack) or dashboard_problem(stack)
     if problem:
         raise ConfigurationError(problem)
     return stack
+
+
+def dashboard_problem(stack: StackConnections) -> str | None:
+    """Why the dashboard's connections do not fit within the operators' allowance, or
+    None."""
+    dashboard = stack.dashboard
+    if dashboard is None or dashboard.total <= stack.operators:
+        return None
+    return (
+        f"{dashboard.describe()} is more than {OPERATORS} {stack.operators}: each dashboard "
+        f"execution holds its login's connection and, with tenant viewers, up to "
+        f"{DASHBOARD_READERS} reader connections, all counted within the operators' "
+        f"allowance; raise {OPERATORS} to {dashboard.total} or more (plus what the command "
+        f"line needs), or lower {DASHBOARD} or {DASHBOARD_READERS}"
+    )
 
 
 def reservation_problem(stack: StackConnections) -> str | None:

@@ -1,9 +1,19 @@
 """Create or check the database login of each function, one duty group per login.
 
-Least privilege by duty: the worker, reaper, enqueue function and operators each log in as
-a role of their own, a member of exactly one NOLOGIN duty group (``leaseq_worker``,
-``leaseq_reaper``, ``leaseq_producer``, ``leaseq_operator``), so credentials taken from one
-function cannot do another's work. A login is refused, not silently "fixed", when it is
+Least privilege by duty: the worker, reaper, enqueue function, dashboard and operators each
+log in as a role of their own, a member of exactly one NOLOGIN duty group
+(``leaseq_worker``, ``leaseq_reaper``, ``leaseq_producer``, ``leaseq_dashboard``,
+``leaseq_operator``), so credentials taken from one function cannot do another's work.
+
+The dashboard's tenant viewers get one reader login per tenant
+(``leaseq_tenant_reader_<tenant hex>``, :func:`leaseq_dashboard.sources.reader_login`), a
+member of ``authenticated`` bound in ``app.tenant_readers`` to that one tenant and no
+other: a binding of it to another tenant is removed, and so is every binding of a reader
+login whose tenant is no longer listed (a login bound to nothing sees nothing). Those
+logins authenticate with IAM only: there is no secret per tenant to set a password from.
+Their idle-in-transaction timeout is capped at 60 s, as ``app.current_tenant_id`` caps it.
+
+A login is refused, not silently "fixed", when it is
 the schema owner, has a privileged attribute, or belongs to any other group: revoking
 memberships someone granted on purpose is an operator's decision. ``rds_iam`` is the one
 extra membership: on RDS it switches the login to IAM authentication, so it is granted with
@@ -23,9 +33,11 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
+from uuid import UUID
 
 import psycopg
 from leaseq.errors import ConfigurationError
+from leaseq_dashboard.sources import READER_LOGIN_PREFIX, reader_login
 from psycopg import sql
 
 ROLE_NAME: Final = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
@@ -43,7 +55,10 @@ TENANT_PRODUCER: Final = "leaseq_tenant_producer"
 WORKER: Final = "leaseq_worker"
 REAPER: Final = "leaseq_reaper"
 OPERATOR: Final = "leaseq_operator"
-DUTY_GROUPS: Final = (PRODUCER, TENANT_PRODUCER, WORKER, REAPER, OPERATOR)
+DASHBOARD: Final = "leaseq_dashboard"
+DUTY_GROUPS: Final = (PRODUCER, TENANT_PRODUCER, WORKER, REAPER, OPERATOR, DASHBOARD)
+#: The idle-in-transaction cap of a reader session (app.current_tenant_id applies the same).
+READER_IDLE_CAP_MS: Final = 60_000
 
 #: Names a login may never take: a login named like a group would be that group.
 RESERVED_NAMES: Final = frozenset({*DUTY_GROUPS, SERVICE_ROLE, READER_GROUP, RDS_IAM, "public"})
@@ -55,7 +70,8 @@ Connection = psycopg.Connection[dict[str, Any]]
 class LoginRoleSpec:
     """One function's login: its name, the one group it belongs to, how it authenticates.
 
-    ``group`` is a duty group, or ``service_role`` for the login of a previous version
+    ``group`` is a duty group, ``authenticated`` for a tenant's reader login (``tenant``
+    is then its one tenant), or ``service_role`` for the login of a previous version
     (only ever asked for while CloudFormation rolls an update back).
     """
 
@@ -66,6 +82,8 @@ class LoginRoleSpec:
     password: str | None = None
     #: The template parameter the name came from, so an error names what to change.
     parameter: str = "the login name"
+    #: A tenant reader login's one tenant (group ``authenticated`` only).
+    tenant: UUID | None = None
 
     def __post_init__(self) -> None:
         if not ROLE_NAME.match(self.name):
@@ -73,10 +91,18 @@ class LoginRoleSpec:
                 f"{self.parameter} {self.name!r} is not accepted: use 1-63 characters of a-z, "
                 "0-9 and _, starting with a letter"
             )
-        if self.group not in (*DUTY_GROUPS, SERVICE_ROLE):
+        if self.group == READER_GROUP:
+            self._check_reader()
+        elif self.group not in (*DUTY_GROUPS, SERVICE_ROLE):
             raise ConfigurationError(
                 f"{self.parameter}: {self.group!r} is not a leaseq duty group "
                 f"({', '.join(DUTY_GROUPS)})"
+            )
+        elif self.name.startswith(READER_LOGIN_PREFIX) or self.tenant is not None:
+            raise ConfigurationError(
+                f"{self.parameter} {self.name!r}: names starting with {READER_LOGIN_PREFIX} "
+                "belong to the dashboard's tenant reader logins (the dashboard may connect as "
+                "any of them); give the login another name"
             )
         if self.group != SERVICE_ROLE and self.name in RESERVED_NAMES:
             raise ConfigurationError(
@@ -94,6 +120,37 @@ class LoginRoleSpec:
                 "password, not both"
             )
 
+    def _check_reader(self) -> None:
+        if self.tenant is None or self.name != reader_login(self.tenant):
+            raise ConfigurationError(
+                f"{self.parameter}: a tenant reader login is named after its one tenant "
+                f"({READER_LOGIN_PREFIX}<tenant hex>), not {self.name!r}"
+            )
+        if not self.iam_auth or self.password is not None:
+            raise ConfigurationError(
+                f"{self.parameter}: the dashboard's tenant viewers need IAM authentication "
+                "(each tenant's reader login logs in with an RDS IAM token; there is no "
+                "secret per tenant). Leave DashboardTenantViewers empty with password "
+                "authentication"
+            )
+
+    @property
+    def idle_timeout(self) -> str:
+        """idle_in_transaction_session_timeout: the statement timeout, capped at 60 s for
+        a reader (whose idle transaction would hold up a migration's DDL)."""
+        if self.group == READER_GROUP and _milliseconds(self.statement_timeout) > (
+                READER_IDLE_CAP_MS):
+            return f"{READER_IDLE_CAP_MS // 1000}s"
+        return self.statement_timeout
+
+
+def _milliseconds(duration: str) -> int:
+    """A DURATION (``15s``, ``500ms``, ``2min``) in milliseconds."""
+    found = DURATION.match(duration)
+    assert found is not None  # checked by LoginRoleSpec
+    unit = found.group(1)
+    return int(duration[: -len(unit)]) * {"ms": 1, "s": 1000, "min": 60_000}[unit]
+
 
 @dataclass(frozen=True)
 class LoginRoleReport:
@@ -103,6 +160,8 @@ class LoginRoleReport:
     #: "granted", "revoked", "absent" (no rds_iam role on this server) or "unused".
     rds_iam: str
     password_set: bool
+    #: A tenant reader's bindings to other tenants that were removed.
+    unbound: int = 0
 
 
 def _one(conn: Connection, query: str, params: tuple[Any, ...] = ()) -> dict[str, Any] | None:
@@ -252,21 +311,52 @@ def _ensure_one(conn: Connection, spec: LoginRoleSpec, me: dict[str, Any],
         verifier = scram_verifier(conn, spec.name, spec.password)
         conn.execute(sql.SQL("alter role {} password {}").format(role, sql.Literal(verifier)))
     database = sql.Identifier(str(me["db"]))
-    for setting in ("statement_timeout", "idle_in_transaction_session_timeout"):
+    for setting, value in (("statement_timeout", spec.statement_timeout),
+                           ("idle_in_transaction_session_timeout", spec.idle_timeout)):
         conn.execute(
             sql.SQL("alter role {} in database {} set {} = {}").format(
-                role, database, sql.Identifier(setting), sql.Literal(spec.statement_timeout)
+                role, database, sql.Identifier(setting), sql.Literal(value)
             )
         )
+    unbound = 0 if spec.tenant is None else _bind_to_one_tenant(conn, spec.name, spec.tenant)
     return LoginRoleReport(spec.name, spec.group, created=existing is None, rds_iam=rds_iam,
-                           password_set=spec.password is not None)
+                           password_set=spec.password is not None, unbound=unbound)
 
 
-def ensure_login_roles(conn: Connection, specs: Sequence[LoginRoleSpec]) -> list[LoginRoleReport]:
+def _bind_to_one_tenant(conn: Connection, name: str, tenant: UUID) -> int:
+    """Bind the reader login ``name`` to ``tenant`` and to nothing else; how many other
+    bindings it had."""
+    removed = conn.execute(
+        "delete from app.tenant_readers where role_name = %s::regrole and tenant_id <> %s",
+        (name, tenant)).rowcount
+    conn.execute(
+        "insert into app.tenant_readers as binding (role_name, tenant_id)"
+        " select %s::regrole, %s"
+        " where not exists (select 1 from app.tenant_readers"
+        " where role_name = %s::regrole and tenant_id = %s)", (name, tenant, name, tenant))
+    return removed
+
+
+def unbind_unlisted_tenant_readers(conn: Connection, listed: Iterable[str]) -> list[str]:
+    """Delete every binding of a tenant reader login (by its name's prefix) that is not
+    ``listed``, so a tenant removed from DashboardTenantViewers sees nothing any more;
+    the logins whose bindings went."""
+    rows = conn.execute(
+        "delete from app.tenant_readers r using pg_catalog.pg_roles x"
+        " where x.oid = r.role_name::oid and starts_with(x.rolname, %s)"
+        " and x.rolname <> all(%s::text[]) returning x.rolname",
+        (READER_LOGIN_PREFIX, list(listed))).fetchall()
+    return sorted({str(row["rolname"]) for row in rows})
+
+
+def ensure_login_roles(conn: Connection, specs: Sequence[LoginRoleSpec], *,
+                       manage_tenant_readers: bool = False) -> list[LoginRoleReport]:
     """Make each login a member of its one group, all in one transaction.
 
     Either every login ends up as asked or nothing changes: a refusal of the third login
-    rolls back the first two.
+    rolls back the first two. With ``manage_tenant_readers`` (the request lists the
+    dashboard's tenant viewers, maybe none), reader logins not among ``specs`` lose their
+    bindings.
     """
     names = [spec.name for spec in specs]
     duplicates = sorted({name for name in names if names.count(name) > 1})
@@ -282,4 +372,8 @@ def ensure_login_roles(conn: Connection, specs: Sequence[LoginRoleSpec]) -> list
         _check_groups_exist(conn, (spec.group for spec in specs))
         has_rds_iam = _one(conn, "select 1 as found from pg_roles where rolname = %s",
                            (RDS_IAM,)) is not None
-        return [_ensure_one(conn, spec, me, has_rds_iam) for spec in specs]
+        reports = [_ensure_one(conn, spec, me, has_rds_iam) for spec in specs]
+        if manage_tenant_readers:
+            unbind_unlisted_tenant_readers(
+                conn, [spec.name for spec in specs if spec.group == READER_GROUP])
+        return reports

@@ -496,6 +496,21 @@ class QueueClient:
         'cancelled' event naming ``actor`` (app.cancel_jobs); as :meth:`redrive_jobs`."""
         return self._in_batches(queries.CANCEL_JOBS, actor, selection, reason, limit)
 
+    def redrive_jobs_by_id(self, actor: str, job_ids: Sequence[UUID], *,
+                           reason: str | None = None) -> list[dict[str, Any]]:
+        """The dead jobs among ``job_ids`` (1 to MAX_OPERATOR_BATCH ids) back to pending,
+        each with a 'redriven' event naming ``actor`` (app.redrive_jobs_by_id: the
+        dashboard's form, never a filter). An empty list is refused, never "every job"."""
+        return self._query(queries.REDRIVE_JOBS_BY_ID,
+                           {"actor": actor, "job_ids": list(job_ids), "reason": reason})
+
+    def cancel_jobs_by_id(self, actor: str, job_ids: Sequence[UUID], *,
+                          reason: str | None = None) -> list[dict[str, Any]]:
+        """The pending and retry_wait jobs among ``job_ids`` become cancelled, as
+        :meth:`redrive_jobs_by_id` (app.cancel_jobs_by_id)."""
+        return self._query(queries.CANCEL_JOBS_BY_ID,
+                           {"actor": actor, "job_ids": list(job_ids), "reason": reason})
+
     def _in_batches(self, query: LiteralString, actor: str, selection: Selection,
                     reason: str | None, limit: int | None) -> list[dict[str, Any]]:
         """Repeat a bounded change until it comes back short (or ``limit`` is reached).

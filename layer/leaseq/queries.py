@@ -119,6 +119,15 @@ CANCEL_JOBS: Final[LiteralString] = (
     "select job_id, tenant_id, kind from app.cancel_jobs(%(actor)s, %(tenant_id)s,"
     " %(job_ids)s::uuid[], %(kind)s, %(limit)s, %(reason)s)"
 )
+# The dashboard's actions: exactly the jobs named (1 .. 1000 ids), never a filter.
+REDRIVE_JOBS_BY_ID: Final[LiteralString] = (
+    "select job_id, tenant_id, kind from app.redrive_jobs_by_id(%(actor)s,"
+    " %(job_ids)s::uuid[], %(reason)s)"
+)
+CANCEL_JOBS_BY_ID: Final[LiteralString] = (
+    "select job_id, tenant_id, kind from app.cancel_jobs_by_id(%(actor)s,"
+    " %(job_ids)s::uuid[], %(reason)s)"
+)
 PRUNE_JOBS: Final[LiteralString] = (
     "select jobs_deleted, events_deleted from app.prune_jobs(%(older_than)s::interval,"
     " %(limit)s)"

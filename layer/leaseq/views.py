@@ -2,8 +2,10 @@
 
 Two implementations of one protocol, so a page never knows who is looking:
 
-* :class:`OperatorViews`, on the client of a ``leaseq_operator`` login: the operator
-  forms of the reads (every tenant) and the two actions, redrive and cancel;
+* :class:`OperatorViews`, on the client of a ``leaseq_dashboard`` login (or an
+  operator's): the operator forms of the reads (every tenant) and the two actions,
+  redrive and cancel, by job id only (``app.redrive_jobs_by_id``,
+  ``app.cancel_jobs_by_id``: a dashboard login may not act by filter);
 * :class:`TenantViews`, on the client of a tenant reader (a member of
   ``authenticated`` bound in ``app.tenant_readers``): the reader forms, each one short
   transaction that first selects the tenant, so row-level security decides which rows
@@ -23,7 +25,6 @@ from typing import Any, Protocol
 from uuid import UUID
 
 from leaseq.client import QueueClient
-from leaseq.jobs import Selection
 
 #: Job states, in the order a dashboard lists them.
 STATES: tuple[str, ...] = ("pending", "running", "retry_wait", "succeeded", "dead", "cancelled")
@@ -87,7 +88,8 @@ def _list_args(where: JobFilter, after: Cursor | None) -> dict[str, Any]:
 
 
 class OperatorViews:
-    """Every tenant's jobs, and the operator's actions, on a leaseq_operator's client."""
+    """Every tenant's jobs, and the actions by id, on a leaseq_dashboard (or operator)
+    login's client."""
 
     def __init__(self, client: QueueClient) -> None:
         self.client = client
@@ -123,7 +125,7 @@ class OperatorViews:
         naming ``actor``; returns the jobs it changed (others were not dead)."""
         if not job_ids:  # no ids is no job, never the unfiltered "every job"
             return []
-        return self.client.redrive_jobs(actor, Selection(tuple(job_ids)), reason=reason)
+        return self.client.redrive_jobs_by_id(actor, job_ids, reason=reason)
 
     def cancel_jobs(self, actor: str, job_ids: Sequence[UUID],
                     reason: str | None = None) -> list[Row]:
@@ -131,7 +133,7 @@ class OperatorViews:
         'cancelled' event naming ``actor``; returns the jobs it changed."""
         if not job_ids:
             return []
-        return self.client.cancel_jobs(actor, Selection(tuple(job_ids)), reason=reason)
+        return self.client.cancel_jobs_by_id(actor, job_ids, reason=reason)
 
 
 class TenantViews:

@@ -2,27 +2,31 @@
 
 In AWS the dashboard is a Lambda function URL with ``AWS_IAM`` auth: Lambda has already
 checked the request's SigV4 signature, and the caller's IAM principal is in the request
-context (``requestContext.authorizer.iam.userArn``). Being allowed to invoke the URL is
-not enough to see anything: the principal must also match one of the patterns of an
-:class:`AccessPolicy`, which gives it one of three roles:
+context (``requestContext.authorizer.iam.userArn``). That identity is only as good as
+the event: it is the function URL's only because nobody may invoke the function
+directly (``lambda:InvokedViaFunctionUrl``, see :mod:`leaseq_dashboard.origin`). Being
+allowed to invoke the URL is not enough to see anything: the principal must also match
+one of the patterns of an :class:`AccessPolicy`, which gives it one of three roles:
 
 ``operator``  every tenant, and the actions (redrive, cancel);
 ``viewer``    every tenant, read only;
-``tenant``    one tenant, read only, through a tenant reader's connection, so row-level
-              security does the filtering, not this code.
+``tenant``    one tenant, read only, through that tenant's own reader login, so
+              row-level security does the filtering, not this code.
 
-Patterns are shell-style (``fnmatch``, case-sensitive): an assumed role's sessions are
-``arn:aws:sts::123456789012:assumed-role/OnCall/*``. The first role that matches, in the
-order above, wins; a principal matching none is refused (403).
+Patterns take ``*`` and ``?`` within one segment of the ARN (never across ``/``; see
+:mod:`leaseq_dashboard.patterns`, which also says which patterns are safe): an assumed
+role's sessions are ``arn:aws:sts::123456789012:assumed-role/OnCall/*``. The first role
+that matches, in the order above, wins; a principal matching none is refused (403).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
 from typing import Any, Literal
 from uuid import UUID
+
+from leaseq_dashboard.patterns import matches
 
 Role = Literal["operator", "viewer", "tenant"]
 
@@ -67,12 +71,12 @@ class AccessPolicy:
             raise AccessDeniedError(
                 "the request carries no IAM principal: the function URL must use AWS_IAM "
                 "auth (or run locally with leaseq dashboard)")
-        if any(fnmatchcase(principal, p) for p in self.operators):
+        if any(matches(p, principal) for p in self.operators):
             return Viewer(principal, "operator")
-        if any(fnmatchcase(principal, p) for p in self.viewers):
+        if any(matches(p, principal) for p in self.viewers):
             return Viewer(principal, "viewer")
         for pattern, tenant in self.tenant_viewers.items():
-            if fnmatchcase(principal, pattern):
+            if matches(pattern, principal):
                 return Viewer(principal, "tenant", tenant)
         raise AccessDeniedError(
             f"{principal} may not use this dashboard: add it to DashboardOperators, "
@@ -80,7 +84,9 @@ class AccessPolicy:
 
 
 def principal_of(event: Mapping[str, Any]) -> str | None:
-    """The IAM principal ARN of a function URL (or HTTP API v2) event, if any."""
+    """The IAM principal ARN of a function URL (or HTTP API v2) event, if any, read
+    without checking the event's shape (the local server makes its own events; the
+    deployed dashboard uses :meth:`leaseq_dashboard.origin.FunctionUrlOrigin.principal`)."""
     context = event.get("requestContext") or {}
     authorizer = context.get("authorizer") or {}
     iam = authorizer.get("iam") or {}

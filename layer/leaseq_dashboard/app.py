@@ -180,14 +180,19 @@ def _first(form: dict[str, list[str]], name: str) -> str | None:
 
 
 def build(source: ViewSource, policy: AccessPolicy, *, secure_cookies: bool = True,
-          now: Callable[[], datetime] = lambda: datetime.now(UTC)
+          now: Callable[[], datetime] = lambda: datetime.now(UTC),
+          identify: Callable[[Mapping[str, Any]], str | None] = principal_of,
           ) -> LambdaFunctionUrlResolver:
-    """The resolver with every route; ``source`` gives each request its views."""
+    """The resolver with every route; ``source`` gives each request its views.
+
+    ``identify`` reads the caller's principal from the event: the deployed dashboard
+    passes :meth:`leaseq_dashboard.origin.FunctionUrlOrigin.principal`, which refuses an
+    event without the function URL's shape (403) before any page runs."""
     app = LambdaFunctionUrlResolver()
     env = _environment()
 
     def viewer() -> Viewer:
-        return policy.viewer(principal_of(app.current_event.raw_event))
+        return policy.viewer(identify(app.current_event.raw_event))
 
     def views(who: Viewer) -> QueueViews:
         if who.role == "tenant":

@@ -1,9 +1,15 @@
 """The dashboard's settings, from ``LEASEQ_DASHBOARD_*`` variables (read at the edge).
 
-The access policy (who is an operator, a viewer, or a tenant's viewer) and how the
-tenant reader connection logs in. The operator connection is the one every leaseq
-function uses (``DATABASE_URL``, ``LEASEQ_DATABASE_SECRET_ARN`` or IAM auth, see
-``leaseq_lambda.runtime``): a member of leaseq_operator.
+The access policy (who is an operator, a viewer, or a tenant's viewer), how many tenant
+reader connections one execution environment keeps, and the function URL the requests
+must come through. The dashboard's own connection is the one every leaseq function
+uses (``DATABASE_URL``, ``LEASEQ_DATABASE_SECRET_ARN`` or IAM auth, see
+``leaseq_lambda.runtime``): a member of leaseq_dashboard. A tenant viewer is served
+over that tenant's own reader login (:func:`leaseq_dashboard.sources.reader_login`) on
+the same server and database.
+
+Every principal pattern is checked here (:func:`leaseq_dashboard.patterns.check_pattern`),
+so an unsafe one fails the cold start instead of going live.
 """
 
 from __future__ import annotations
@@ -13,9 +19,10 @@ from collections.abc import Mapping
 from typing import Any
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from leaseq_dashboard.access import AccessPolicy
+from leaseq_dashboard.patterns import check_pattern
 
 
 def _patterns(value: Any) -> Any:
@@ -25,7 +32,7 @@ def _patterns(value: Any) -> Any:
 
 
 class DashboardSettings(BaseModel):
-    """Access patterns per role and the tenant reader's login (see access.py)."""
+    """Access patterns per role, the tenant readers' connections and the function URL."""
 
     model_config = ConfigDict(frozen=True, populate_by_name=True, extra="ignore")
 
@@ -36,15 +43,12 @@ class DashboardSettings(BaseModel):
     tenant_viewers: dict[str, UUID] = Field(
         default_factory=dict, alias="LEASEQ_DASHBOARD_TENANT_VIEWERS",
         description='JSON object {"principal pattern": "tenant uuid"}')
-    reader_url: SecretStr | None = Field(
-        default=None, alias="LEASEQ_DASHBOARD_READER_URL",
-        description="DSN of the tenant reader role (a member of authenticated)")
-    reader_secret_arn: str | None = Field(
-        default=None, alias="LEASEQ_DASHBOARD_READER_SECRET_ARN",
-        description="or: a Secrets Manager secret with the tenant reader's login")
-    reader_user: str | None = Field(
-        default=None, alias="LEASEQ_DASHBOARD_READER_USER",
-        description="or, with LEASEQ_DB_IAM_AUTH: the tenant reader's user name")
+    reader_connections: int = Field(
+        default=1, ge=1, le=20, alias="LEASEQ_DASHBOARD_READER_CONNECTIONS",
+        description="most tenant reader connections one execution environment keeps open")
+    url_id: str | None = Field(
+        default=None, pattern=r"^[a-z0-9]{1,63}$", alias="LEASEQ_DASHBOARD_URL_ID",
+        description="the function URL's id (its host's first label), when known")
 
     _split_operators = field_validator("operators", "viewers", mode="before")(
         staticmethod(_patterns))
@@ -56,6 +60,18 @@ class DashboardSettings(BaseModel):
             return json.loads(value) if value.strip() else {}
         return value
 
+    @field_validator("operators", "viewers")
+    @classmethod
+    def _safe_patterns(cls, value: list[str]) -> list[str]:
+        return [check_pattern(pattern) for pattern in value]
+
+    @field_validator("tenant_viewers")
+    @classmethod
+    def _safe_tenant_patterns(cls, value: dict[str, UUID]) -> dict[str, UUID]:
+        for pattern in value:
+            check_pattern(pattern)
+        return value
+
     @property
     def policy(self) -> AccessPolicy:
         """The :class:`AccessPolicy` these settings describe."""
@@ -64,7 +80,7 @@ class DashboardSettings(BaseModel):
 
     @property
     def has_tenant_viewers(self) -> bool:
-        """Whether a tenant reader connection is needed at all."""
+        """Whether tenant reader connections are needed at all."""
         return bool(self.tenant_viewers)
 
     @classmethod

@@ -1,7 +1,9 @@
 -- leaseq functions: operator actions (redrive, cancel, prune) and the reaper's prune.
 --
 -- Callers: leaseq_operator (redrive, cancel, prune by any age); leaseq_reaper only
--- prune_retained_jobs, bounded below by the owner's retention floor.
+-- prune_retained_jobs, bounded below by the owner's retention floor; leaseq_dashboard
+-- only redrive_jobs_by_id and cancel_jobs_by_id (named jobs, never a filter), which
+-- operators may call as well.
 --
 -- Decisions:
 --   * redrive turns a dead job back into a pending one with attempts reset to 0: it gets
@@ -13,7 +15,8 @@
 -- Argument bounds (anything outside, or NULL where required, raises 22023):
 --   actor                 non-blank (app.is_blank), at most 200 characters
 --   reason                at most 500 characters (NULL allowed)
---   job ids               1 .. 1000 per call, a one-dimensional array (NULL = no filter)
+--   job ids               1 .. 1000 per call, a one-dimensional array (NULL = no filter;
+--                         required by the by-id forms)
 --   kind filter           non-blank, at most 128 characters (NULL = no filter)
 --   redrive/cancel limit  1 .. 1000 per call
 --   prune age             0 seconds .. 3650 days; prune limit 1 .. 10000 per call
@@ -150,6 +153,58 @@ end;
 $$;
 revoke all on function app.cancel_jobs(text, uuid, uuid[], text, integer, text) from public, service_role;
 grant execute on function app.cancel_jobs(text, uuid, uuid[], text, integer, text) to leaseq_operator;
+
+-- The dashboard's actions (leaseq_dashboard): redrive or cancel exactly the jobs named
+-- by id, as app.redrive_jobs and app.cancel_jobs do with only p_job_ids given. There is
+-- no tenant or kind filter and no limit to pass: the ids are the whole selection, 1 ..
+-- 1000 of them per call (the same bound as the ids of the filtered forms), each id
+-- without NULL. A NULL or empty array is refused (22023), never read as "every job",
+-- so a dashboard login can change at most the jobs a page listed, one call at a time.
+-- Operators may call them too (a narrower form of what they may do already), so one
+-- dashboard serves both the deployed login and an operator's own on the command line.
+create or replace function app.redrive_jobs_by_id(
+  p_actor text,
+  p_job_ids uuid[],
+  p_reason text default null
+)
+returns table (job_id uuid, tenant_id uuid, kind text)
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+  perform app.check_required('p_job_ids', p_job_ids);
+  perform app.check_filters(p_job_ids, null, 1);
+  return query
+  select r.job_id, r.tenant_id, r.kind
+  from app.redrive_jobs(p_actor, null, p_job_ids, null, cardinality(p_job_ids), p_reason) r;
+end;
+$$;
+revoke all on function app.redrive_jobs_by_id(text, uuid[], text) from public;
+grant execute on function app.redrive_jobs_by_id(text, uuid[], text) to leaseq_operator,
+  leaseq_dashboard;
+
+create or replace function app.cancel_jobs_by_id(
+  p_actor text,
+  p_job_ids uuid[],
+  p_reason text default null
+)
+returns table (job_id uuid, tenant_id uuid, kind text)
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+  perform app.check_required('p_job_ids', p_job_ids);
+  perform app.check_filters(p_job_ids, null, 1);
+  return query
+  select c.job_id, c.tenant_id, c.kind
+  from app.cancel_jobs(p_actor, null, p_job_ids, null, cardinality(p_job_ids), p_reason) c;
+end;
+$$;
+revoke all on function app.cancel_jobs_by_id(text, uuid[], text) from public;
+grant execute on function app.cancel_jobs_by_id(text, uuid[], text) to leaseq_operator,
+  leaseq_dashboard;
 
 -- One bounded batch: finished jobs (succeeded, dead, cancelled) completed more than
 -- p_older_than ago, oldest first, with their events. Rows locked by someone else are

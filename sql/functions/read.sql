@@ -1,4 +1,8 @@
--- leaseq functions: reads for operators and the command line.
+-- leaseq functions: reads for operators, the command line and the dashboard.
+--
+-- The dashboard's group (leaseq_dashboard) may execute the five reads its pages use:
+-- get_job, job_timeline, queue_depth, job_activity and list_jobs; not queue_status or
+-- dead_jobs, which only the command line calls.
 --
 -- Reads never return lease tokens: they fence a worker's writes; an operator needs the
 -- owner and expiry, never the token. Dead list limit 1 .. 1000; timeline 1 .. 10000
@@ -82,7 +86,7 @@ begin
 end;
 $$;
 revoke all on function app.get_job(uuid) from public, service_role;
-grant execute on function app.get_job(uuid) to leaseq_operator;
+grant execute on function app.get_job(uuid) to leaseq_operator, leaseq_dashboard;
 
 -- A job's audit trail in the order it was written (first p_limit events).
 create or replace function app.job_timeline(p_job_id uuid, p_limit integer default 1000)
@@ -112,7 +116,7 @@ begin
 end;
 $$;
 revoke all on function app.job_timeline(uuid, integer) from public, service_role;
-grant execute on function app.job_timeline(uuid, integer) to leaseq_operator;
+grant execute on function app.job_timeline(uuid, integer) to leaseq_operator, leaseq_dashboard;
 
 -- Dead jobs, most recent death first, with the reason their 'dead' event recorded.
 create or replace function app.dead_jobs(
@@ -169,8 +173,9 @@ grant execute on function app.dead_jobs(uuid, text, integer) to leaseq_operator;
 --     with app.tenant_id set for the transaction), row-level security picks that
 --     tenant's rows, and a reader bound to nothing sees nothing. The filtering is the
 --     policies', not this code's, so a wrong p_tenant_id can never widen what it sees.
---   * app.<name> (SECURITY DEFINER, granted to leaseq_operator) calls the
---     reader form as the schema owner, who is not subject to RLS: every tenant.
+--   * app.<name> (SECURITY DEFINER, granted to leaseq_operator and leaseq_dashboard)
+--     calls the reader form as the schema owner, who is not subject to RLS: every
+--     tenant.
 -- The reader forms check their own arguments (22023) instead of calling app.check_*,
 -- which only the owner may execute. None of them reads lease_token, which readers are
 -- not granted and an operator never needs.
@@ -302,7 +307,8 @@ as $$
   select * from app.reader_queue_depth(p_tenant_id, p_kind, p_limit)
 $$;
 revoke all on function app.queue_depth(uuid, text, integer) from public, service_role;
-grant execute on function app.queue_depth(uuid, text, integer) to leaseq_operator;
+grant execute on function app.queue_depth(uuid, text, integer) to leaseq_operator,
+  leaseq_dashboard;
 
 -- Finished work over the last p_window, in p_buckets equal buckets of completion time
 -- (the first bucket starts p_window ago, the last ends now): how many jobs succeeded,
@@ -505,7 +511,7 @@ $$;
 revoke all on function app.job_activity(uuid, text, interval, integer, integer)
   from public, service_role;
 grant execute on function app.job_activity(uuid, text, interval, integer, integer)
-  to leaseq_operator;
+  to leaseq_operator, leaseq_dashboard;
 
 -- One page of the jobs in p_state, in that state's own order, which is also what is
 -- most likely stuck first: pending and retry_wait by available_at (longest ready first),
@@ -655,7 +661,7 @@ $$;
 revoke all on function app.list_jobs(app.job_state, uuid, text, timestamptz, timestamptz,
   timestamptz, uuid, integer) from public, service_role;
 grant execute on function app.list_jobs(app.job_state, uuid, text, timestamptz, timestamptz,
-  timestamptz, uuid, integer) to leaseq_operator;
+  timestamptz, uuid, integer) to leaseq_operator, leaseq_dashboard;
 
 -- A reader's form of app.get_job: one job of the reader's tenant, without its lease
 -- token; no row for an unknown id or another tenant's job (RLS hides it).

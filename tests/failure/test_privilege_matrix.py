@@ -38,6 +38,7 @@ ROLES = {"own": postgres.OWNER, "svc": postgres.WORKER, "prod": postgres.PRODUCE
 FUNCTIONS = """
 function                                                                                         own svc prod tprod work reap oper read out
 app.cancel_jobs(text,uuid,uuid[],text,integer,text)                                              x   x   .    .     .    .    x    .    .
+app.cancel_jobs_by_id(text,uuid[],text)                                                          x   x   .    .     .    .    x    .    .
 app.character_problem(text)                                                                      x   .   .    .     .    .    .    .    .
 app.check_actor(text)                                                                            x   .   .    .     .    .    .    .    .
 app.check_array(text,anyarray)                                                                   x   .   .    .     .    .    .    .    .
@@ -90,6 +91,7 @@ app.reader_list_jobs(app.job_state,uuid,text,timestamp with time zone,timestamp 
 app.reader_queue_depth(uuid,text,integer)                                                        x   .   .    .     .    .    .    x    .
 app.ready_tenants(integer)                                                                       x   x   .    .     x    .    .    .    .
 app.redrive_jobs(text,uuid,uuid[],text,integer,text)                                             x   x   .    .     .    .    x    .    .
+app.redrive_jobs_by_id(text,uuid[],text)                                                         x   x   .    .     .    .    x    .    .
 app.release_all_expired_jobs(integer)                                                            x   x   .    .     .    x    .    .    .
 app.release_expired(uuid,integer)                                                                x   .   .    .     .    .    .    .    .
 app.release_expired_jobs(uuid,integer)                                                           x   x   .    .     .    x    .    .    .
@@ -140,7 +142,7 @@ SCHEMA_USAGE = {role: role != "out" for role in ROLES}
 #: changes a row here. (The owner created the groups; from PostgreSQL 16 that makes it
 #: their administrator, with neither their privileges nor SET ROLE to them.)
 GROUP_ROLES = ("service_role", "authenticated", "leaseq_producer", "leaseq_tenant_producer",
-               "leaseq_worker", "leaseq_reaper", "leaseq_operator")
+               "leaseq_worker", "leaseq_reaper", "leaseq_operator", "leaseq_dashboard")
 MEMBERSHIPS = {
     "own": set(),
     "svc": {"service_role", "leaseq_producer", "leaseq_worker", "leaseq_reaper",

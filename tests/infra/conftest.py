@@ -29,6 +29,7 @@ DUTY_GROUPS = (
     "leaseq_worker",
     "leaseq_reaper",
     "leaseq_operator",
+    "leaseq_dashboard",
 )
 
 

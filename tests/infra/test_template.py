@@ -44,11 +44,15 @@ LOGIN_OF = {
     "WorkerFunction": ("WorkerDbUser", "WorkerDbSecretArn"),
     "ReaperFunction": ("ReaperDbUser", "ReaperDbSecretArn"),
     "EnqueueFunction": ("EnqueueDbUser", "EnqueueDbSecretArn"),
-    "DashboardFunction": ("OperatorDbUser", "OperatorDbSecretArn"),
+    "DashboardFunction": ("DashboardDbUser", "DashboardDbSecretArn"),
 }
 LOGIN_PARAMETERS = ("WorkerDbUser", "ReaperDbUser", "EnqueueDbUser", "OperatorDbUser")
 SECRET_PARAMETERS = ("WorkerDbSecretArn", "ReaperDbSecretArn", "EnqueueDbSecretArn",
                      "OperatorDbSecretArn")
+#: The dashboard's login and secret (DashboardEnabled only).
+DASHBOARD_LOGIN = ("DashboardDbUser", "DashboardDbSecretArn")
+#: The tenant viewers' reader logins, one per tenant, all under one name prefix.
+TENANT_READERS = "leaseq_tenant_reader_*"
 DUTY_GROUPS = ("leaseq_producer", "leaseq_tenant_producer", "leaseq_worker", "leaseq_reaper",
                "leaseq_operator")
 #: The worker pool's settings the template sets, by the parameter each comes from (the
@@ -650,6 +654,10 @@ def test_the_migrations_get_every_parameter_of_the_connection_budget(
             assert value == {"Fn::If": ["HasSlowWorker", {"Ref": key}, ""]}
         elif key == connection_budget.PROXY_PERCENT:
             assert value == {"Fn::If": ["UsesProxy", {"Ref": key}, ""]}
+        elif key == connection_budget.DASHBOARD:
+            assert value == {"Fn::If": ["DashboardOn", {"Ref": key}, ""]}
+        elif key == connection_budget.DASHBOARD_READERS:
+            assert value == {"Fn::If": ["DashboardHasTenantViewers", {"Ref": key}, "0"]}
         else:
             assert value == {"Ref": key}, key
     assert cfn["Outputs"]["ConnectionBudget"]["Value"] == {
@@ -789,19 +797,26 @@ def test_each_function_may_connect_only_as_its_own_login(
     assert secret_statement == {"Effect": "Allow", "Action": "secretsmanager:GetSecretValue",
                                 "Resource": {"Ref": secret}}
     # No other login and no other secret: nothing in the role names another function's.
-    others = [p for p in (*LOGIN_PARAMETERS, *SECRET_PARAMETERS) if p not in (user, secret)]
+    others = [p for p in (*LOGIN_PARAMETERS, *SECRET_PARAMETERS, *DASHBOARD_LOGIN)
+              if p not in (user, secret)]
     text = json.dumps(role)
     assert [p for p in others if p in text] == []
     # Besides: only what SAM adds for the enqueue failure destination, the dashboard's
-    # tenant-reader secret (DashboardReaderSecretArn), invoking the worker (the pool: tested
-    # below), and the two AWS managed policies SAM attaches to a function in a VPC.
+    # tenant reader logins (one prefix, tested below), invoking the worker (the pool:
+    # tested below), and the two AWS managed policies SAM attaches to a function in a VPC.
     extra = [s for s in statements if "Fn::If" not in s]
-    assert {s["Action"] for s in extra} <= {"sqs:SendMessage", "secretsmanager:GetSecretValue",
+    assert {s["Action"] for s in extra} <= {"sqs:SendMessage", "rds-db:connect",
                                             "lambda:InvokeFunction"}
     assert [s["Resource"] for s in extra if s["Action"] == "lambda:InvokeFunction"] == (
         [INVOKE_WORKER[function]] if function in INVOKE_WORKER else [])
-    assert [s["Resource"] for s in extra if s["Action"] == "secretsmanager:GetSecretValue"] == (
-        [{"Ref": "DashboardReaderSecretArn"}] if function == "DashboardFunction" else [])
+    readers = [s for s in extra if s["Action"] == "rds-db:connect"]
+    assert len(readers) == (1 if function == "DashboardFunction" else 0)
+    if readers:
+        created, existing = readers[0]["Resource"]["Fn::If"][1:]
+        assert created["Fn::Sub"][0].endswith(f":dbuser:${{ProxyId}}/{TENANT_READERS}")
+        assert existing["Fn::Sub"].endswith(f":dbuser:${{ExistingDbResourceId}}/{TENANT_READERS}")
+        (policy,) = [p for p in role["Properties"]["Policies"] if "Fn::If" in p]
+        assert policy["Fn::If"][0] == "DashboardHasTenantViewers"
     assert role["Properties"]["ManagedPolicyArns"] == [
         "arn:aws:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole",
         XRAY_WRITE_POLICY,
@@ -968,10 +983,15 @@ def test_the_proxy_role_may_connect_as_each_login_and_no_other(cfn: dict[str, An
     (statement,) = statements_of(cfn["Resources"]["DatabaseProxyRole"])
 
     assert statement["Action"] == "rds-db:connect"
-    resources = [r["Fn::Sub"] for r in statement["Resource"]]
     prefix = ("arn:${AWS::Partition}:rds-db:${AWS::Region}:${AWS::AccountId}:dbuser:"
               "${Database.DbiResourceId}/")
-    assert resources == [f"{prefix}${{{user}}}" for user in LOGIN_PARAMETERS]
+    always = [r["Fn::Sub"] for r in statement["Resource"] if "Fn::Sub" in r]
+    assert always == [f"{prefix}${{{user}}}" for user in LOGIN_PARAMETERS]
+    conditional = [r["Fn::If"] for r in statement["Resource"] if "Fn::If" in r]
+    assert conditional == [
+        ["DashboardOn", {"Fn::Sub": f"{prefix}${{DashboardDbUser}}"}, {"Ref": "AWS::NoValue"}],
+        ["DashboardHasTenantViewers", {"Fn::Sub": f"{prefix}{TENANT_READERS}"},
+         {"Ref": "AWS::NoValue"}]]
 
 
 def test_operators_get_the_connect_resource_of_their_login_and_no_managed_policy(
@@ -1635,7 +1655,7 @@ def test_the_dashboard_is_off_by_default_and_behind_a_function_url_with_iam_auth
                 and r["Properties"].get("FunctionUrlAuthType") == "NONE"]
 
 
-def test_the_dashboard_logs_in_as_the_operators_login_and_reads_its_access_lists(
+def test_the_dashboard_logs_in_as_its_own_login_and_reads_its_access_lists(
     cfn: dict[str, Any],
 ) -> None:
     declared = settings_variables() | set(POWERTOOLS_VARIABLES)
@@ -1644,15 +1664,19 @@ def test_the_dashboard_logs_in_as_the_operators_login_and_reads_its_access_lists
     worker = function_properties(cfn, "WorkerFunction")["Environment"]["Variables"]
     login = ("LEASEQ_DB_HOST", "LEASEQ_DB_PORT", "LEASEQ_DB_NAME", "LEASEQ_DB_USER",
              "LEASEQ_DB_IAM_AUTH", "LEASEQ_DATABASE_SECRET_ARN", "LEASEQ_DB_SSLMODE")
-    operator = {**worker, "LEASEQ_DB_USER": {"Ref": "OperatorDbUser"},
-                "LEASEQ_DATABASE_SECRET_ARN": {"Fn::If": [
-                    "UsePasswordAuth", {"Ref": "OperatorDbSecretArn"}, {"Ref": "AWS::NoValue"}]}}
-    assert {k: variables.get(k) for k in login} == {k: operator.get(k) for k in login}
+    own = {**worker, "LEASEQ_DB_USER": {"Ref": "DashboardDbUser"},
+           "LEASEQ_DATABASE_SECRET_ARN": {"Fn::If": [
+               "UsePasswordAuth", {"Ref": "DashboardDbSecretArn"}, {"Ref": "AWS::NoValue"}]}}
+    assert {k: variables.get(k) for k in login} == {k: own.get(k) for k in login}
     assert variables["LEASEQ_DASHBOARD_OPERATORS"] == {"Ref": "DashboardOperators"}
     assert variables["LEASEQ_DASHBOARD_TENANT_VIEWERS"] == {"Ref": "DashboardTenantViewers"}
+    assert variables["LEASEQ_DASHBOARD_READER_CONNECTIONS"] == {
+        "Ref": "DashboardReaderConnections"}
+    assert variables["LEASEQ_DASHBOARD_URL_ID"] == {
+        "Fn::If": ["DashboardHasUrlId", {"Ref": "DashboardUrlId"}, {"Ref": "AWS::NoValue"}]}
     dashboard_variables = {"LEASEQ_DASHBOARD_OPERATORS", "LEASEQ_DASHBOARD_VIEWERS",
                            "LEASEQ_DASHBOARD_TENANT_VIEWERS",
-                           "LEASEQ_DASHBOARD_READER_SECRET_ARN"}
+                           "LEASEQ_DASHBOARD_READER_CONNECTIONS", "LEASEQ_DASHBOARD_URL_ID"}
     assert set(variables) <= declared | dashboard_variables, set(variables) - declared
     group = dashboard["LoggingConfig"]["LogGroup"]["Ref"]
     assert cfn["Resources"][group]["Properties"]["RetentionInDays"] == {"Ref": "LogRetentionDays"}
@@ -1664,4 +1688,78 @@ def test_the_dashboard_settings_declare_every_variable_the_template_sets() -> No
 
     aliases = {f.alias for f in DashboardSettings.model_fields.values()}
     assert {"LEASEQ_DASHBOARD_OPERATORS", "LEASEQ_DASHBOARD_VIEWERS",
-            "LEASEQ_DASHBOARD_TENANT_VIEWERS", "LEASEQ_DASHBOARD_READER_SECRET_ARN"} <= aliases
+            "LEASEQ_DASHBOARD_TENANT_VIEWERS", "LEASEQ_DASHBOARD_READER_CONNECTIONS",
+            "LEASEQ_DASHBOARD_URL_ID"} <= aliases
+
+
+def test_the_dashboard_is_reserved_and_by_default_fits_the_operators_allowance(
+    sam: dict[str, Any], cfn: dict[str, Any], migrations_app: Any,
+) -> None:
+    import connection_budget
+
+    dashboard = function_properties(cfn, "DashboardFunction")
+    assert dashboard["ReservedConcurrentExecutions"] == {"Ref": "DashboardReservedConcurrency"}
+    parameter = sam["Parameters"]["DashboardReservedConcurrency"]
+    assert parameter["MinValue"] >= 1  # never unreserved: each execution holds connections
+    reserved, readers = (int(sam["Parameters"][p]["Default"]) for p in (
+        "DashboardReservedConcurrency", "DashboardReaderConnections"))
+    properties = {connection_budget.PROPERTY: {
+        key: str(sam["Parameters"][key]["Default"]) if key in sam["Parameters"] else ""
+        for key in connection_budget.KEYS}}
+    stack = connection_budget.stack_connections(properties)
+    assert stack is not None
+    assert stack.dashboard == connection_budget.DashboardConnections(reserved, readers)
+    assert stack.dashboard.total <= stack.operators
+
+
+def test_the_dashboards_login_parameter_refuses_group_reader_and_other_logins_names(
+    sam: dict[str, Any],
+) -> None:
+    pattern = re.compile(sam["Parameters"]["DashboardDbUser"]["AllowedPattern"])
+    assert pattern.match(sam["Parameters"]["DashboardDbUser"]["Default"])
+    for refused in (*DUTY_GROUPS, "leaseq_dashboard", "leaseq_tenant_reader_0123abcd",
+                    "service_role", "authenticated", "leaseq_"):
+        assert not pattern.match(refused), refused
+    (_, own_login) = sam["Rules"]["EachFunctionHasALoginOfItsOwn"]["Assertions"]
+    compared = [pair["Fn::Equals"] for pair in own_login["Assert"]["Fn::Not"][0]["Fn::Or"]]
+    assert compared == [[{"Ref": "DashboardDbUser"}, {"Ref": p}] for p in LOGIN_PARAMETERS]
+
+
+def _join_of_secrets(value: dict[str, Any]) -> list[str]:
+    return [ref["Ref"] for ref in value["Fn::Join"][1]]
+
+
+def test_rules_refuse_tenant_viewers_without_iam_auth_and_a_dashboard_without_its_secret(
+    sam: dict[str, Any],
+) -> None:
+    rules = sam["Rules"]
+    iam = rules["DashboardTenantViewersNeedIamAuth"]
+    assert iam["RuleCondition"]["Fn::And"][1] == {
+        "Fn::Not": [{"Fn::Equals": [{"Ref": "DashboardTenantViewers"}, ""]}]}
+    (assertion,) = iam["Assertions"]
+    joined, empty = assertion["Assert"]["Fn::Equals"]
+    assert empty == ""
+    assert _join_of_secrets(joined) == [*SECRET_PARAMETERS, "DashboardDbSecretArn"]
+    assert "IAM authentication" in assertion["AssertDescription"]
+    (needs_secret,) = rules["DashboardPasswordAuthenticationNeedsItsSecret"]["Assertions"]
+    assert needs_secret["Assert"] == {
+        "Fn::Not": [{"Fn::Equals": [{"Ref": "DashboardDbSecretArn"}, ""]}]}
+    (only_with,) = rules["DashboardSecretOnlyWithPasswordAuthentication"]["Assertions"]
+    assert _join_of_secrets(only_with["Assert"]["Fn::Not"][0]["Fn::Equals"][0]) == list(
+        SECRET_PARAMETERS)
+    assert "DashboardReaderSecretArn" not in sam["Parameters"]
+
+
+def test_the_migrations_get_the_dashboards_login_tenant_viewers_and_patterns(
+    cfn: dict[str, Any],
+) -> None:
+    properties = cfn["Resources"]["Migrations"]["Properties"]
+    for name in ("DashboardDbUser", "DashboardTenantViewers", "DashboardOperators",
+                 "DashboardViewers"):
+        assert properties[name] == {"Fn::If": ["DashboardOn", {"Ref": name}, ""]}, name
+    assert properties["DashboardDbSecretArn"] == {
+        "Fn::If": ["DashboardUsesPassword", {"Ref": "DashboardDbSecretArn"}, ""]}
+    secrets = next(s for s in statements_of(cfn["Resources"]["MigrationsFunctionRole"])
+                   if "Fn::If" in s)["Fn::If"][1]["Resource"]
+    assert secrets[-1] == {"Fn::If": ["DashboardUsesPassword", {"Ref": "DashboardDbSecretArn"},
+                                      {"Ref": "AWS::NoValue"}]}

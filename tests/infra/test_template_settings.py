@@ -58,7 +58,7 @@ DEPLOYMENT_DEFAULTS: dict[str, tuple[Any, str]] = {
     "WorkerDbUser": ("leaseq_worker_login", "a login per function, named by the stack"),
     "ReaperDbUser": ("leaseq_reaper_login", "a login per function, named by the stack"),
     "EnqueueDbUser": ("leaseq_enqueue_login", "a login per function, named by the stack"),
-    "OperatorDbUser": ("leaseq_operator_login", "a login per function, named by the stack"),
+    "DashboardDbUser": ("leaseq_dashboard_login", "a login per function, named by the stack"),
 }
 
 #: LEASEQ_* variables the template sets that no settings model reads, and who reads them.

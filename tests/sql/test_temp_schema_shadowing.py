@@ -252,6 +252,27 @@ def _reap(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
     call("end_stalled_sessions", "select * from app.end_stalled_sessions()", ())
 
 
+def _dashboard(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
+    """The deployed dashboard's login: the pages' reads and the actions by job id."""
+    dead = call("list_jobs", "select * from app.list_jobs('dead', %s, null, null, null,"
+                " null, null, 5)", (tenant,))
+    assert dead, "no dead job to look at"
+    waiting = call("list_jobs", "select * from app.list_jobs('pending', %s, null, null, null,"
+                   " null, null, 5)", (tenant,))
+    assert waiting, "no waiting job to cancel"
+    call("get_job", "select * from app.get_job(%s)", (dead[0]["id"],))
+    call("job_timeline", "select * from app.job_timeline(%s, 100)", (dead[0]["id"],))
+    call("queue_depth", "select * from app.queue_depth(%s, null, 5)", (tenant,))
+    call("job_activity", "select * from app.job_activity(%s, null, '1 hour', 6, 5)", (tenant,))
+    call("cancel_jobs_by_id", "select * from app.cancel_jobs_by_id('dash', %s, 'unwanted')",
+         ([waiting[0]["id"]],))
+    assert call("redrive_jobs_by_id", "select * from app.redrive_jobs_by_id('dash', %s)",
+                ([dead[0]["id"]],))
+    # Arranged: the operator's duty after this one needs its dead job back.
+    admin.execute("update app.jobs set state = 'dead', completed_at = now() where id = %s",
+                  (dead[0]["id"],))
+
+
 def _operate(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
     dead = call("dead_jobs", "select * from app.dead_jobs(%s, null, 10)", (tenant,))
     assert dead, "no dead job to look at"
@@ -275,7 +296,8 @@ def _operate(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
 
 
 #: The duties in the order a job meets them; each arranges what the next one needs.
-DUTIES = {"produce": _produce, "work": _work, "reap": _reap, "operate": _operate}
+DUTIES = {"produce": _produce, "work": _work, "reap": _reap, "dashboard": _dashboard,
+          "operate": _operate}
 
 
 def _exercise(conn: Conn, tenant: uuid.UUID, duties: set[str], *, owner: Conn,
@@ -306,7 +328,8 @@ LOGINS = {
     "tenant producer": (postgres.TENANT_PRODUCER, {"produce"}),
     "worker": (postgres.DUTY_WORKER, {"work"}),
     "reaper": (postgres.REAPER, {"reap"}),
-    "operator": (postgres.OPERATOR, {"operate"}),
+    "operator": (postgres.OPERATOR, {"dashboard", "operate"}),
+    "dashboard": (postgres.DASHBOARD, {"dashboard"}),
 }
 
 

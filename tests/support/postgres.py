@@ -39,6 +39,7 @@ TENANT_PRODUCER = "leaseq_test_tenant_producer"
 DUTY_WORKER = "leaseq_test_duty_worker"
 REAPER = "leaseq_test_reaper"
 OPERATOR = "leaseq_test_operator"
+DASHBOARD = "leaseq_test_dashboard"
 READER = "leaseq_test_reader"
 OTHER_READER = "leaseq_test_reader_b"
 OUTSIDER = "leaseq_test_outsider"
@@ -51,6 +52,7 @@ GROUPS = {
     DUTY_WORKER: "leaseq_worker",
     REAPER: "leaseq_reaper",
     OPERATOR: "leaseq_operator",
+    DASHBOARD: "leaseq_dashboard",
     READER: "authenticated",
     OTHER_READER: "authenticated",
 }
