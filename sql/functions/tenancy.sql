@@ -60,7 +60,7 @@ grant execute on function app.current_tenant_id() to authenticated;
 -- Who is asking: these callers are SECURITY DEFINER, so current_user is the schema
 -- owner here; the login is session_user. SET ROLE changes neither session_user nor
 -- this answer: a login is restricted by its own bindings whatever role it sets, and a
--- login that may act as leaseq_producer (a member, directly, through service_role, or
+-- login that may act as leaseq_producer (a member, directly, through another group, or
 -- able to SET ROLE to it) is not restricted at all, nor is the owner. Every other
 -- login that can execute the callers (leaseq_tenant_producer's members) may name only
 -- its bound tenants. NULL tenants are left to the callers' argument checks (22023).

@@ -1,6 +1,6 @@
 """What each duty group may do beyond the bare grants of the privilege matrix: the
-tenant-bound producer's tenants, the reaper's retention floor, the legacy service_role,
-and bindings that follow a role, not its name.
+tenant-bound producer's tenants, the reaper's retention floor, and bindings that follow
+a role, not its name. (The legacy service_role: tests/migrations/test_service_role_removal.py.)
 
 Every check connects as a login of the group it is about; the owner and the
 administrator only arrange data and roles.
@@ -21,7 +21,6 @@ from tests.conftest import Database
 from tests.sql.calls import (
     claim_one,
     enqueue,
-    enqueue_many,
     new_tenant,
     raises_sqlstate,
     snapshot,
@@ -364,53 +363,3 @@ def test_without_its_settings_row_the_reaper_prunes_nothing(
     finally:
         owner.execute("insert into app.settings default values")
     assert _keys(owner) == {"old"}
-
-
-# The legacy group ------------------------------------------------------------------------------
-
-
-def test_a_login_in_the_legacy_service_role_still_does_every_duty(
-    worker: Conn, admin: Conn, owner: Conn
-) -> None:
-    """``worker`` is a member of service_role only, as logins made before the duty groups."""
-    tenant = new_tenant()
-    _finished_jobs(worker, admin, tenant, {"old": timedelta(days=30)})
-    (running,) = enqueue_many(worker, tenant, 1, prefix="run")
-    claim_one(worker, tenant)
-    admin.execute("update app.jobs set lease_expires_at = clock_timestamp() - interval '1 second'"
-                  " where id = %s", (running,))
-    enqueue(worker, tenant, "to-cancel")
-
-    assert worker.execute("select app.release_all_expired_jobs(10) as n").fetchone() == {"n": 1}
-    assert worker.execute("select * from app.get_job_result(%s, %s)",
-                          (tenant, running)).fetchone() is not None
-    pruned = worker.execute("select * from app.prune_retained_jobs('14 days', 10)").fetchone()
-    cancelled = worker.execute(
-        "select job_id from app.cancel_jobs('ops', %s, null, null, 10, null)", (tenant,)
-    ).fetchall()
-    status = worker.execute("select * from app.queue_status(%s)", (tenant,)).fetchall()
-
-    assert pruned == {"jobs_deleted": 1, "events_deleted": 3}
-    assert len(cancelled) == 2  # the released job and the pending one
-    assert {r["state"] for r in status} == {"cancelled"}
-    assert worker.execute("select * from app.prune_jobs('0 seconds', 10)").fetchone() == {
-        "jobs_deleted": 2, "events_deleted": 6}
-
-
-def test_moving_a_login_from_service_role_to_its_duty_group_leaves_it_that_duty_only(
-    db: Database, admin: Conn, worker: Conn
-) -> None:
-    """The upgrade step of sql/README.md: grant the duty group, revoke service_role."""
-    tenant = new_tenant()
-    enqueue(worker, tenant, "a")
-    with _temporary_role(admin, "service_role") as login:
-        with _login(db, login) as before:
-            assert before.execute("select * from app.prune_jobs('0 seconds', 1)").fetchall()
-        admin.execute(sql.SQL("grant leaseq_worker to {}").format(sql.Identifier(login)))
-        admin.execute(sql.SQL("revoke service_role from {}").format(sql.Identifier(login)))
-        with _login(db, login) as after:
-            assert claim_one(after, tenant)["operation_key"] == "a"
-            with raises_sqlstate("42501", match="permission denied for function prune_jobs"):
-                after.execute("select * from app.prune_jobs('0 seconds', 1)")
-            with raises_sqlstate("42501", match="permission denied for function enqueue_job"):
-                enqueue(after, tenant, "b")
