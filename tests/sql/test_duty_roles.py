@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 
+import psycopg
 import pytest
 from psycopg import sql
 from psycopg.types.json import Jsonb
@@ -203,6 +204,40 @@ def test_a_producer_enqueues_into_and_reads_any_tenant(owner: Conn, producer: Co
 
     assert [r["status"] for r in batch] == ["created", "created"]
     assert read == [{"tenant_id": b, "state": "pending"}]
+
+
+def test_an_unbound_producer_probing_another_tenants_key_gets_no_job_id(
+    owner: Conn, producer: Conn, tenant_producer: Conn
+) -> None:
+    """The conflict answer is not a probe: a producer that may write into every tenant
+    learns that the key is taken, never the job's id or state; only a request that
+    repeats the job exactly (an idempotent retry) gets it back."""
+    theirs = new_tenant()
+    _bind_producer(owner, postgres.TENANT_PRODUCER, theirs)
+    original = enqueue(tenant_producer, theirs, "invoice-7", payload={"amount": 10})
+    before = snapshot(owner)
+
+    probe = producer.execute(
+        "select ord, job_id, status, state, error from app.enqueue_jobs(%s, %s, %s, %s)",
+        ([theirs], ["invoice-7"], ["email.send"], [Jsonb({"guess": True})])).fetchall()
+    with raises_sqlstate("23505", match="already names a job with a different kind or payload"):
+        enqueue(producer, theirs, "invoice-7", kind="other.kind")
+    with pytest.raises(psycopg.Error) as refused:
+        enqueue(producer, theirs, "invoice-7", payload={"amount": 11})
+
+    assert probe == [{"ord": 1, "job_id": None, "status": "conflict", "state": None,
+                      "error": None}]
+    assert str(original["id"]) not in str(refused.value)
+    assert "email.send" not in str(refused.value)
+    assert snapshot(owner) == before
+    # The producer's own retry, identical, is idempotent: the same job, not a new one.
+    again = enqueue(tenant_producer, theirs, "invoice-7", payload={"amount": 10})
+    replay = tenant_producer.execute(
+        "select job_id, status from app.enqueue_jobs(%s, %s, %s, %s)",
+        ([theirs], ["invoice-7"], ["email.send"], [Jsonb({"amount": 10})])).fetchone()
+    assert again["id"] == original["id"]
+    assert replay == {"job_id": original["id"], "status": "existing"}
+    assert snapshot(owner) == before
 
 
 def test_the_login_not_the_role_it_sets_decides_which_tenants_a_producer_may_use(
