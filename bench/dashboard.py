@@ -14,7 +14,7 @@ creates and drops its databases).
 What it does:
 
 1. Creates ``leaseq_bench_dashboard``, migrates it, and makes two logins: an operator
-   in service_role and a tenant reader in authenticated, bound to one tenant.
+   in leaseq_operator and a tenant reader in authenticated, bound to one tenant.
 2. Writes the jobs straight into the tables (the queue functions would take an hour for
    this much history): ``--finished`` jobs over ``--tenants`` tenants and six kinds, 97%
    succeeded, 2% dead, 1% cancelled, completed uniformly over the last ``--history``
@@ -100,7 +100,7 @@ def prepare(dsn: str) -> None:
     with connect(make_conninfo(dsn, dbname=DATABASE)) as conn:
         migrate(conn)
     with admin(dsn, DATABASE) as conn:
-        for role, group in ((OPERATOR_ROLE, "service_role"), (READER_ROLE, "authenticated")):
+        for role, group in ((OPERATOR_ROLE, "leaseq_operator"), (READER_ROLE, "authenticated")):
             exists = conn.execute("select 1 from pg_roles where rolname = %s", (role,)).fetchone()
             verb = "alter" if exists else "create"
             conn.execute(sql.SQL(f"{verb} role {{}} login nosuperuser nobypassrls "

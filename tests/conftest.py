@@ -2,8 +2,8 @@
 
 The suite migrates one database as the non-superuser owner, then every test that uses
 ``db`` starts from empty queue tables. Tests connect as the role whose behaviour they
-check: ``worker`` (member of the legacy service_role, so of every runtime duty group;
-the duty logins of ``tests.support.postgres`` hold one group each), ``reader`` (member
+check: ``worker`` (a member of every runtime duty group; the duty logins of
+``tests.support.postgres`` hold one group each), ``reader`` (member
 of authenticated) or ``owner``; ``admin`` (superuser) is only for arranging what no
 production role may do, such as moving a lease into the past.
 """

@@ -9,11 +9,18 @@ enqueueing the others, so the rejections reach the on-failure destination.
 With the worker pool on, a created job that is ready now wakes a worker after the
 commit when none is polling (debounced in the database; best effort: a failed wake is
 logged and counted, and the scheduled worker runs the job within one tick).
+
+Which tenants: an invocation carries no caller identity this function could check, so
+by default it is a trusted multi-tenant door (whoever may invoke it may enqueue for any
+tenant). With ``LEASEQ_ENQUEUE_TENANTS`` (the stack's EnqueueTenants) its login is bound
+to those tenants in the database, and a job for any other tenant is rejected, nothing
+stored for it (docs/deploy.md, "Which tenants the enqueue function serves").
 """
 
 from __future__ import annotations
 
 from typing import Any
+from uuid import UUID
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from leaseq import LeaseqError, QueueClient
@@ -33,6 +40,10 @@ def _client() -> QueueClient:
     return rt.client
 
 
+def _tenants() -> frozenset[UUID]:
+    return runtime.get().settings.enqueue.tenants
+
+
 @metrics.log_metrics(capture_cold_start_metric=True)
 @tracer.capture_lambda_handler(capture_response=False)  # up to 1000 items: too big to trace
 @logger.inject_lambda_context(clear_state=True)
@@ -46,7 +57,7 @@ def lambda_handler(event: Any, context: LambdaContext) -> dict[str, Any]:
         str(event.get("id")) if batch.origin == "eventbridge" and isinstance(event, dict)
         and event.get("id") else context.aws_request_id)
     try:
-        results = submit(_client, batch)
+        results = submit(_client, batch, _tenants)
     except LeaseqError as exc:
         logger.exception("enqueue failed", extra={"error": exc.message, "sqlstate": exc.sqlstate})
         raise

@@ -5,10 +5,11 @@ room for the names made from it (``stack_name.py``) and that the connections its
 can open fit the database's connection budget (``connection_budget.py``). Then they run the
 migrations that the layer carries (applied ones are skipped, so a re-run is cheap) and make
 each function's login a member of its one duty group: the worker's of leaseq_worker, the
-reaper's of leaseq_reaper, the enqueue function's of leaseq_producer, the operators' of
-leaseq_operator and, with the dashboard, the dashboard's of leaseq_dashboard and one reader
-login per tenant of its tenant viewers (``dashboard_logins.py``). Delete touches nothing:
-removing the
+reaper's of leaseq_reaper, the enqueue function's of leaseq_producer (or, with the
+``EnqueueTenants`` property, of leaseq_tenant_producer, bound to exactly those tenants),
+the operators' of leaseq_operator and, with the dashboard, the dashboard's of
+leaseq_dashboard and one reader login per tenant of its tenant viewers
+(``dashboard_logins.py``). Delete touches nothing: removing the
 stack must never drop the schema or its jobs. Every request is answered: on success, on any
 exception (the library is imported inside the guarded block, so even a broken layer is
 reported), and by a watchdog shortly before the function's own timeout, which would
@@ -191,7 +192,7 @@ def login_specs(
     secret is read and checked, so a bad property fails the request having changed nothing.
     """
     from leaseq.errors import ConfigurationError
-    from runtime_role import SERVICE_ROLE, LoginRoleSpec
+    from runtime_role import PRODUCER, SERVICE_ROLE, TENANT_PRODUCER, LoginRoleSpec
 
     iam_auth = _flag(properties.get("RuntimeIamAuth", "true"))
     timeout = str(properties.get("RuntimeStatementTimeout") or "15s")
@@ -204,6 +205,7 @@ def login_specs(
         return [LoginRoleSpec(name=name, group=SERVICE_ROLE, iam_auth=iam_auth,
                               statement_timeout=timeout, password=password,
                               parameter="RuntimeDbUser")]
+    tenants = enqueue_tenants(properties)
     specs = []
     for duty in _duties():
         name = str(properties.get(duty.user_property) or "")
@@ -221,6 +223,14 @@ def login_specs(
                 )
             password = _password(reader, secret_arn, name, duty.user_property,
                                  duty.secret_property)
+        if duty.group == PRODUCER:
+            # The enqueue door: any tenant, or exactly EnqueueTenants; it moves between the
+            # two producer groups as the property changes.
+            specs.append(LoginRoleSpec(
+                name=name, group=TENANT_PRODUCER if tenants else PRODUCER, iam_auth=iam_auth,
+                statement_timeout=timeout, password=password, parameter=duty.user_property,
+                replaces=frozenset({PRODUCER, TENANT_PRODUCER}), tenants=tenants))
+            continue
         specs.append(LoginRoleSpec(name=name, group=duty.group, iam_auth=iam_auth,
                                    statement_timeout=timeout, password=password,
                                    parameter=duty.user_property))
@@ -228,6 +238,18 @@ def login_specs(
 
     specs += tenant_reader_specs(properties, iam_auth=iam_auth, statement_timeout=timeout)
     return specs
+
+
+def enqueue_tenants(properties: Mapping[str, Any]) -> frozenset[Any]:
+    """The tenants of the ``EnqueueTenants`` property (comma-separated tenant ids; empty or
+    absent, as from a template before it: none, the door serves every tenant)."""
+    from leaseq.errors import ConfigurationError
+    from leaseq.settings import tenant_list
+
+    try:
+        return tenant_list(str(properties.get("EnqueueTenants") or ""))
+    except ValueError as exc:
+        raise ConfigurationError(f"the resource property EnqueueTenants: {exc}") from exc
 
 
 def _connect_with_retries(dsn: str, retry_delays: Sequence[float]) -> Any:
@@ -291,6 +313,11 @@ def _migrate_and_ensure_role(
                     ", password set from its secret" if login.password_set else "",
                     f", {login.unbound} binding(s) to other tenants removed"
                     if login.unbound else "")
+    for spec in specs:
+        if spec.tenants is not None:
+            logger.info("enqueue door %s: %s", spec.name,
+                        f"bound to {len(spec.tenants)} tenants" if spec.tenants
+                        else "every tenant (trusted multi-tenant door)")
     logger.info("schema at version %d (applied now: %s)%s", version, list(applied) or "none",
                 "; rolled back to the previous version's login" if rolling_back else "")
     data = {

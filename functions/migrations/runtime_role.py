@@ -2,8 +2,15 @@
 
 Least privilege by duty: the worker, reaper, enqueue function, dashboard and operators each
 log in as a role of their own, a member of exactly one NOLOGIN duty group
-(``leaseq_worker``, ``leaseq_reaper``, ``leaseq_producer``, ``leaseq_dashboard``,
-``leaseq_operator``), so credentials taken from one function cannot do another's work.
+(``leaseq_worker``, ``leaseq_reaper``, ``leaseq_producer`` or ``leaseq_tenant_producer``,
+``leaseq_dashboard``, ``leaseq_operator``), so credentials taken from one function cannot do
+another's work. A login is refused, not silently "fixed", when it is the schema owner, has a
+privileged attribute, or belongs to any other group: revoking memberships someone granted on
+purpose is an operator's decision. The one exception is the group a login's own parameters
+chose at an earlier deploy: the enqueue login moves between ``leaseq_producer`` (any tenant)
+and ``leaseq_tenant_producer`` (bound to the stack's EnqueueTenants) as that parameter
+changes, and its tenant bindings (``app.tenant_producers``) are set to exactly those tenants
+in the same transaction.
 
 The dashboard's tenant viewers get one reader login per tenant
 (``leaseq_tenant_reader_<tenant hex>``, :func:`leaseq_dashboard.sources.reader_login`), a
@@ -13,12 +20,10 @@ login whose tenant is no longer listed (a login bound to nothing sees nothing). 
 logins authenticate with IAM only: there is no secret per tenant to set a password from.
 Their idle-in-transaction timeout is capped at 60 s, as ``app.current_tenant_id`` caps it.
 
-A login is refused, not silently "fixed", when it is
-the schema owner, has a privileged attribute, or belongs to any other group: revoking
-memberships someone granted on purpose is an operator's decision. ``rds_iam`` is the one
-extra membership: on RDS it switches the login to IAM authentication, so it is granted with
-IAM auth on, revoked with it off (a member of rds_iam cannot log in with a password), and
-skipped where it does not exist (any PostgreSQL that is not RDS).
+``rds_iam`` is the one extra membership: on RDS it switches the login to IAM
+authentication, so it is granted with IAM auth on, revoked with it off (a member of rds_iam
+cannot log in with a password), and skipped where it does not exist (any PostgreSQL that is
+not RDS).
 
 A password is never sent in a statement, where it could reach the server log,
 ``pg_stat_activity`` or ``pg_stat_statements``: libpq computes the SCRAM-SHA-256 verifier on
@@ -43,8 +48,11 @@ from psycopg import sql
 ROLE_NAME: Final = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 DURATION: Final = re.compile(r"^[0-9]+(ms|s|min)$")
 RDS_IAM: Final = "rds_iam"
-#: The group every queue privilege used to be granted to. It stays, as a member of the four
-#: duty groups below, so logins made before the duty groups keep working until moved.
+#: The group every queue privilege used to be granted to. Deprecated: migration 0017 drops it
+#: from a database where no login uses it, and keeps it (a member of the four duty groups)
+#: where a login of an earlier release still does. A function's login is never made a
+#: member, except the previous version's single login while CloudFormation rolls an update
+#: back to it.
 SERVICE_ROLE: Final = "service_role"
 #: Tenant readers (row-level security); never a function's login.
 READER_GROUP: Final = "authenticated"
@@ -84,6 +92,12 @@ class LoginRoleSpec:
     parameter: str = "the login name"
     #: A tenant reader login's one tenant (group ``authenticated`` only).
     tenant: UUID | None = None
+    #: Groups an earlier deploy may have given this login instead of ``group``: revoked,
+    #: not refused (the enqueue login's other producer group).
+    replaces: frozenset[str] = frozenset()
+    #: None: its tenant bindings are not this spec's business. Otherwise the login's
+    #: bindings in app.tenant_producers are made exactly these (none: every one removed).
+    tenants: frozenset[UUID] | None = None
 
     def __post_init__(self) -> None:
         if not ROLE_NAME.match(self.name):
@@ -109,6 +123,14 @@ class LoginRoleSpec:
                 f"{self.parameter} {self.name!r} is the name of a group role; a login needs a "
                 f"name of its own (for example {self.group}_login)"
             )
+        if self.tenants and self.group != TENANT_PRODUCER:
+            raise ConfigurationError(
+                f"{self.parameter} {self.name}: only a member of {TENANT_PRODUCER} is bound "
+                f"to tenants (got group {self.group})")
+        if self.group == TENANT_PRODUCER and not self.tenants:
+            raise ConfigurationError(
+                f"{self.parameter} {self.name}: a member of {TENANT_PRODUCER} needs at least "
+                "one tenant to be bound to")
         if not DURATION.match(self.statement_timeout):
             raise ConfigurationError(
                 f"RuntimeStatementTimeout {self.statement_timeout!r} is not accepted: use a "
@@ -209,6 +231,12 @@ def _check_groups_exist(conn: Connection, groups: Iterable[str]) -> None:
     ).fetchall()
     found = {str(row["rolname"]): bool(row["rolcanlogin"]) for row in rows}
     missing = [group for group in wanted if group not in found]
+    if SERVICE_ROLE in missing:
+        raise ConfigurationError(
+            f"group role {SERVICE_ROLE} does not exist: migration 0017 removed it from this "
+            "cluster because no login used it, so the previous version's single login "
+            "cannot be restored. Deploy this version again (docs/deploy.md, Upgrading to "
+            "logins by duty)")
     if missing:
         raise ConfigurationError(
             f"group role {', '.join(missing)} does not exist: the migrations this layer carries "
@@ -243,13 +271,39 @@ def _refuse_unfit(conn: Connection, spec: LoginRoleSpec, existing: dict[str, Any
         raise ConfigurationError(
             f"role {spec.name} owns schema app; a function's login must not be the schema owner"
         )
-    extra = _memberships(conn, spec.name) - {spec.group, RDS_IAM}
+    extra = _memberships(conn, spec.name) - {spec.group, RDS_IAM, *spec.replaces}
     if extra:
         raise ConfigurationError(
             f"role {spec.name} is also a member of {', '.join(sorted(extra))}; {spec.parameter} "
             f"must be a member of {spec.group} only: REVOKE those memberships or pick another "
             f"{spec.parameter}"
         )
+
+
+def _bind_tenants(conn: Connection, spec: LoginRoleSpec, tenants: frozenset[UUID]) -> None:
+    """Make the login's producer bindings exactly ``tenants``, and check that nothing
+    still lets it act as an unbound producer: a revoke of a membership granted by another
+    role does nothing (PostgreSQL only warns), and app.check_producer_tenants lets any
+    member of leaseq_producer, however indirect, write into every tenant."""
+    wanted = sorted(tenants)
+    conn.execute(
+        "delete from app.tenant_producers where role_name = %s::regrole"
+        " and tenant_id <> all(%s::uuid[])", (spec.name, wanted))
+    conn.execute(
+        "insert into app.tenant_producers (role_name, tenant_id)"
+        " select %s::regrole, t from unnest(%s::uuid[]) as t"
+        " on conflict (role_name, tenant_id) do nothing", (spec.name, wanted))
+    if spec.group != TENANT_PRODUCER:
+        return
+    unbound = _one(conn, "select pg_has_role(%s, %s, 'MEMBER') as member",
+                   (spec.name, PRODUCER))
+    if unbound is not None and unbound["member"]:
+        raise ConfigurationError(
+            f"{spec.parameter} {spec.name} is to be bound to tenants, but it is still a member "
+            f"of {PRODUCER} (granted by another role, or through another group), which "
+            f"enqueues into every tenant: as an administrator, REVOKE {PRODUCER} FROM "
+            f"{spec.name} (GRANTED BY the role that granted it), then deploy again. Nothing "
+            "was changed.")
 
 
 def scram_verifier(conn: Connection, name: str, password: str) -> str:
@@ -295,6 +349,10 @@ def _ensure_one(conn: Connection, spec: LoginRoleSpec, me: dict[str, Any],
     groups = _memberships(conn, spec.name)
     if spec.group not in groups:
         conn.execute(sql.SQL("grant {} to {}").format(sql.Identifier(spec.group), role))
+    for earlier in sorted((spec.replaces - {spec.group}) & groups):
+        conn.execute(sql.SQL("revoke {} from {}").format(sql.Identifier(earlier), role))
+    if spec.tenants is not None:
+        _bind_tenants(conn, spec, spec.tenants)
 
     rds_iam = "unused"
     if not has_rds_iam:

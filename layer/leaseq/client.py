@@ -124,8 +124,8 @@ def enqueue_job(conn: psycopg.Connection[Any], request: EnqueueRequest) -> Enque
     if result.status == "conflict":
         raise IdempotencyConflictError(
             f"operation_key {request.operation_key!r} of tenant {request.tenant_id} already "
-            f"names job {result.job_id} with a different kind or payload; use a new "
-            "operation_key for a different job, or repeat the original kind and payload",
+            "names a job with a different kind or payload; use a new operation_key for a "
+            "different job, or repeat the original kind and payload exactly",
             sqlstate="23505",
         )
     return result

@@ -175,13 +175,18 @@ EnqueueStatus = Literal["created", "existing", "conflict", "rejected"]
 
 @dataclass(frozen=True)
 class EnqueueResult:
-    """What happened to one request: a new job, the job the key already named, a
-    conflict (the key names a job with another kind or payload; nothing was written),
-    or a rejection (the database refused this item, whose ``error`` says why; nothing
-    was written for it, so ``job_id`` and ``state`` are None, while the batch's other
-    items were stored). A result per item, like a conflict, rather than an exception:
-    the other items of the batch are stored either way, and the caller needs to know
-    which.
+    """What happened to one request: a new job, the job the key already named (the
+    request repeats its kind and payload exactly: an idempotent retry), a conflict (the
+    key names a job with another kind or payload; nothing was written), or a rejection
+    (the database refused this item, whose ``error`` says why; nothing was written for
+    it, while the batch's other items were stored). A result per item, like a conflict,
+    rather than an exception: the other items of the batch are stored either way, and
+    the caller needs to know which.
+
+    ``job_id`` and ``state`` are None for a conflict and for a rejection. A conflict
+    names no job: a producer that may write into several tenants would otherwise learn
+    the id and progress of another tenant's job from its operation key alone. Only a
+    request identical to the stored one (an idempotent retry) gets the job back.
 
     >>> from uuid import uuid4
     >>> from leaseq import EnqueueRequest, QueueClient, connect

@@ -20,6 +20,7 @@ import os
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, ClassVar
+from uuid import UUID
 
 from pydantic import (
     BaseModel,
@@ -273,6 +274,48 @@ class PoolSettings(BaseModel):
         return self
 
 
+#: The most tenants one enqueue door may be bound to (LEASEQ_ENQUEUE_TENANTS, the stack's
+#: EnqueueTenants: a CloudFormation parameter holds at most 4,096 characters).
+MAX_ENQUEUE_TENANTS = 100
+
+
+def tenant_list(value: str) -> frozenset[UUID]:
+    """The tenants of a comma-separated list of tenant ids (spaces around each allowed,
+    empty: none); ValueError naming the first that is not a tenant id, or too many."""
+    items = [item.strip() for item in value.split(",")] if value.strip() else []
+    tenants = set()
+    for position, item in enumerate(items, start=1):
+        try:
+            tenants.add(UUID(item))
+        except ValueError:
+            raise ValueError(
+                f"item {position} ({item[:40]!r}) is not a tenant id: give tenant ids "
+                "(uuids) separated by commas") from None
+    if len(tenants) > MAX_ENQUEUE_TENANTS:
+        raise ValueError(f"names {len(tenants)} tenants; at most {MAX_ENQUEUE_TENANTS} "
+                         "may share one enqueue door")
+    return frozenset(tenants)
+
+
+class EnqueueSettings(BaseModel):
+    """The enqueue function's door. By default it enqueues for any tenant: a trusted
+    multi-tenant door, because a Lambda invocation carries no caller identity the
+    function could check. With tenants set, its login is bound to exactly those tenants
+    in the database (the migrations do it: app.tenant_producers), which refuses any
+    other; the function rejects another tenant's job itself, item by item, so that the
+    rest of a batch is stored and the caller learns why (docs/deploy.md)."""
+
+    model_config = ConfigDict(frozen=True, populate_by_name=True)
+
+    #: Empty: every tenant. Otherwise the only tenants this door enqueues for.
+    tenants: frozenset[UUID] = Field(default=frozenset(), alias="LEASEQ_ENQUEUE_TENANTS")
+
+    @field_validator("tenants", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        return tenant_list(value) if isinstance(value, str) else value
+
+
 class LeaseqSettings(BaseModel):
     """Every setting of a leaseq function, read from the environment once, at cold start.
 
@@ -295,6 +338,7 @@ class LeaseqSettings(BaseModel):
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     reaper: ReaperSettings = Field(default_factory=ReaperSettings)
     pool: PoolSettings = Field(default_factory=PoolSettings)
+    enqueue: EnqueueSettings = Field(default_factory=EnqueueSettings)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> LeaseqSettings:
@@ -307,6 +351,7 @@ class LeaseqSettings(BaseModel):
                 worker=WorkerSettings.model_validate(_known(env, WorkerSettings)),
                 reaper=ReaperSettings.model_validate(_known(env, ReaperSettings)),
                 pool=PoolSettings.model_validate(_known(env, PoolSettings)),
+                enqueue=EnqueueSettings.model_validate(_known(env, EnqueueSettings)),
             )
         except ValidationError as exc:
             raise ConfigurationError(

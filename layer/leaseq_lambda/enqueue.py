@@ -3,14 +3,25 @@
 All valid items go to the database in one call (one round trip, one statement). If
 the database refuses that call as a whole, which validation should have prevented,
 the items are sent one by one so that only the offending ones are rejected.
+
+A door bound to some tenants (``LEASEQ_ENQUEUE_TENANTS``) rejects the items of any other
+tenant before anything is sent, each with SQLSTATE 42501, so that the rest of the batch
+is stored. That is the answer, not the fence: the function's login is bound to the same
+tenants in the database, which refuses a call naming any other one as a whole
+(PermissionDeniedError, raised: the setting and the binding disagree, which is a
+deployment fault, never an item's).
+
+A rejection the database decided carries its SQLSTATE (``sqlstate`` in the answer):
+22023 for an item it refused, 23505 for an idempotency conflict, whose answer names no
+job: the id of an existing job is only ever returned to a request that repeats it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Final, Literal
 from uuid import UUID
 
 from leaseq import EnqueueRequest, EnqueueResult, InvalidRequestError, LeaseqError, QueueClient
@@ -18,6 +29,12 @@ from leaseq import EnqueueRequest, EnqueueResult, InvalidRequestError, LeaseqErr
 from leaseq_lambda.events import EnqueueBatch, FieldProblem, Rejection
 
 Status = Literal["created", "existing", "rejected"]
+
+#: SQLSTATEs of the rejections the database decides (sql/README.md, "Errors"), and of a
+#: tenant this door is not bound to.
+INVALID_ITEM: Final = "22023"
+IDEMPOTENCY_CONFLICT: Final = "23505"
+TENANT_NOT_BOUND: Final = "42501"
 
 
 @dataclass(frozen=True)
@@ -30,34 +47,45 @@ class ItemResult:
     reason: str | None = None
     request: EnqueueRequest | None = None
     errors: tuple[FieldProblem, ...] = ()
+    #: The SQLSTATE of a rejection the database decided, or this door's 42501.
+    sqlstate: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The item as the function answers it: ``errors`` only for an item that did
-        not validate (field, pydantic error type, message)."""
+        not validate (field, pydantic error type, message), ``sqlstate`` only for a
+        rejection with one."""
         item: dict[str, Any] = {"index": self.index, "status": self.status}
         if self.job_id is not None:
             item["job_id"] = str(self.job_id)
         if self.reason is not None:
             item["reason"] = self.reason
+        if self.sqlstate is not None:
+            item["sqlstate"] = self.sqlstate
         if self.errors:
             item["errors"] = [{"field": e.field, "type": e.type, "message": e.message}
                               for e in self.errors]
         return item
 
 
-def _conflict(request: EnqueueRequest, job_id: UUID) -> str:
+def _conflict(request: EnqueueRequest) -> str:
     return (f"idempotency conflict: operation_key {request.operation_key!r} of tenant "
-            f"{request.tenant_id} already names job {job_id} with a different kind or payload; "
+            f"{request.tenant_id} already names a job with a different kind or payload; "
             "use a new operation_key for a different job, or repeat the original exactly")
 
 
+def _not_bound(request: EnqueueRequest) -> str:
+    return (f"tenant {request.tenant_id} is not one this enqueue function may enqueue for: "
+            "it is bound to the tenants of LEASEQ_ENQUEUE_TENANTS (the stack's "
+            "EnqueueTenants); nothing was stored for this job")
+
+
 def _result(index: int, request: EnqueueRequest, result: EnqueueResult) -> ItemResult:
+    if result.status == "conflict":
+        return ItemResult(index, "rejected", reason=_conflict(request), request=request,
+                          sqlstate=IDEMPOTENCY_CONFLICT)
     if result.status == "rejected" or result.job_id is None:
         return ItemResult(index, "rejected", reason=result.error or "rejected by the database",
-                          request=request)
-    if result.status == "conflict":
-        return ItemResult(index, "rejected", reason=_conflict(request, result.job_id),
-                          request=request)
+                          request=request, sqlstate=INVALID_ITEM)
     return ItemResult(index, result.status, job_id=result.job_id, request=request)
 
 
@@ -68,21 +96,35 @@ def _one_by_one(client: QueueClient, pending: list[tuple[int, EnqueueRequest]]
         try:
             (result,) = client.enqueue_jobs([request])
         except InvalidRequestError as exc:
-            results.append(ItemResult(index, "rejected", reason=exc.message, request=request))
+            results.append(ItemResult(index, "rejected", reason=exc.message, request=request,
+                                      sqlstate=exc.sqlstate))
             continue
         results.append(_result(index, request, result))
     return results
 
 
-def submit(connect: Callable[[], QueueClient], batch: EnqueueBatch) -> list[ItemResult]:
+def _no_tenants() -> Collection[UUID]:
+    return ()
+
+
+def submit(connect: Callable[[], QueueClient], batch: EnqueueBatch,
+           tenants: Callable[[], Collection[UUID]] = _no_tenants) -> list[ItemResult]:
     """Enqueue ``batch``'s valid requests; one result per item, in the event's order.
 
     ``connect`` is only called when there is something to send, so an event that is
-    rejected as a whole is answered without touching the database.
+    rejected as a whole is answered without touching the database; so is ``tenants``,
+    the tenants this door is bound to (none: any tenant). A request for another tenant
+    is rejected without being sent.
     """
     results = {i: ItemResult(i, "rejected", reason=item.reason, errors=item.errors)
                for i, item in enumerate(batch.items) if isinstance(item, Rejection)}
     pending = batch.requests
+    bound = tenants() if pending else ()
+    if bound:
+        results.update((i, ItemResult(i, "rejected", reason=_not_bound(request),
+                                      request=request, sqlstate=TENANT_NOT_BOUND))
+                       for i, request in pending if request.tenant_id not in bound)
+        pending = [(i, request) for i, request in pending if request.tenant_id in bound]
     if pending:
         client = connect()
         try:

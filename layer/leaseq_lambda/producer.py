@@ -64,6 +64,9 @@ class ItemAnswer:
     status: Literal["created", "existing", "rejected"]
     job_id: str | None = None
     reason: str | None = None
+    #: For a rejection the database decided: 22023 (the item), 23505 (an idempotency
+    #: conflict, which names no job), 42501 (a tenant this door is not bound to).
+    sqlstate: str | None = None
 
 
 @dataclass(frozen=True)
@@ -188,7 +191,8 @@ class EnqueueFunction:
         for chunk in _chunks(documents, MAX_INVOKE_BYTES):
             answer = self.invoke({"jobs": chunk}, answered=EnqueueAnswer(list(items)))
             offset = len(items)
-            items.extend(ItemAnswer(offset + item.index, item.status, item.job_id, item.reason)
+            items.extend(ItemAnswer(offset + item.index, item.status, item.job_id, item.reason,
+                                    item.sqlstate)
                          for item in answer.items)
         result = EnqueueAnswer(items)
         if raise_on_rejected and result.rejected:
@@ -215,7 +219,8 @@ class EnqueueFunction:
             raise EnqueueFunctionError(self.function, "unexpected answer", document,
                                        answered or EnqueueAnswer())
         return EnqueueAnswer([
-            ItemAnswer(int(r["index"]), r["status"], r.get("job_id"), r.get("reason"))
+            ItemAnswer(int(r["index"]), r["status"], r.get("job_id"), r.get("reason"),
+                       r.get("sqlstate"))
             for r in document["results"]])
 
     def enqueue_async(self, jobs: Iterable[Job]) -> int:

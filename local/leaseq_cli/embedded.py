@@ -11,7 +11,8 @@ migrations, and commands connect as a login that is a member of the duty groups
 exactly the privileges the Lambdas and an operator have, and nothing on the tables.
 Servers made by earlier releases had a login called ``leaseq_worker`` in service_role;
 that name is now the worker group, so the bootstrap turns the old login into a NOLOGIN
-role outside service_role before the migrations make it the group. That bootstrap (roles,
+role outside service_role before the migrations make it the group (and the migrations
+then drop service_role, which no login uses any more). That bootstrap (roles,
 the database and its privileges, as the server's superuser) is the one SQL the command
 line writes itself, an installer's work beside the migrator's; every call of the queue's
 functions goes through :class:`leaseq.client.QueueClient`.
@@ -765,8 +766,9 @@ def _bootstrap(admin_dsn: str, creds: dict[str, str]) -> None:
                               (LEGACY_WORKER_ROLE,)).fetchone()
         if legacy is not None:
             # The superuser made it, so only the superuser may grant it (PostgreSQL 16+):
-            # it joins service_role here, as the migration would have done with a group
-            # of its own making.
+            # service_role joins it here, as the roles_by_duty migration would have done
+            # with a group of its own making. Migration 0017 then drops service_role (no
+            # login is in it), and the memberships with it.
             legacy_role = sql.Identifier(LEGACY_WORKER_ROLE)
             conn.execute(sql.SQL("alter role {} nologin password null").format(legacy_role))
             if conn.execute("select 1 from pg_roles where rolname = 'service_role'").fetchone():

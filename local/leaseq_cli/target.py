@@ -4,11 +4,10 @@ With ``--stack NAME`` the commands reach that deployed stack's database as its o
 login, signing in with an RDS IAM token (see leaseq_cli.aws). With DATABASE_URL (or
 --database-url) every command uses that connection string; it must name a member of
 the command's duty groups (leaseq_producer to enqueue, leaseq_worker and leaseq_operator
-to drain, leaseq_reaper to reap, leaseq_operator for
-the operator commands; a member of the deprecated service_role has all four), or the
-schema owner for ``leaseq migrate``. Without either, the embedded server is started on
-demand, migrated as its owner role, and commands connect as its login in all four
-groups.
+to drain, leaseq_reaper to reap, leaseq_operator for the operator commands; a login of an
+earlier release, still in the deprecated service_role, has all four), or the schema owner
+for ``leaseq migrate``. Without either, the embedded server is started on demand,
+migrated as its owner role, and commands connect as its login in all four groups.
 """
 
 from __future__ import annotations

@@ -168,7 +168,7 @@ begin
   return query select * from app.claim_locked_jobs(v_ids, p_owner, p_lease, v_now);
 end;
 $$;
-revoke all on function app.claim_jobs(uuid, text, integer, interval, text[], text[]) from public, service_role;
+revoke all on function app.claim_jobs(uuid, text, integer, interval, text[], text[]) from public;
 grant execute on function app.claim_jobs(uuid, text, integer, interval, text[], text[]) to leaseq_worker;
 
 -- Tenants' turns (app.tenant_turns, migration 0012_tenant_turns) --------------------------
@@ -314,7 +314,7 @@ begin
   limit p_limit;
 end;
 $$;
-revoke all on function app.ready_tenants(integer) from public, service_role;
+revoke all on function app.ready_tenants(integer) from public;
 grant execute on function app.ready_tenants(integer) to leaseq_worker;
 
 -- The available_at of the oldest job ready now, of any tenant (NULL when none): the
@@ -344,7 +344,7 @@ begin
 end;
 $$;
 -- The worker function reports the age as a metric; operators read it in status views.
-revoke all on function app.oldest_ready_at() from public, service_role;
+revoke all on function app.oldest_ready_at() from public;
 grant execute on function app.oldest_ready_at() to leaseq_worker, leaseq_operator;
 
 -- Fair claim across tenants, for scheduled workers that serve everyone.
@@ -567,7 +567,7 @@ begin
   end if;
 end;
 $$;
-revoke all on function app.claim_ready_jobs(text, integer, interval, text[], text[]) from public, service_role;
+revoke all on function app.claim_ready_jobs(text, integer, interval, text[], text[]) from public;
 grant execute on function app.claim_ready_jobs(text, integer, interval, text[], text[]) to leaseq_worker;
 
 -- The fair claim with a kind filter (app.claim_ready_jobs with p_kinds or
@@ -1012,7 +1012,7 @@ begin
 end;
 $$;
 -- The reaper runs it on every pass; an operator may run it after editing jobs by hand.
-revoke all on function app.repair_tenant_turns(integer) from public, service_role;
+revoke all on function app.repair_tenant_turns(integer) from public;
 grant execute on function app.repair_tenant_turns(integer) to leaseq_reaper, leaseq_operator;
 
 create or replace function app.renew_job_lease(
@@ -1051,5 +1051,5 @@ begin
   return coalesce(v_renewed, false);
 end;
 $$;
-revoke all on function app.renew_job_lease(uuid, uuid, text, uuid, interval) from public, service_role;
+revoke all on function app.renew_job_lease(uuid, uuid, text, uuid, interval) from public;
 grant execute on function app.renew_job_lease(uuid, uuid, text, uuid, interval) to leaseq_worker;

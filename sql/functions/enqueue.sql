@@ -20,7 +20,9 @@
 --   status 'created'  a new job, with exactly one 'created' event;
 --   status 'existing' (tenant_id, operation_key) already names a job with the same kind
 --                     and payload (whatever its state): no new row, no new event;
---   status 'conflict' it names a job with a different kind or payload: nothing written;
+--   status 'conflict' it names a job with a different kind or payload: nothing written,
+--                     job_id and state NULL (the answer is not a probe: only a caller
+--                     that repeats the stored kind and payload exactly learns the id);
 --   status 'rejected' the item itself is invalid: nothing written for it, job_id and
 --                     state NULL, error the 22023 message naming its position.
 -- A bad item costs only itself: the valid items of the batch are stored. The call as a
@@ -201,22 +203,28 @@ begin
   -- A new statement, so it sees the rows the insert above wrote and those that
   -- concurrent enqueues committed while it waited on their unique-key conflict.
   -- Rejected items take no part: a valid repeat of a rejected item's key is created.
+  -- A conflict names no job: the id and state of a job are the answer to a request
+  -- that repeats it (same kind, same payload), never to one that only names its key,
+  -- which would let a producer that may write into several tenants read another's ids.
   return query
-  select i.n::integer,
-         j.id,
-         case
-           when j.id = any (v_created)
-                and i.n = min(i.n) over (partition by i.tenant_id, i.operation_key)
-             then 'created'
-           when j.kind = i.kind and j.payload = i.payload then 'existing'
-           else 'conflict'
-         end,
-         j.state,
-         null::text
-  from unnest(p_tenant_ids, p_operation_keys, p_kinds, p_payloads)
-         with ordinality as i(tenant_id, operation_key, kind, payload, n)
-  join app.jobs j on j.tenant_id = i.tenant_id and j.operation_key = i.operation_key
-  where v_errors[i.n] is null
+  select a.n, case when a.status = 'conflict' then null else a.id end, a.status,
+         case when a.status = 'conflict' then null else a.state end, null::text
+  from (
+    select i.n::integer as n,
+           j.id,
+           case
+             when j.id = any (v_created)
+                  and i.n = min(i.n) over (partition by i.tenant_id, i.operation_key)
+               then 'created'
+             when j.kind = i.kind and j.payload = i.payload then 'existing'
+             else 'conflict'
+           end as status,
+           j.state
+    from unnest(p_tenant_ids, p_operation_keys, p_kinds, p_payloads)
+           with ordinality as i(tenant_id, operation_key, kind, payload, n)
+    join app.jobs j on j.tenant_id = i.tenant_id and j.operation_key = i.operation_key
+    where v_errors[i.n] is null
+  ) a
   union all
   select e.n::integer, null::uuid, 'rejected', null::app.job_state, e.error
   from unnest(v_errors) with ordinality as e(error, n)
@@ -228,7 +236,7 @@ $$;
 -- tenants app.tenant_producers binds its login to (app.check_producer_tenants, first,
 -- refuses the whole call with 42501 before anything is looked up, so another tenant's
 -- keys cannot even be probed).
-revoke all on function app.enqueue_jobs(uuid[], text[], text[], jsonb[], timestamptz[], integer[], text[]) from public, service_role;
+revoke all on function app.enqueue_jobs(uuid[], text[], text[], jsonb[], timestamptz[], integer[], text[]) from public;
 grant execute on function app.enqueue_jobs(uuid[], text[], text[], jsonb[], timestamptz[], integer[], text[]) to leaseq_producer, leaseq_tenant_producer;
 
 -- One job, through enqueue_jobs. A rejected item raises its 22023 (a single call has
@@ -258,18 +266,19 @@ begin
   if v_result.status = 'rejected' then
     perform app.raise_invalid(v_result.error);
   end if;
-  select * into v_job from app.jobs where id = v_result.job_id and tenant_id = p_tenant_id;
   if v_result.status = 'conflict' then
+    -- Neither the job's id nor its kind: see enqueue_jobs.
     raise exception using
       errcode = '23505',
-      message = format('operation_key %L of tenant %s already names job %s (kind %L) with a different kind or payload',
-                       p_operation_key, p_tenant_id, v_job.id, v_job.kind),
-      hint = 'Use a new operation_key for a different job, or repeat the original kind and payload.';
+      message = format('operation_key %L of tenant %s already names a job with a different kind or payload',
+                       p_operation_key, p_tenant_id),
+      hint = 'Use a new operation_key for a different job, or repeat the original kind and payload exactly.';
   end if;
+  select * into v_job from app.jobs where id = v_result.job_id and tenant_id = p_tenant_id;
   -- A producer learns the job's state, never the lease that a worker holds on it.
   v_job.lease_token := null;
   return v_job;
 end;
 $$;
-revoke all on function app.enqueue_job(uuid, text, text, jsonb, timestamptz, integer) from public, service_role;
+revoke all on function app.enqueue_job(uuid, text, text, jsonb, timestamptz, integer) from public;
 grant execute on function app.enqueue_job(uuid, text, text, jsonb, timestamptz, integer) to leaseq_producer, leaseq_tenant_producer;

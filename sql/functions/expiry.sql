@@ -83,7 +83,7 @@ begin
   return app.release_expired(p_tenant_id, p_limit);
 end;
 $$;
-revoke all on function app.release_expired_jobs(uuid, integer) from public, service_role;
+revoke all on function app.release_expired_jobs(uuid, integer) from public;
 grant execute on function app.release_expired_jobs(uuid, integer) to leaseq_reaper;
 
 -- The scheduled reaper's single call: expired leases of every tenant, oldest expiry
@@ -99,5 +99,5 @@ begin
   return app.release_expired(null, p_limit);
 end;
 $$;
-revoke all on function app.release_all_expired_jobs(integer) from public, service_role;
+revoke all on function app.release_all_expired_jobs(integer) from public;
 grant execute on function app.release_all_expired_jobs(integer) to leaseq_reaper;

@@ -196,7 +196,7 @@ begin
   select f.id, f.state from finished f;
 end;
 $$;
-revoke all on function app.finish_jobs(text, uuid[], uuid[], uuid[], text[], jsonb[], interval[]) from public, service_role;
+revoke all on function app.finish_jobs(text, uuid[], uuid[], uuid[], text[], jsonb[], interval[]) from public;
 grant execute on function app.finish_jobs(text, uuid[], uuid[], uuid[], text[], jsonb[], interval[]) to leaseq_worker;
 
 create or replace function app.complete_job(
@@ -216,7 +216,7 @@ as $$
                                   array['succeeded'], array[p_result], array[null::interval])
   )
 $$;
-revoke all on function app.complete_job(uuid, uuid, text, uuid, jsonb) from public, service_role;
+revoke all on function app.complete_job(uuid, uuid, text, uuid, jsonb) from public;
 grant execute on function app.complete_job(uuid, uuid, text, uuid, jsonb) to leaseq_worker;
 
 create or replace function app.fail_job(
@@ -236,7 +236,7 @@ as $$
           from app.finish_jobs(p_owner, array[p_tenant_id], array[p_job_id], array[p_token],
                                array['retry'], array[p_error], array[p_retry_delay]) f)
 $$;
-revoke all on function app.fail_job(uuid, uuid, text, uuid, jsonb, interval) from public, service_role;
+revoke all on function app.fail_job(uuid, uuid, text, uuid, jsonb, interval) from public;
 grant execute on function app.fail_job(uuid, uuid, text, uuid, jsonb, interval) to leaseq_worker;
 
 -- A failure that retrying cannot fix (unknown kind, invalid payload, a handler's
@@ -257,7 +257,7 @@ as $$
           from app.finish_jobs(p_owner, array[p_tenant_id], array[p_job_id], array[p_token],
                                array['dead'], array[p_error], array[null::interval]) f)
 $$;
-revoke all on function app.discard_job(uuid, uuid, text, uuid, jsonb) from public, service_role;
+revoke all on function app.discard_job(uuid, uuid, text, uuid, jsonb) from public;
 grant execute on function app.discard_job(uuid, uuid, text, uuid, jsonb) to leaseq_worker;
 
 -- Give back claimed jobs that were never started. A worker checks before each job that
@@ -364,7 +364,7 @@ begin
   select g.id from given_back g;
 end;
 $$;
-revoke all on function app.release_jobs(text, uuid[], uuid[], uuid[]) from public, service_role;
+revoke all on function app.release_jobs(text, uuid[], uuid[], uuid[]) from public;
 grant execute on function app.release_jobs(text, uuid[], uuid[], uuid[]) to leaseq_worker;
 
 -- Record a batch's outcomes and claim the next batch in one call: one round trip and one
@@ -455,5 +455,5 @@ begin
   end if;
 end;
 $$;
-revoke all on function app.finish_and_claim_jobs(text, uuid[], uuid[], uuid[], text[], jsonb[], interval[], integer, interval, text[], text[]) from public, service_role;
+revoke all on function app.finish_and_claim_jobs(text, uuid[], uuid[], uuid[], text[], jsonb[], interval[], integer, interval, text[], text[]) from public;
 grant execute on function app.finish_and_claim_jobs(text, uuid[], uuid[], uuid[], text[], jsonb[], interval[], integer, interval, text[], text[]) to leaseq_worker;

@@ -92,7 +92,7 @@ begin
   from unnest(v_redriven_ids, v_redriven_tenants, v_redriven_kinds) as u(id, tenant_id, kind);
 end;
 $$;
-revoke all on function app.redrive_jobs(text, uuid, uuid[], text, integer, text) from public, service_role;
+revoke all on function app.redrive_jobs(text, uuid, uuid[], text, integer, text) from public;
 grant execute on function app.redrive_jobs(text, uuid, uuid[], text, integer, text) to leaseq_operator;
 
 -- Pending and retry_wait jobs matching every given filter become 'cancelled' (terminal,
@@ -151,7 +151,7 @@ begin
   select c.id, c.tenant_id, c.kind from cancelled c order by c.id;
 end;
 $$;
-revoke all on function app.cancel_jobs(text, uuid, uuid[], text, integer, text) from public, service_role;
+revoke all on function app.cancel_jobs(text, uuid, uuid[], text, integer, text) from public;
 grant execute on function app.cancel_jobs(text, uuid, uuid[], text, integer, text) to leaseq_operator;
 
 -- The dashboard's actions (leaseq_dashboard): redrive or cancel exactly the jobs named
@@ -257,7 +257,7 @@ begin
   return next;
 end;
 $$;
-revoke all on function app.prune_jobs(interval, integer) from public, service_role;
+revoke all on function app.prune_jobs(interval, integer) from public;
 grant execute on function app.prune_jobs(interval, integer) to leaseq_operator;
 
 -- The reaper's prune: app.prune_jobs, except that p_older_than may not be less than

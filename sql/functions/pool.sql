@@ -110,7 +110,7 @@ begin
   return v_joined;
 end;
 $$;
-revoke all on function app.join_worker_pool(text, text, uuid, integer, interval) from public, service_role;
+revoke all on function app.join_worker_pool(text, text, uuid, integer, interval) from public;
 grant execute on function app.join_worker_pool(text, text, uuid, integer, interval) to leaseq_worker;
 
 -- An invocation's end (also after a failure): its place is free at once, rather than
@@ -126,7 +126,7 @@ begin
   delete from app.worker_pool p where p.owner = p_owner;
 end;
 $$;
-revoke all on function app.leave_worker_pool(text) from public, service_role;
+revoke all on function app.leave_worker_pool(text) from public;
 grant execute on function app.leave_worker_pool(text) to leaseq_worker;
 
 -- Fan-out: up to min(p_wanted, p_max_workers - places) reserved places, each to be
@@ -171,7 +171,7 @@ begin
   returning id;
 end;
 $$;
-revoke all on function app.reserve_worker_places(integer, integer, interval) from public, service_role;
+revoke all on function app.reserve_worker_places(integer, integer, interval) from public;
 grant execute on function app.reserve_worker_places(integer, integer, interval) to leaseq_worker;
 
 -- The invocation a reservation was made for could not be started (the Invoke call
@@ -189,7 +189,7 @@ begin
   delete from app.worker_pool p where p.id = p_place and p.owner is null;
 end;
 $$;
-revoke all on function app.release_worker_place(uuid) from public, service_role;
+revoke all on function app.release_worker_place(uuid) from public;
 grant execute on function app.release_worker_place(uuid)
   to leaseq_worker, leaseq_producer, leaseq_tenant_producer;
 
@@ -249,7 +249,7 @@ begin
   return v_place;
 end;
 $$;
-revoke all on function app.wake_worker_place(interval, interval, integer) from public, service_role;
+revoke all on function app.wake_worker_place(interval, interval, integer) from public;
 grant execute on function app.wake_worker_place(interval, interval, integer)
   to leaseq_producer, leaseq_tenant_producer, leaseq_worker;
 
@@ -273,5 +273,5 @@ begin
   where p.expires_at > v_now;
 end;
 $$;
-revoke all on function app.worker_pool_size() from public, service_role;
+revoke all on function app.worker_pool_size() from public;
 grant execute on function app.worker_pool_size() to leaseq_worker, leaseq_operator;

@@ -45,7 +45,7 @@ begin
   order by j.tenant_id, j.state;
 end;
 $$;
-revoke all on function app.queue_status(uuid) from public, service_role;
+revoke all on function app.queue_status(uuid) from public;
 grant execute on function app.queue_status(uuid) to leaseq_operator;
 
 -- One job, without its lease token. No row when the id is unknown.
@@ -85,7 +85,7 @@ begin
   where j.id = p_job_id;
 end;
 $$;
-revoke all on function app.get_job(uuid) from public, service_role;
+revoke all on function app.get_job(uuid) from public;
 grant execute on function app.get_job(uuid) to leaseq_operator, leaseq_dashboard;
 
 -- A job's audit trail in the order it was written (first p_limit events).
@@ -115,7 +115,7 @@ begin
   limit p_limit;
 end;
 $$;
-revoke all on function app.job_timeline(uuid, integer) from public, service_role;
+revoke all on function app.job_timeline(uuid, integer) from public;
 grant execute on function app.job_timeline(uuid, integer) to leaseq_operator, leaseq_dashboard;
 
 -- Dead jobs, most recent death first, with the reason their 'dead' event recorded.
@@ -162,7 +162,7 @@ begin
   limit p_limit;
 end;
 $$;
-revoke all on function app.dead_jobs(uuid, text, integer) from public, service_role;
+revoke all on function app.dead_jobs(uuid, text, integer) from public;
 grant execute on function app.dead_jobs(uuid, text, integer) to leaseq_operator;
 
 -- Dashboard reads --------------------------------------------------------------------
@@ -306,7 +306,7 @@ set search_path = pg_catalog, pg_temp
 as $$
   select * from app.reader_queue_depth(p_tenant_id, p_kind, p_limit)
 $$;
-revoke all on function app.queue_depth(uuid, text, integer) from public, service_role;
+revoke all on function app.queue_depth(uuid, text, integer) from public;
 grant execute on function app.queue_depth(uuid, text, integer) to leaseq_operator,
   leaseq_dashboard;
 
@@ -509,7 +509,7 @@ as $$
   select * from app.reader_job_activity(p_tenant_id, p_kind, p_window, p_buckets, p_samples)
 $$;
 revoke all on function app.job_activity(uuid, text, interval, integer, integer)
-  from public, service_role;
+  from public;
 grant execute on function app.job_activity(uuid, text, interval, integer, integer)
   to leaseq_operator, leaseq_dashboard;
 
@@ -659,7 +659,7 @@ as $$
                                      p_after_at, p_after_id, p_limit)
 $$;
 revoke all on function app.list_jobs(app.job_state, uuid, text, timestamptz, timestamptz,
-  timestamptz, uuid, integer) from public, service_role;
+  timestamptz, uuid, integer) from public;
 grant execute on function app.list_jobs(app.job_state, uuid, text, timestamptz, timestamptz,
   timestamptz, uuid, integer) to leaseq_operator, leaseq_dashboard;
 

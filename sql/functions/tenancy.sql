@@ -60,7 +60,7 @@ grant execute on function app.current_tenant_id() to authenticated;
 -- Who is asking: these callers are SECURITY DEFINER, so current_user is the schema
 -- owner here; the login is session_user. SET ROLE changes neither session_user nor
 -- this answer: a login is restricted by its own bindings whatever role it sets, and a
--- login that may act as leaseq_producer (a member, directly, through service_role, or
+-- login that may act as leaseq_producer (a member, directly, through another group, or
 -- able to SET ROLE to it) is not restricted at all, nor is the owner. Every other
 -- login that can execute the callers (leaseq_tenant_producer's members) may name only
 -- its bound tenants. NULL tenants are left to the callers' argument checks (22023).
@@ -141,8 +141,9 @@ revoke all on function app.role_duration_setting(oid, text) from public;
 -- READ snapshot keeps vacuum from removing any dead row of the queue's tables, which
 -- every claim and finish leaves behind.
 --
--- So a session of a login that holds a leaseq group (authenticated, a duty group or
--- service_role, directly or through another role) in this database is ended
+-- So a session of a login that holds a leaseq group (authenticated or a duty group,
+-- directly or through another role, such as the legacy all-duty group) in this database
+-- is ended
 -- (pg_terminate_backend) when it is
 --   idle in a transaction longer than its idle cap: the login's own
 --     idle_in_transaction_session_timeout (app.role_duration_setting), and for a reader
@@ -185,7 +186,7 @@ begin
         and exists (select 1 from pg_catalog.pg_roles g
                     where g.rolname in ('authenticated', 'leaseq_producer',
                                         'leaseq_tenant_producer', 'leaseq_worker',
-                                        'leaseq_reaper', 'leaseq_operator', 'service_role')
+                                        'leaseq_reaper', 'leaseq_operator', 'leaseq_dashboard')
                       and pg_catalog.pg_has_role(r.oid, g.oid, 'MEMBER'))
     ), capped as (
       select s.*,

@@ -1,5 +1,5 @@
 """The operator commands against the session's real PostgreSQL, connected as the worker
-role (a member of the legacy service_role, so of every duty group), as an operator's
+role (a member of every runtime duty group), as an operator's
 terminal with one login for every command would be."""
 
 from __future__ import annotations

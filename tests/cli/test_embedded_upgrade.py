@@ -79,11 +79,13 @@ def test_an_old_local_server_is_upgraded_and_its_commands_get_every_duty(
         assert status == (1,)
     with psycopg.connect(make_conninfo(db.admin_dsn, dbname=embedded.DATABASE)) as admin:
         legacy = admin.execute(
-            "select rolcanlogin, pg_has_role(rolname, 'service_role', 'member'),"
-            " pg_has_role('service_role', rolname, 'member')"
-            " from pg_roles where rolname = %s", (embedded.LEGACY_WORKER_ROLE,)).fetchone()
-    # No longer a login nor in service_role; the group service_role now contains.
-    assert legacy == (False, False, True)
+            "select rolcanlogin from pg_roles where rolname = %s",
+            (embedded.LEGACY_WORKER_ROLE,)).fetchone()
+        service_role = admin.execute(
+            "select 1 from pg_roles where rolname = 'service_role'").fetchone()
+    # No longer a login; and with no login left in service_role, the migrations dropped it.
+    assert legacy == (False,)
+    assert service_role is None
     credentials = previous_release_home / "credentials.json"
     assert embedded.WORKER_ROLE in json.loads(credentials.read_text(encoding="utf-8"))
     assert stat.S_IMODE(credentials.stat().st_mode) == 0o600

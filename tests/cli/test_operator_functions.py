@@ -1,8 +1,8 @@
 """Contract of sql/0006: redrive, cancel, prune and the operator reads.
 
-Every call is made as a runtime login (the suite's worker, a member of the legacy
-service_role, which holds leaseq_operator's rights); who else may call them is checked at
-the end. The owner and the administrator only arrange data or look at tables.
+Every call is made as a runtime login (the suite's worker, a member of every runtime
+duty group, leaseq_operator among them); who else may call them is checked at the end.
+The owner and the administrator only arrange data or look at tables.
 """
 
 from __future__ import annotations
@@ -352,7 +352,7 @@ def outsider(db: Database) -> Iterator[Conn]:
 
 
 @pytest.mark.parametrize("name", sorted(OPERATOR_CALLS))
-def test_only_operators_and_the_legacy_service_role_may_call_the_operator_functions(
+def test_only_operators_and_the_all_duty_login_may_call_the_operator_functions(
     name: str, db: Database, worker: Conn, reader: Conn, outsider: Conn
 ) -> None:
     worker.execute(OPERATOR_CALLS[name].encode()).fetchall()

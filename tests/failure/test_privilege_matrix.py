@@ -6,9 +6,9 @@ PUBLIC) and by trying it. A function or table that exists without a row here fai
 the test, and so does any grant added or missing: every object needs an explicit
 decision for every role.
 
-Roles, each a login of its own: ``own`` (the schema owner, not a superuser), ``svc``
-(a login in the legacy group service_role, which holds every runtime duty through the
-duty groups), ``prod`` (leaseq_producer), ``tprod`` (leaseq_tenant_producer), ``work``
+Roles, each a login of its own: ``own`` (the schema owner, not a superuser), ``all``
+(a login in all four runtime duty groups, as the command line's embedded login is),
+``prod`` (leaseq_producer), ``tprod`` (leaseq_tenant_producer), ``work``
 (leaseq_worker), ``reap`` (leaseq_reaper), ``oper`` (leaseq_operator), ``read`` (a
 login in authenticated), ``out`` (a login with no grant at all: what PUBLIC may do, it
 may do). PUBLIC itself is checked in the ACLs. Which groups each login belongs to is
@@ -29,14 +29,14 @@ from tests.conftest import Database
 from tests.support import postgres
 from tests.support.postgres import Conn
 
-ROLES = {"own": postgres.OWNER, "svc": postgres.WORKER, "prod": postgres.PRODUCER,
+ROLES = {"own": postgres.OWNER, "all": postgres.WORKER, "prod": postgres.PRODUCER,
          "tprod": postgres.TENANT_PRODUCER, "work": postgres.DUTY_WORKER,
          "reap": postgres.REAPER, "oper": postgres.OPERATOR, "read": postgres.READER,
          "out": postgres.OUTSIDER}
 
 # x: may execute; .: may not.
 FUNCTIONS = """
-function                                                                                         own svc prod tprod work reap oper read out
+function                                                                                         own all prod tprod work reap oper read out
 app.cancel_jobs(text,uuid,uuid[],text,integer,text)                                              x   x   .    .     .    .    x    .    .
 app.cancel_jobs_by_id(text,uuid[],text)                                                          x   x   .    .     .    .    x    .    .
 app.character_problem(text)                                                                      x   .   .    .     .    .    .    .    .
@@ -109,7 +109,7 @@ app.worker_pool_size()                                                          
 # S select (every column unless listed under "columns"), I insert, U update, D delete,
 # T truncate; -: nothing.
 TABLES = """
-table                 own    svc prod tprod work reap oper read out
+table                 own    all prod tprod work reap oper read out
 app.jobs              SIUDT  -   -    -     -    -    -    S    -
 app.kind_turns        SIUDT  -   -    -     -    -    -    -    -
 app.job_events        SIUDT  -   -    -     -    -    -    S    -
@@ -131,7 +131,7 @@ HIDDEN_COLUMNS = {
 }
 
 SEQUENCES = """
-sequence                      own svc prod tprod work reap oper read out
+sequence                      own all prod tprod work reap oper read out
 app.job_events_sequence_seq   x   .   .    .     .    .    .    .    .
 """
 
@@ -141,12 +141,11 @@ SCHEMA_USAGE = {role: role != "out" for role in ROLES}
 #: inherits, directly or not): a membership granted or lost anywhere in the role graph
 #: changes a row here. (The owner created the groups; from PostgreSQL 16 that makes it
 #: their administrator, with neither their privileges nor SET ROLE to them.)
-GROUP_ROLES = ("service_role", "authenticated", "leaseq_producer", "leaseq_tenant_producer",
+GROUP_ROLES = ("authenticated", "leaseq_producer", "leaseq_tenant_producer",
                "leaseq_worker", "leaseq_reaper", "leaseq_operator", "leaseq_dashboard")
 MEMBERSHIPS = {
     "own": set(),
-    "svc": {"service_role", "leaseq_producer", "leaseq_worker", "leaseq_reaper",
-            "leaseq_operator"},
+    "all": {"leaseq_producer", "leaseq_worker", "leaseq_reaper", "leaseq_operator"},
     "prod": {"leaseq_producer"},
     "tprod": {"leaseq_tenant_producer"},
     "work": {"leaseq_worker"},
@@ -374,9 +373,7 @@ def test_each_login_belongs_to_exactly_the_groups_of_the_matrix(role: str, owner
     assert {r["group_role"] for r in rows} == MEMBERSHIPS[role]
 
 
-def test_the_group_roles_cannot_log_in_and_only_service_role_contains_other_groups(
-    owner: Conn,
-) -> None:
+def test_the_group_roles_cannot_log_in_and_none_contains_another(owner: Conn) -> None:
     rows = owner.execute(
         "select rolname, rolcanlogin, rolsuper, rolcreaterole, rolbypassrls from pg_roles"
         " where rolname = any (%s)", (list(GROUP_ROLES),)).fetchall()
@@ -388,26 +385,31 @@ def test_the_group_roles_cannot_log_in_and_only_service_role_contains_other_grou
         " from pg_auth_members m"
         " where m.member::regrole::text = any (%s) and m.roleid::regrole::text = any (%s)",
         (list(GROUP_ROLES), list(GROUP_ROLES))).fetchall()
-    assert sorted((r["member"], r["group_role"]) for r in nested) == [
-        ("service_role", group)
-        for group in ("leaseq_operator", "leaseq_producer", "leaseq_reaper", "leaseq_worker")]
+    assert nested == []
 
 
-def test_service_role_holds_no_privilege_of_its_own_only_through_the_duty_groups(
+def test_every_privilege_in_app_is_held_by_the_owner_or_a_group_of_the_matrix(
     owner: Conn,
 ) -> None:
-    """Revoking a login's legacy membership must leave it exactly its duty group's rights."""
+    """No login, and no other group (the legacy service_role included), holds anything
+    of its own: a login's rights are exactly its groups', as the matrix says."""
     rows = owner.execute(
         """
-        select 'function ' || p.oid::regprocedure::text as object
-        from pg_proc p, aclexplode(p.proacl) a
-        where p.pronamespace = 'app'::regnamespace and a.grantee = 'service_role'::regrole
-        union all
-        select 'relation ' || c.oid::regclass::text
-        from pg_class c, aclexplode(c.relacl) a
-        where c.relnamespace = 'app'::regnamespace and a.grantee = 'service_role'::regrole
-        union all
-        select 'schema app' from pg_namespace n, aclexplode(n.nspacl) a
-        where n.nspname = 'app' and a.grantee = 'service_role'::regrole
-        """).fetchall()
+        with acl as (
+          select 'function ' || p.oid::regprocedure::text as object, a.grantee
+          from pg_proc p, aclexplode(p.proacl) a where p.pronamespace = 'app'::regnamespace
+          union all
+          select 'relation ' || c.oid::regclass::text, a.grantee
+          from pg_class c, aclexplode(c.relacl) a where c.relnamespace = 'app'::regnamespace
+          union all
+          select 'column ' || c.oid::regclass::text || '.' || t.attname, a.grantee
+          from pg_class c join pg_attribute t on t.attrelid = c.oid, aclexplode(t.attacl) a
+          where c.relnamespace = 'app'::regnamespace
+          union all
+          select 'schema app', a.grantee from pg_namespace n, aclexplode(n.nspacl) a
+          where n.nspname = 'app'
+        )
+        select object, grantee::regrole::text as grantee from acl
+        where grantee = 0 or grantee::regrole::text <> all (%s)
+        """, ([postgres.OWNER, *GROUP_ROLES],)).fetchall()
     assert rows == []

@@ -11,12 +11,14 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from leaseq import DatabaseUnavailableError
+from leaseq import DatabaseUnavailableError, PermissionDeniedError
 from leaseq_lambda import runtime
 from leaseq_lambda.enqueue import EnqueueRejectedError
 
-from tests.functions.conftest import LocalInvokes, Output, load_event
+from tests.conftest import Database
+from tests.functions.conftest import LocalInvokes, Output, load_app, load_event
 from tests.library.support import job, jobs
+from tests.support import postgres
 from tests.support.fakes import FakeLambdaContext
 from tests.support.postgres import Conn
 
@@ -80,7 +82,7 @@ def test_an_eventbridge_event_may_carry_a_single_job(
     assert jobs(owner)[0]["correlation_id"] == "signup-4711"
 
 
-def test_a_conflicting_repeat_is_rejected_naming_the_idempotency_conflict(
+def test_a_conflicting_repeat_is_rejected_naming_the_conflict_but_not_the_job(
         enqueue_app: ModuleType, owner: Conn) -> None:
     original = invoke(enqueue_app, load_event("enqueue_direct"))
     changed = load_event("enqueue_direct")
@@ -90,8 +92,10 @@ def test_a_conflicting_repeat_is_rejected_naming_the_idempotency_conflict(
 
     (result,) = answer["results"]
     assert result["status"] == "rejected"
+    assert result["sqlstate"] == "23505"
     assert "idempotency conflict" in result["reason"]
-    assert original["results"][0]["job_id"] in result["reason"]
+    # The key alone is no way to learn a job's id: only a repeat of the job gets it.
+    assert original["results"][0]["job_id"] not in result["reason"]
     assert "job_id" not in result
     assert job(owner, uuid.UUID(original["results"][0]["job_id"]))["payload"]["name"] == "Ada"
 
@@ -357,6 +361,85 @@ def test_an_unreachable_database_fails_the_invocation_so_the_caller_retries(
     (line,) = read_output().messages("enqueue failed")
     assert line["level"] == "ERROR"
     assert "database unavailable" in line["error"]
+
+
+# The door's tenants (EnqueueTenants) ----------------------------------------------------------
+
+#: The tenants of the sample batch: two jobs of the first, one of the second.
+SAMPLE_TENANT = uuid.UUID("5b1f0c64-2f7e-4a53-9d3e-0c1a2b3c4d5e")
+OTHER_TENANT = uuid.UUID("9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d")
+
+
+@pytest.fixture
+def bound_door(db: Database, lambda_env: pytest.MonkeyPatch, owner: Conn) -> ModuleType:
+    """The function as the stack deploys it with EnqueueTenants set: its login a member of
+    leaseq_tenant_producer bound to that tenant, the same tenant in its environment."""
+    owner.execute("insert into app.tenant_producers (role_name, tenant_id) values (%s, %s)",
+                  (postgres.TENANT_PRODUCER, SAMPLE_TENANT))
+    lambda_env.setenv("DATABASE_URL", db.dsn(postgres.TENANT_PRODUCER))
+    lambda_env.setenv("LEASEQ_ENQUEUE_TENANTS", str(SAMPLE_TENANT))
+    runtime.reset()
+    return load_app("enqueue")
+
+
+def test_a_door_bound_to_a_tenant_rejects_another_tenants_job_and_stores_nothing_of_it(
+        bound_door: ModuleType, owner: Conn, read_output: Callable[[], Output]) -> None:
+    answer = invoke(bound_door, load_event("enqueue_batch"))
+
+    assert [r["status"] for r in answer["results"]] == ["created", "created", "rejected"]
+    refused = answer["results"][2]
+    assert refused["sqlstate"] == "42501"
+    assert f"tenant {OTHER_TENANT} is not one this enqueue function may enqueue for" in (
+        refused["reason"])
+    assert "job_id" not in refused
+    assert {row["tenant_id"] for row in jobs(owner)} == {SAMPLE_TENANT}
+    (line,) = read_output().messages("job rejected")
+    assert line["tenant_id"] == str(OTHER_TENANT)
+
+
+def test_a_bound_door_answers_nothing_about_another_tenants_key(
+        bound_door: ModuleType, owner: Conn) -> None:
+    """Not even whether the key exists: a repeat, a conflict and an unknown key of the
+    other tenant get the same rejection, and its job's id appears nowhere."""
+    (existing,) = owner.execute(
+        "select id from app.enqueue_job(%s, 'secret-key', 'charge_card', '{\"n\": 1}')",
+        (OTHER_TENANT,)).fetchall()
+    probes = [{"tenant_id": str(OTHER_TENANT), "operation_key": key, "kind": "charge_card",
+               "payload": payload}
+              for key, payload in (("secret-key", {"n": 1}), ("secret-key", {"n": 2}),
+                                   ("no-such-key", {"n": 1}))]
+
+    answer = invoke(bound_door, {"jobs": probes})
+
+    reasons = {r["reason"] for r in answer["results"]}
+    assert [r["status"] for r in answer["results"]] == ["rejected"] * 3
+    assert {r["sqlstate"] for r in answer["results"]} == {"42501"}
+    assert len(reasons) == 1
+    assert str(existing["id"]) not in str(answer)
+    assert len(jobs(owner)) == 1
+
+
+def test_the_database_refuses_a_tenant_the_setting_allows_but_the_login_is_not_bound_to(
+        bound_door: ModuleType, lambda_env: pytest.MonkeyPatch, owner: Conn) -> None:
+    """The setting is the answer, the binding the fence: a door whose setting lists more
+    than the migrations bound fails the invocation (a deployment fault) and stores nothing."""
+    lambda_env.setenv("LEASEQ_ENQUEUE_TENANTS", f"{SAMPLE_TENANT},{OTHER_TENANT}")
+    runtime.reset()
+
+    with pytest.raises(PermissionDeniedError, match=f"is not bound to tenant {OTHER_TENANT}"):
+        invoke(bound_door, load_event("enqueue_batch"))
+
+    assert jobs(owner) == []
+
+
+def test_a_bound_door_rejecting_an_asynchronous_job_stores_the_others_then_fails_with_why(
+        bound_door: ModuleType, owner: Conn) -> None:
+    event = {**load_event("enqueue_batch"), "asynchronous": True}
+
+    with pytest.raises(EnqueueRejectedError, match=f"job 2: tenant {OTHER_TENANT} is not one"):
+        invoke(bound_door, event)
+
+    assert len(jobs(owner)) == 2
 
 
 # Waking a worker -----------------------------------------------------------------------------

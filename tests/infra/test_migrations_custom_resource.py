@@ -256,7 +256,7 @@ def test_create_migrates_as_owner_and_gives_each_function_a_login_in_exactly_its
         with database.connect(name) as conn:
             granted = conn.execute(
                 "select g as grp, pg_has_role(current_user, g, 'MEMBER') as member"
-                " from unnest(%s::text[]) g", ([*DUTY_GROUPS, "service_role"],)).fetchall()
+                " from unnest(%s::text[]) g", (list(DUTY_GROUPS),)).fetchall()
             assert {r["grp"] for r in granted if r["member"]} == {GROUP_OF[prop]}, prop
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute("select * from app.jobs").fetchall()
@@ -525,6 +525,141 @@ def test_without_the_duty_groups_the_logins_are_refused_naming_them(
     assert not role_exists(database, logins["WorkerDbUser"])
 
 
+# ---- the enqueue door: every tenant, or exactly EnqueueTenants -----------------------------------
+
+
+def producer_bindings(db: Database, role: str) -> set[uuid.UUID]:
+    with db.connect(postgres.OWNER) as conn:
+        rows = conn.execute("select tenant_id from app.tenant_producers"
+                            " where role_name = %s::regrole", (role,)).fetchall()
+    return {row["tenant_id"] for row in rows}
+
+
+def enqueue_as(db: Database, role: str, tenant: uuid.UUID, key: str) -> dict[str, Any]:
+    with db.connect(role) as conn:
+        row = conn.execute("select id, tenant_id from app.enqueue_job(%s, %s, 'email', '{}')",
+                           (tenant, key)).fetchone()
+    assert row is not None
+    return row
+
+
+def test_enqueue_tenants_bind_the_enqueue_login_to_them_and_the_database_refuses_any_other(
+    migrations_app: Any, database: Database, response_endpoint: ResponseEndpoint,
+    logins: dict[str, str],
+) -> None:
+    mine, also, other = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    event = request("Create", response_endpoint, logins=logins,
+                    EnqueueTenants=f"{mine}, {also}")
+
+    status = migrations_app.handle(event, None, owner_dsn=lambda: database.owner_dsn)
+
+    assert status == "SUCCESS", response_endpoint.only_put().body.get("Reason")
+    login = logins["EnqueueDbUser"]
+    assert memberships(database, login) == {"leaseq_tenant_producer"}
+    assert producer_bindings(database, login) == {mine, also}
+    # The other functions' logins are what they were.
+    for prop in ("WorkerDbUser", "ReaperDbUser", "OperatorDbUser"):
+        assert memberships(database, logins[prop]) == {GROUP_OF[prop]}
+    assert enqueue_as(database, login, mine, "k")["tenant_id"] == mine
+    existing = enqueue_as(database, postgres.OWNER, other, "secret-key")
+    with database.connect(login) as conn:
+        for statement in (
+            "select * from app.enqueue_job(%s, 'k', 'email', '{}')",
+            "select * from app.enqueue_job(%s, 'secret-key', 'email', '{}')",  # a repeat
+            "select * from app.enqueue_job(%s, 'secret-key', 'other', '{}')",  # a conflict
+            "select * from app.get_job_result_by_key(%s, 'secret-key')",
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege) as refused:
+                conn.execute(statement, (other,))
+            assert f"is not bound to tenant {other}" in str(refused.value)
+            assert str(existing["id"]) not in str(refused.value)
+    with database.connect(postgres.OWNER) as conn:
+        count = conn.execute("select count(*) as n from app.jobs where tenant_id = %s",
+                             (other,)).fetchone()
+    assert count == {"n": 1}
+
+
+def test_changing_enqueue_tenants_rebinds_the_login_and_emptying_it_opens_the_door_again(
+    migrations_app: Any, database: Database, response_endpoint: ResponseEndpoint,
+    logins: dict[str, str],
+) -> None:
+    a, b, c = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    login = logins["EnqueueDbUser"]
+
+    def deploy(request_type: str, tenants: str | None) -> None:
+        extra = {} if tenants is None else {"EnqueueTenants": tenants}
+        event = request(request_type, response_endpoint, logins=logins,
+                        physical_id="leaseq-dev-Migrations", **extra)
+        assert migrations_app.handle(event, None, owner_dsn=lambda: database.owner_dsn) \
+            == "SUCCESS", response_endpoint.puts[-1].body.get("Reason")
+
+    deploy("Create", f"{a},{b}")
+    deploy("Update", f"{b},{c}")
+    assert (memberships(database, login), producer_bindings(database, login)) == (
+        {"leaseq_tenant_producer"}, {b, c})
+
+    # Empty, or absent as in a template before the property (a rollback to it): any tenant.
+    deploy("Update", "")
+    assert (memberships(database, login), producer_bindings(database, login)) == (
+        {"leaseq_producer"}, set())
+    assert enqueue_as(database, login, uuid.uuid4(), "anyone")
+    deploy("Update", f"{a}")
+    deploy("Update", None)
+    assert (memberships(database, login), producer_bindings(database, login)) == (
+        {"leaseq_producer"}, set())
+
+    deploy("Update", f"{c}")
+    assert (memberships(database, login), producer_bindings(database, login)) == (
+        {"leaseq_tenant_producer"}, {c})
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        enqueue_as(database, login, a, "no-longer")
+
+
+@pytest.mark.parametrize(("tenants", "expected"), [
+    ("tenant-a", "item 1 ('tenant-a') is not a tenant id"),
+    (f"{uuid.uuid4()},", "item 2 ('') is not a tenant id"),
+    (",".join(str(uuid.uuid4()) for _ in range(101)), "names 101 tenants; at most 100"),
+])
+def test_a_bad_enqueue_tenants_property_is_refused_before_anything_changes(
+    migrations_app: Any, database: Database, response_endpoint: ResponseEndpoint,
+    logins: dict[str, str], tenants: str, expected: str,
+) -> None:
+    event = request("Create", response_endpoint, logins=logins, EnqueueTenants=tenants)
+
+    migrations_app.handle(event, None, owner_dsn=no_connection)
+
+    answer = response_endpoint.only_put()
+    assert answer.body["Status"] == "FAILED"
+    assert "the resource property EnqueueTenants" in answer.body["Reason"]
+    assert expected in answer.body["Reason"]
+    assert applied_versions(database) == []
+
+
+def test_a_login_to_bind_that_stays_in_leaseq_producer_is_refused_and_nothing_changes(
+    migrations_app: Any, database: Database, response_endpoint: ResponseEndpoint,
+    logins: dict[str, str],
+) -> None:
+    """A membership another role granted is not revoked by the owner's REVOKE (PostgreSQL
+    only warns): the login would still enqueue into every tenant, so it is refused."""
+    migrations_app.handle(request("Create", response_endpoint, logins=logins), None,
+                          owner_dsn=lambda: database.owner_dsn)
+    login = logins["EnqueueDbUser"]
+    with database.connect(None) as admin:
+        admin.execute(sql.SQL("revoke leaseq_producer from {}").format(sql.Identifier(login)))
+        admin.execute(sql.SQL("grant leaseq_producer to {}").format(sql.Identifier(login)))
+    update = request("Update", response_endpoint, logins=logins,
+                     physical_id="leaseq-dev-Migrations", EnqueueTenants=str(uuid.uuid4()))
+
+    migrations_app.handle(update, None, owner_dsn=lambda: database.owner_dsn)
+
+    answer = response_endpoint.puts[-1]
+    assert answer.body["Status"] == "FAILED"
+    assert f"{login} is to be bound to tenants, but it is still a member of leaseq_producer" \
+        in answer.body["Reason"]
+    assert (memberships(database, login), producer_bindings(database, login)) == (
+        {"leaseq_producer"}, set())
+
+
 # ---- IAM authentication and passwords ---------------------------------------------------------
 
 
@@ -770,8 +905,11 @@ def test_a_rollback_with_the_previous_properties_restores_its_login_and_migrates
 def test_a_rollback_to_a_login_whose_name_is_now_a_duty_group_is_refused_clearly(
     migrations_app: Any, database: Database, response_endpoint: ResponseEndpoint,
 ) -> None:
+    # A database the previous version's login could be restored in: service_role is still
+    # there (0017 keeps it while a login of that version is in it).
+    removal = next(m.version for m in load_migrations() if m.name == "service_role_retired")
     with connect(database.owner_dsn) as conn:
-        migrate(conn)
+        migrate(conn, [m for m in load_migrations() if m.version < removal])
     event = previous_version_request("Update", response_endpoint, role="leaseq_worker",
                                      physical_id="leaseq-dev-Migrations")
 
@@ -784,6 +922,27 @@ def test_a_rollback_to_a_login_whose_name_is_now_a_duty_group_is_refused_clearly
         row = admin.execute("select rolcanlogin from pg_roles where rolname = 'leaseq_worker'"
                             ).fetchone()
     assert row == {"rolcanlogin": False}
+
+
+def test_a_rollback_to_the_previous_login_after_service_role_was_dropped_is_refused_clearly(
+    migrations_app: Any, database: Database, response_endpoint: ResponseEndpoint,
+    runtime_role: str,
+) -> None:
+    """New databases drop service_role (0017): with no login in it, nothing is left to
+    restore the previous version's login into, and the answer says so."""
+    postgres.drop_service_role(database.cluster)
+    with connect(database.owner_dsn) as conn:
+        migrate(conn)
+    event = previous_version_request("Update", response_endpoint, role=runtime_role,
+                                     physical_id="leaseq-dev-Migrations")
+
+    migrations_app.handle(event, None, owner_dsn=lambda: database.owner_dsn)
+
+    answer = response_endpoint.only_put()
+    assert answer.body["Status"] == "FAILED"
+    assert "group role service_role does not exist: migration 0017 removed it" in answer.body[
+        "Reason"]
+    assert not role_exists(database, runtime_role)
 
 
 # ---- the connection budget: what the stack can open, against the server's own limits -------

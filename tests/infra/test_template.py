@@ -17,6 +17,7 @@ import shlex
 import subprocess
 import sys
 import tomllib
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -979,8 +980,9 @@ def test_the_kind_filter_is_documented_as_working_now_that_the_library_reads_it(
 
 
 def test_the_proxy_role_may_connect_as_each_login_and_no_other(cfn: dict[str, Any]) -> None:
-    """End-to-end IAM: the proxy logs in to the database with IAM as the client's user."""
-    (statement,) = statements_of(cfn["Resources"]["DatabaseProxyRole"])
+    """End-to-end IAM: the proxy logs in to the database with IAM as the client's user:
+    the stack's logins, and each of TenantProducerDbUsers when that is given."""
+    statement, *producers = statements_of(cfn["Resources"]["DatabaseProxyRole"])
 
     assert statement["Action"] == "rds-db:connect"
     prefix = ("arn:${AWS::Partition}:rds-db:${AWS::Region}:${AWS::AccountId}:dbuser:"
@@ -992,6 +994,75 @@ def test_the_proxy_role_may_connect_as_each_login_and_no_other(cfn: dict[str, An
         ["DashboardOn", {"Fn::Sub": f"{prefix}${{DashboardDbUser}}"}, {"Ref": "AWS::NoValue"}],
         ["DashboardHasTenantViewers", {"Fn::Sub": f"{prefix}{TENANT_READERS}"},
          {"Ref": "AWS::NoValue"}]]
+    assert len(producers) == 5
+    for slot, conditional in enumerate(producers):
+        condition, granted, absent = conditional["Fn::If"]
+        assert condition == f"ProxyTakesTenantProducer{slot + 1}"
+        assert absent == {"Ref": "AWS::NoValue"}
+        assert granted["Action"] == "rds-db:connect"
+        template, variables = granted["Resource"]["Fn::Sub"]
+        assert template == f"{prefix}${{Login}}"
+        assert variables["Login"] == {"Fn::Select": [slot, {"Fn::Split": [
+            ",", {"Fn::Sub": "${TenantProducerDbUsers},,,,,"}]}]}
+        assert cfn["Conditions"][condition] == {"Fn::And": [
+            {"Condition": "CreateDatabase"},
+            {"Fn::Not": [{"Fn::Equals": [variables["Login"], ""]}]}]}
+
+
+def test_tenant_producer_logins_are_at_most_five_leaseq_names(sam: dict[str, Any]) -> None:
+    """The boundary allows rds-db:connect as leaseq_* users only; five slots exist."""
+    pattern = re.compile(sam["Parameters"]["TenantProducerDbUsers"]["AllowedPattern"])
+    logins = [f"leaseq_acme_{n}" for n in range(6)]
+
+    assert sam["Parameters"]["TenantProducerDbUsers"]["Default"] == ""
+    assert pattern.match("")
+    assert pattern.match(",".join(logins[:5]))
+    for refused in (",".join(logins), "acme_producer", "leaseq_acme,", "leaseq_a, leaseq_b",
+                    "leaseq_Acme"):
+        assert not pattern.match(refused), refused
+
+
+def test_enqueue_tenants_reach_the_migrations_and_the_enqueue_function_and_nothing_else(
+    cfn: dict[str, Any],
+) -> None:
+    """The migrations bind the enqueue login to them (the fence); the function answers
+    another tenant's job item by item (the answer)."""
+    migrations = cfn["Resources"]["Migrations"]["Properties"]
+    assert migrations["EnqueueTenants"] == {"Ref": "EnqueueTenants"}
+    assert cfn["Parameters"]["EnqueueTenants"]["Default"] == ""
+    holders = [name for name in resources_of_type(cfn, "AWS::Lambda::Function")
+               if "LEASEQ_ENQUEUE_TENANTS" in function_properties(cfn, name).get(
+                   "Environment", {}).get("Variables", {})]
+    assert holders == ["EnqueueFunction"]
+    variables = function_properties(cfn, "EnqueueFunction")["Environment"]["Variables"]
+    assert variables["LEASEQ_ENQUEUE_TENANTS"] == {"Ref": "EnqueueTenants"}
+    assert "EnqueueTenants" in cfn["Metadata"]["AWS::CloudFormation::Interface"][
+        "ParameterGroups"][2]["Parameters"]
+
+
+def test_the_enqueue_tenants_pattern_accepts_exactly_what_the_library_reads(
+    sam: dict[str, Any],
+) -> None:
+    """A value the pattern lets through and the migrations or the function refuse would
+    fail the deploy, or every cold start, instead of the parameter."""
+    from leaseq.settings import MAX_ENQUEUE_TENANTS, tenant_list
+
+    pattern = re.compile(sam["Parameters"]["EnqueueTenants"]["AllowedPattern"])
+    ids = [str(uuid.uuid4()) for _ in range(MAX_ENQUEUE_TENANTS + 1)]
+    accepted = ["", ids[0], ids[0].upper(), f"{ids[0]}, {ids[1]}", f" {ids[0]} ,{ids[1]} ",
+                ",".join(ids[:MAX_ENQUEUE_TENANTS])]
+    refused = [",".join(ids), "tenant-a", f"{ids[0]},", f"{ids[0]};{ids[1]}",
+               ids[0].replace("-", ""), f"{{{ids[0]}}}"]
+
+    for value in accepted:
+        assert pattern.match(value), value
+        assert len(tenant_list(value)) == len([v for v in value.split(",") if v.strip()])
+    for value in refused:
+        assert not pattern.match(value), value
+    # The library is no looser where it matters: too many, or not a tenant id.
+    for value in (",".join(ids), "tenant-a", f"{ids[0]},"):
+        with pytest.raises(ValueError, match=r"tenants; at most|is not a tenant id"):
+            tenant_list(value)
 
 
 def test_operators_get_the_connect_resource_of_their_login_and_no_managed_policy(

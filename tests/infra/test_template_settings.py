@@ -92,6 +92,7 @@ EXPECTED = {
     "DbSslMode": "LEASEQ_DB_SSLMODE",
     "WorkerDbUser": "LEASEQ_DB_USER",
     "DashboardOperators": "LEASEQ_DASHBOARD_OPERATORS",
+    "EnqueueTenants": "LEASEQ_ENQUEUE_TENANTS",
 }
 
 

@@ -95,7 +95,8 @@ def test_a_batch_reports_each_item_as_created_existing_or_conflict(
     assert [r.status for r in results] == ["created", "existing", "conflict", "existing",
                                            "created"]
     assert [r.created for r in results] == [True, False, False, False, True]
-    assert results[1].job_id == results[2].job_id == first.job_id
+    assert results[1].job_id == first.job_id
+    assert (results[2].job_id, results[2].state) == (None, None)  # a conflict names no job
     assert results[0].job_id == results[3].job_id
     assert len(jobs(owner)) == 3
     assert job(owner, first.job_id)["payload"] == {"k": "a"}
@@ -107,8 +108,10 @@ def test_enqueue_job_raises_on_a_conflicting_repeat_and_returns_the_existing_job
     created = client.enqueue_job(request(tenant, "a"))
     again = client.enqueue_job(request(tenant, "a"))
     assert (created.status, again.status, again.job_id) == ("created", "existing", created.job_id)
-    with pytest.raises(IdempotencyConflictError, match="operation_key 'a'"):
+    with pytest.raises(IdempotencyConflictError, match="operation_key 'a'") as conflict:
         client.enqueue_job(request(tenant, "a", kind="other"))
+    assert conflict.value.sqlstate == "23505"
+    assert str(created.job_id) not in conflict.value.message
 
 
 def _unvalidated(tenant: uuid.UUID, key: str, **fields: Any) -> EnqueueRequest:

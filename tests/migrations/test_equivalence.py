@@ -113,6 +113,7 @@ def _build_fresh(database: Database) -> None:
 
 
 def _build_from_reference(database: Database) -> None:
+    postgres.create_service_role(database.cluster)  # the reference grants to it
     with database.connect(postgres.OWNER) as owner:
         owner.execute(REFERENCE.read_bytes())
     with connect(database.owner_dsn) as conn:

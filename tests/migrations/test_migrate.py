@@ -252,10 +252,16 @@ def test_load_migrations_refuses_a_gap_and_ignores_other_files(tmp_path: Path) -
 
 @pytest.fixture
 def plain_owner_dsn(cluster: Cluster, migrated_database: Database) -> Iterator[str]:
-    """A database owned by a role without CREATEROLE (the group roles already exist)."""
+    """A database owned by a role without CREATEROLE. The group roles already exist, but
+    service_role, which 0004 and 0010 need, is gone from the cluster once a database has
+    dropped it: an administrator makes it as sql/README.md says."""
     role = f"leaseq_test_plain_{uuid.uuid4().hex[:8]}"
     name = f"leaseq_plain_{uuid.uuid4().hex[:8]}"
+    postgres.drop_service_role(cluster)
     with cluster.connect() as admin:
+        admin.execute("create role service_role nologin")
+        admin.execute("grant leaseq_producer, leaseq_worker, leaseq_reaper, leaseq_operator"
+                      " to service_role")
         admin.execute(
             sql.SQL("create role {} login nosuperuser nocreaterole nobypassrls").format(
                 sql.Identifier(role)
@@ -268,6 +274,7 @@ def plain_owner_dsn(cluster: Cluster, migrated_database: Database) -> Iterator[s
         postgres.drop_database(cluster, name)
         with cluster.connect() as admin:
             admin.execute(sql.SQL("drop role if exists {}").format(sql.Identifier(role)))
+        postgres.drop_service_role(cluster)
 
 
 def test_owner_without_createrole_migrates_when_the_group_roles_exist(
@@ -278,8 +285,17 @@ def test_owner_without_createrole_migrates_when_the_group_roles_exist(
         me = conn.execute(
             "select rolcreaterole, rolsuper from pg_roles where rolname = current_user"
         ).fetchone()
+        # It may not drop service_role (an administrator made it): the role stays for an
+        # administrator to drop, and this database grants it nothing.
+        legacy = conn.execute(
+            "select count(*) as n from pg_roles where rolname = 'service_role'").fetchone()
+        grants = conn.execute(
+            "select count(*) as n from pg_proc p, aclexplode(p.proacl) a"
+            " where p.pronamespace = 'app'::regnamespace"
+            " and a.grantee = 'service_role'::regrole").fetchone()
     assert me == {"rolcreaterole": False, "rolsuper": False}
     assert report.applied == VERSIONS
+    assert (legacy, grants) == ({"n": 1}, {"n": 0})
 
 
 @pytest.fixture

@@ -120,8 +120,11 @@ def _seed(admin: Conn) -> dict[str, uuid.UUID]:
 def reference_database(
     fresh_database: Callable[[], Database], migrated_database: Database
 ) -> Seeded:
-    """The reference as written; migrating the suite's database made the group roles."""
+    """The reference as written. It grants to service_role and authenticated: migrating
+    the suite's database made authenticated, and service_role is made as 0004 would make
+    it (new databases drop it again, so it may be gone)."""
     database = fresh_database()
+    postgres.create_service_role(database.cluster)
     with database.connect(postgres.OWNER) as owner:
         owner.execute(REFERENCE.read_bytes())
     with database.connect(None) as admin:

@@ -4,7 +4,8 @@ The database is built at 0009 as that release left it (its migrations applied by
 runner, service_role holding every grant, reader bindings by role name), with a login
 of that release in service_role and readers bound to tenants, one of them dropped since.
 After ``migrate``: the old login still does its work, service_role holds nothing of its
-own, the live binding is kept (now by OID) and the dropped role's binding is gone.
+own (and stays, deprecated, for that login: migration 0017), the live binding is kept
+(now by OID) and the dropped role's binding is gone.
 """
 
 from __future__ import annotations
@@ -43,7 +44,12 @@ def test_a_previous_release_database_keeps_its_logins_working_and_its_live_bindi
     fresh_database: Callable[[], Database], migrated_database: Database
 ) -> None:
     database = fresh_database()
-    _previous_release(database)
+    with postgres.legacy_login(database.cluster) as login:
+        _previous_release(database)
+        _upgrade_and_check(database, login)
+
+
+def _upgrade_and_check(database: Database, login: str) -> None:
     tenant, other = uuid.uuid4(), uuid.uuid4()
     gone = f"leaseq_test_tmp_{uuid.uuid4().hex[:10]}"
     with database.connect(None) as admin:
@@ -51,14 +57,14 @@ def test_a_previous_release_database_keeps_its_logins_working_and_its_live_bindi
         admin.execute("insert into app.tenant_readers (role_name, tenant_id) values (%s, %s),"
                       " (%s, %s)", (postgres.READER, tenant, gone, other))
         admin.execute(sql.SQL("drop role {}").format(sql.Identifier(gone)))
-    with database.connect(postgres.WORKER) as legacy:
+    with database.connect(login) as legacy:
         legacy.execute("select * from app.enqueue_job(%s, 'before', 'email.send', %s)",
                        (tenant, Jsonb({})))
 
     with connect(database.owner_dsn) as conn:
         migrate(conn)
 
-    with database.connect(postgres.WORKER) as legacy:
+    with database.connect(login) as legacy:
         legacy.execute("select * from app.enqueue_job(%s, 'after', 'email.send', %s)",
                        (tenant, Jsonb({})))
         claimed = legacy.execute("select id from app.claim_jobs(%s, 'w1', 10)",

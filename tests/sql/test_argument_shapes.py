@@ -2,7 +2,7 @@
 and indexed from 1 (the claims' kind filters among them), and names (owner, actor) made
 only of invisible characters.
 
-Called as a worker (service_role). Each call is otherwise valid, so the refusal is the
+Called as the all-duty worker login. Each call is otherwise valid, so the refusal is the
 one under test, and a refused call changes nothing.
 """
 

@@ -1,6 +1,6 @@
 """The dashboard's reads: queue depth, activity, paged lists, a job and its timeline.
 
-Each read is called in both forms: the operator's (SECURITY DEFINER, service_role, every
+Each read is called in both forms: the operator's (SECURITY DEFINER, leaseq_operator, every
 tenant) and the reader's (SECURITY INVOKER, row-level security picks the tenant).
 """
 

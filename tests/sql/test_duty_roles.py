@@ -1,6 +1,6 @@
 """What each duty group may do beyond the bare grants of the privilege matrix: the
-tenant-bound producer's tenants, the reaper's retention floor, the legacy service_role,
-and bindings that follow a role, not its name.
+tenant-bound producer's tenants, the reaper's retention floor, and bindings that follow
+a role, not its name. (The legacy service_role: tests/migrations/test_service_role_removal.py.)
 
 Every check connects as a login of the group it is about; the owner and the
 administrator only arrange data and roles.
@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 
+import psycopg
 import pytest
 from psycopg import sql
 from psycopg.types.json import Jsonb
@@ -21,7 +22,6 @@ from tests.conftest import Database
 from tests.sql.calls import (
     claim_one,
     enqueue,
-    enqueue_many,
     new_tenant,
     raises_sqlstate,
     snapshot,
@@ -206,6 +206,40 @@ def test_a_producer_enqueues_into_and_reads_any_tenant(owner: Conn, producer: Co
     assert read == [{"tenant_id": b, "state": "pending"}]
 
 
+def test_an_unbound_producer_probing_another_tenants_key_gets_no_job_id(
+    owner: Conn, producer: Conn, tenant_producer: Conn
+) -> None:
+    """The conflict answer is not a probe: a producer that may write into every tenant
+    learns that the key is taken, never the job's id or state; only a request that
+    repeats the job exactly (an idempotent retry) gets it back."""
+    theirs = new_tenant()
+    _bind_producer(owner, postgres.TENANT_PRODUCER, theirs)
+    original = enqueue(tenant_producer, theirs, "invoice-7", payload={"amount": 10})
+    before = snapshot(owner)
+
+    probe = producer.execute(
+        "select ord, job_id, status, state, error from app.enqueue_jobs(%s, %s, %s, %s)",
+        ([theirs], ["invoice-7"], ["email.send"], [Jsonb({"guess": True})])).fetchall()
+    with raises_sqlstate("23505", match="already names a job with a different kind or payload"):
+        enqueue(producer, theirs, "invoice-7", kind="other.kind")
+    with pytest.raises(psycopg.Error) as refused:
+        enqueue(producer, theirs, "invoice-7", payload={"amount": 11})
+
+    assert probe == [{"ord": 1, "job_id": None, "status": "conflict", "state": None,
+                      "error": None}]
+    assert str(original["id"]) not in str(refused.value)
+    assert "email.send" not in str(refused.value)
+    assert snapshot(owner) == before
+    # The producer's own retry, identical, is idempotent: the same job, not a new one.
+    again = enqueue(tenant_producer, theirs, "invoice-7", payload={"amount": 10})
+    replay = tenant_producer.execute(
+        "select job_id, status from app.enqueue_jobs(%s, %s, %s, %s)",
+        ([theirs], ["invoice-7"], ["email.send"], [Jsonb({"amount": 10})])).fetchone()
+    assert again["id"] == original["id"]
+    assert replay == {"job_id": original["id"], "status": "existing"}
+    assert snapshot(owner) == before
+
+
 def test_the_login_not_the_role_it_sets_decides_which_tenants_a_producer_may_use(
     db: Database, owner: Conn, admin: Conn
 ) -> None:
@@ -364,53 +398,3 @@ def test_without_its_settings_row_the_reaper_prunes_nothing(
     finally:
         owner.execute("insert into app.settings default values")
     assert _keys(owner) == {"old"}
-
-
-# The legacy group ------------------------------------------------------------------------------
-
-
-def test_a_login_in_the_legacy_service_role_still_does_every_duty(
-    worker: Conn, admin: Conn, owner: Conn
-) -> None:
-    """``worker`` is a member of service_role only, as logins made before the duty groups."""
-    tenant = new_tenant()
-    _finished_jobs(worker, admin, tenant, {"old": timedelta(days=30)})
-    (running,) = enqueue_many(worker, tenant, 1, prefix="run")
-    claim_one(worker, tenant)
-    admin.execute("update app.jobs set lease_expires_at = clock_timestamp() - interval '1 second'"
-                  " where id = %s", (running,))
-    enqueue(worker, tenant, "to-cancel")
-
-    assert worker.execute("select app.release_all_expired_jobs(10) as n").fetchone() == {"n": 1}
-    assert worker.execute("select * from app.get_job_result(%s, %s)",
-                          (tenant, running)).fetchone() is not None
-    pruned = worker.execute("select * from app.prune_retained_jobs('14 days', 10)").fetchone()
-    cancelled = worker.execute(
-        "select job_id from app.cancel_jobs('ops', %s, null, null, 10, null)", (tenant,)
-    ).fetchall()
-    status = worker.execute("select * from app.queue_status(%s)", (tenant,)).fetchall()
-
-    assert pruned == {"jobs_deleted": 1, "events_deleted": 3}
-    assert len(cancelled) == 2  # the released job and the pending one
-    assert {r["state"] for r in status} == {"cancelled"}
-    assert worker.execute("select * from app.prune_jobs('0 seconds', 10)").fetchone() == {
-        "jobs_deleted": 2, "events_deleted": 6}
-
-
-def test_moving_a_login_from_service_role_to_its_duty_group_leaves_it_that_duty_only(
-    db: Database, admin: Conn, worker: Conn
-) -> None:
-    """The upgrade step of sql/README.md: grant the duty group, revoke service_role."""
-    tenant = new_tenant()
-    enqueue(worker, tenant, "a")
-    with _temporary_role(admin, "service_role") as login:
-        with _login(db, login) as before:
-            assert before.execute("select * from app.prune_jobs('0 seconds', 1)").fetchall()
-        admin.execute(sql.SQL("grant leaseq_worker to {}").format(sql.Identifier(login)))
-        admin.execute(sql.SQL("revoke service_role from {}").format(sql.Identifier(login)))
-        with _login(db, login) as after:
-            assert claim_one(after, tenant)["operation_key"] == "a"
-            with raises_sqlstate("42501", match="permission denied for function prune_jobs"):
-                after.execute("select * from app.prune_jobs('0 seconds', 1)")
-            with raises_sqlstate("42501", match="permission denied for function enqueue_job"):
-                enqueue(after, tenant, "b")

@@ -1,4 +1,4 @@
-"""Contract of app.enqueue_job and app.enqueue_jobs, called as a worker (service_role)."""
+"""Contract of app.enqueue_job and app.enqueue_jobs, called as the all-duty ``worker`` login."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
@@ -95,12 +96,17 @@ def test_repeat_with_different_kind_or_payload_raises_23505_and_writes_nothing(
     worker: Conn, owner: Conn, kind: str, payload: dict[str, str]
 ) -> None:
     tenant = new_tenant()
-    enqueue(worker, tenant, "notify", kind="email.send", payload={"to": "a@example.com"})
+    first = enqueue(worker, tenant, "notify", kind="email.send", payload={"to": "a@example.com"})
     before = snapshot(owner)
 
-    with raises_sqlstate("23505", match="different kind or payload"):
+    with pytest.raises(psycopg.Error) as refused:
         enqueue(worker, tenant, "notify", kind=kind, payload=payload)
 
+    assert refused.value.sqlstate == "23505"
+    assert "already names a job with a different kind or payload" in str(refused.value)
+    # Neither the stored job's id nor its kind: a conflict is no answer to a probe.
+    assert str(first["id"]) not in str(refused.value)
+    assert "email.send" not in str(refused.value)
     assert snapshot(owner) == before
 
 
@@ -420,8 +426,9 @@ def test_batch_reports_created_existing_and_conflict_per_item_in_input_order(
         (1, "created"), (2, "existing"), (3, "conflict"), (4, "created")
     ]
     assert rows[1]["job_id"] == old["id"]
-    assert rows[2]["job_id"] == clash["id"]
-    assert all(r["state"] == "pending" for r in rows)
+    # A conflict names no job (its id would answer a probe of the key): id and state NULL.
+    assert (rows[2]["job_id"], rows[2]["state"]) == (None, None)
+    assert [r["state"] for r in rows] == ["pending", "pending", None, "pending"]
     assert event_types(owner, old["id"]) == ["created"]
     assert job(owner, clash["id"])["payload"] == {"v": 1}
     created = owner.execute(
@@ -444,7 +451,8 @@ def test_duplicate_key_inside_one_batch_creates_one_job_and_one_event(
     )
 
     assert [r["status"] for r in rows] == ["created", "existing", "conflict"]
-    assert len({r["job_id"] for r in rows}) == 1
+    assert rows[0]["job_id"] == rows[1]["job_id"]
+    assert rows[2]["job_id"] is None
     assert event_types(owner, rows[0]["job_id"]) == ["created"]
     assert owner.execute("select count(*) as n from app.jobs").fetchone() == {"n": 1}
 

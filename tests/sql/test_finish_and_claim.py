@@ -96,7 +96,7 @@ def test_a_refused_outcome_refuses_the_claim_and_changes_nothing(
     assert snapshot(owner) == before
 
 
-def test_only_service_role_may_call_it(reader: Conn) -> None:
+def test_a_reader_may_not_call_it(reader: Conn) -> None:
     with raises_sqlstate("42501"):
         reader.execute("select * from app.finish_and_claim_jobs('w', '{}', '{}', '{}', '{}',"
                        " '{}', '{}', 1, '30 seconds')")

@@ -1,4 +1,4 @@
-"""Who may do what: PUBLIC nothing, service_role only EXECUTE, readers only their tenant.
+"""Who may do what: PUBLIC nothing, the runtime groups only EXECUTE, readers only their tenant.
 
 Every check connects as the role whose rights it is about; the owner and the
 administrator only arrange data.
@@ -18,7 +18,7 @@ from tests.sql.calls import claim_one, enqueue, new_tenant, raises_sqlstate
 from tests.support import postgres
 from tests.support.postgres import Conn
 
-#: The worker-facing contract: exactly these functions are executable by service_role.
+#: The runtime contract: these functions are executable by a login of every runtime duty.
 SERVICE_FUNCTIONS = {
     "app.enqueue_job(uuid,text,text,jsonb,timestamp with time zone,integer)",
     "app.enqueue_jobs(uuid[],text[],text[],jsonb[],timestamp with time zone[],integer[],text[])",
@@ -116,14 +116,17 @@ def test_a_login_without_grants_is_refused_every_app_function(
             _call_with_nulls(outsider, function)
 
 
-def test_service_role_executes_the_queue_functions_and_no_internal_function(owner: Conn) -> None:
+def test_the_runtime_duties_execute_the_queue_functions_and_no_internal_function(
+    owner: Conn,
+) -> None:
     """Reference defect 6: workers had no USAGE on schema app and could call nothing."""
     schema = owner.execute(
-        "select has_schema_privilege('service_role', 'app', 'USAGE') as usage,"
-        " has_schema_privilege('service_role', 'app', 'CREATE') as can_create"
+        "select has_schema_privilege(%s, 'app', 'USAGE') as usage,"
+        " has_schema_privilege(%s, 'app', 'CREATE') as can_create",
+        (postgres.WORKER, postgres.WORKER),
     ).fetchone()
     assert schema == {"usage": True, "can_create": False}
-    executable = _executable_by(owner, "service_role")
+    executable = _executable_by(owner, postgres.WORKER)
     assert executable >= SERVICE_FUNCTIONS
     # Whatever later migrations add to the worker's contract runs as the owner, behind
     # the same checks; invoker-rights functions (argument checks, the shared release
@@ -207,7 +210,8 @@ def test_internal_functions_are_not_callable_by_workers(worker: Conn) -> None:
 # Tables ---------------------------------------------------------------------------------
 
 
-def test_service_role_has_no_table_privilege_at_all(owner: Conn) -> None:
+@pytest.mark.parametrize("role", [*postgres.RUNTIME_GROUPS, "leaseq_tenant_producer"])
+def test_no_runtime_group_has_any_table_privilege(owner: Conn, role: str) -> None:
     rows = owner.execute(
         """
         select c.oid::regclass::text as name, p.privilege
@@ -216,9 +220,10 @@ def test_service_role_has_no_table_privilege_at_all(owner: Conn) -> None:
                                 'REFERENCES', 'TRIGGER']) as p(privilege)
         where c.relnamespace = 'app'::regnamespace and c.relkind in ('r', 'p', 'v', 'S')
           and case when c.relkind = 'S'
-                   then has_sequence_privilege('service_role', c.oid, 'USAGE')
-                   else has_table_privilege('service_role', c.oid, p.privilege) end
-        """
+                   then has_sequence_privilege(%(role)s, c.oid, 'USAGE')
+                   else has_table_privilege(%(role)s, c.oid, p.privilege) end
+        """,
+        {"role": role},
     ).fetchall()
     assert rows == []
 
@@ -371,7 +376,7 @@ def test_reader_sees_only_its_own_bindings(
 
 
 def test_worker_sees_no_rows_even_through_the_policies(worker: Conn, owner: Conn) -> None:
-    """service_role is not a reader: binding it changes nothing, it has no SELECT."""
+    """A runtime login is not a reader: binding it changes nothing, it has no SELECT."""
     tenant = new_tenant()
     enqueue(worker, tenant, "a")
     _bind(owner, postgres.WORKER, tenant)

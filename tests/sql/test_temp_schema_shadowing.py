@@ -10,9 +10,9 @@ owner (which could ``grant <owner> to <attacker>``). The functions pin
 
 Each test shadows every built-in type name that the functions' sources or signatures
 use, then calls every function the login may execute with arguments that do real work
-(as the legacy service_role login, which may call them all, and as a login of each duty
-group, which may call its own), and checks who ran the shadow's code. The first test
-shows the probe works on this server, so the others could fail.
+(as the all-duty login, a member of every runtime group, which may call them all, and as
+a login of each duty group, which may call its own), and checks who ran the shadow's
+code. The first test shows the probe works on this server, so the others could fail.
 """
 
 from __future__ import annotations
@@ -321,9 +321,9 @@ def _exercise(conn: Conn, tenant: uuid.UUID, duties: set[str], *, owner: Conn,
     return called
 
 
-#: Each login and the duties it may perform; the legacy service_role login does them all.
+#: Each login and the duties it may perform; the all-duty login does them all.
 LOGINS = {
-    "legacy service_role": (postgres.WORKER, set(DUTIES)),
+    "all duties": (postgres.WORKER, set(DUTIES)),
     "producer": (postgres.PRODUCER, {"produce"}),
     "tenant producer": (postgres.TENANT_PRODUCER, {"produce"}),
     "worker": (postgres.DUTY_WORKER, {"work"}),

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import os
 import tempfile
+import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,10 +28,10 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 
 OWNER = "leaseq_test_owner"
-#: The suite's all-purpose runtime login: a member of the legacy group service_role, which
-#: holds every runtime duty (produce, work, reap, operate), as logins made before the
-#: duty groups do. Most tests arrange and drive jobs through it; so the whole suite also
-#: shows that such logins keep working.
+#: The suite's all-purpose runtime login: a member of every runtime duty group (produce,
+#: work, reap, operate), as the command line's embedded login is. Most tests arrange and
+#: drive jobs through it. (Logins of earlier releases were members of service_role, which
+#: new databases no longer have: tests/migrations/test_service_role_removal.py.)
 WORKER = "leaseq_test_worker"
 #: One login per duty group, a member of that group only (the privilege matrix and the
 #: duty tests connect as them).
@@ -44,17 +45,20 @@ READER = "leaseq_test_reader"
 OTHER_READER = "leaseq_test_reader_b"
 OUTSIDER = "leaseq_test_outsider"
 
-#: Login -> the group it is granted (after the migrations made the groups).
-GROUPS = {
-    WORKER: "service_role",
-    PRODUCER: "leaseq_producer",
-    TENANT_PRODUCER: "leaseq_tenant_producer",
-    DUTY_WORKER: "leaseq_worker",
-    REAPER: "leaseq_reaper",
-    OPERATOR: "leaseq_operator",
-    DASHBOARD: "leaseq_dashboard",
-    READER: "authenticated",
-    OTHER_READER: "authenticated",
+#: The four runtime duty groups: every runtime right there is.
+RUNTIME_GROUPS = ("leaseq_producer", "leaseq_worker", "leaseq_reaper", "leaseq_operator")
+
+#: Login -> the groups it is granted (after the migrations made the groups).
+GROUPS: dict[str, tuple[str, ...]] = {
+    WORKER: RUNTIME_GROUPS,
+    PRODUCER: ("leaseq_producer",),
+    TENANT_PRODUCER: ("leaseq_tenant_producer",),
+    DUTY_WORKER: ("leaseq_worker",),
+    REAPER: ("leaseq_reaper",),
+    OPERATOR: ("leaseq_operator",),
+    DASHBOARD: ("leaseq_dashboard",),
+    READER: ("authenticated",),
+    OTHER_READER: ("authenticated",),
 }
 
 Conn = psycopg.Connection[dict[str, Any]]
@@ -148,9 +152,45 @@ def create_login_roles(cluster: Cluster) -> None:
 def grant_group_roles(cluster: Cluster) -> None:
     """Make the login roles members of the groups the migrations created."""
     with cluster.connect() as conn:
-        for login, group in GROUPS.items():
-            conn.execute(sql.SQL("grant {} to {}").format(
-                sql.Identifier(group), sql.Identifier(login)))
+        for login, groups in GROUPS.items():
+            for group in groups:
+                conn.execute(sql.SQL("grant {} to {}").format(
+                    sql.Identifier(group), sql.Identifier(login)))
+
+
+def create_service_role(cluster: Cluster) -> None:
+    """The legacy group as migration 0004 makes it (as the owner, who may then drop it),
+    for a test that arranges what an earlier release left behind: new databases no longer
+    keep it (migration 0017), so it exists only while such a test needs it."""
+    with cluster.connect(user=OWNER) as conn:
+        if conn.execute("select 1 from pg_roles where rolname = 'service_role'").fetchone() is None:
+            conn.execute("create role service_role nologin")
+
+
+def drop_service_role(cluster: Cluster) -> None:
+    """Remove the legacy group a test left behind (with the memberships it holds), so
+    that the next fresh database starts, as in production, without it. While a database
+    still grants to it the role stays; the next migration of a fresh database drops it
+    once that database is gone."""
+    with cluster.connect() as conn, suppress(psycopg.errors.DependentObjectsStillExist):
+        conn.execute("drop role if exists service_role")
+
+
+@contextmanager
+def legacy_login(cluster: Cluster) -> Iterator[str]:
+    """A login of an earlier release: a member of service_role and of nothing else
+    (roles are cluster-wide: a unique name, and both roles are gone afterwards)."""
+    create_service_role(cluster)
+    name = f"leaseq_test_legacy_{uuid.uuid4().hex[:8]}"
+    with cluster.connect() as conn:
+        conn.execute(sql.SQL("create role {} login inherit").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("grant service_role to {}").format(sql.Identifier(name)))
+    try:
+        yield name
+    finally:
+        with cluster.connect() as conn:
+            conn.execute(sql.SQL("drop role if exists {}").format(sql.Identifier(name)))
+        drop_service_role(cluster)
 
 
 def create_database(cluster: Cluster, name: str, *, owner: str = OWNER, template: str | None = None

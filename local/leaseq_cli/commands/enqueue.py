@@ -125,7 +125,7 @@ def cmd_enqueue(args: argparse.Namespace, ui: Ui) -> int:
                 status = row["status"]
                 style = {"created": "green", "existing": "dim", "conflict": "bold red",
                          "rejected": "bold red"}[status]
-                shown.add_row(str(row["job_id"]), str(row["tenant_id"]), row["kind"],
+                shown.add_row(str(row["job_id"] or "-"), str(row["tenant_id"]), row["kind"],
                               row["operation_key"], f"[{style}]{status}[/]")
             out.print(shown)
         out.print(f"{counts['created']} created, {counts['existing']} already existed, "
@@ -142,8 +142,8 @@ def cmd_enqueue(args: argparse.Namespace, ui: Ui) -> int:
         first = next(r for r in rows if r["status"] == "conflict")
         raise ConflictError(
             f"{counts['conflict']} operation keys already name a job with another kind or "
-            f"payload (first: {first['operation_key']!r}, job {first['job_id']}); use new keys "
-            "for new jobs")
+            f"payload (first: {first['operation_key']!r} of tenant {first['tenant_id']}); use "
+            "new keys for new jobs")
     return 0
 
 

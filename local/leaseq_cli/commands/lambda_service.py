@@ -2,8 +2,9 @@
 
 It runs the template's functions as Lambda runs them (see docs/local-lambda.md) and
 serves the Invoke API on 127.0.0.1, so boto3 reaches it with ``endpoint_url`` or
-``AWS_ENDPOINT_URL_LAMBDA``. The runtime functions log in as the worker role (a member
-of service_role), the migrations function as the schema owner; with DATABASE_URL both
+``AWS_ENDPOINT_URL_LAMBDA``. The runtime functions log in as the embedded server's login
+(a member of the four runtime duty groups), the migrations function as the schema owner;
+with DATABASE_URL both
 use that connection string.
 
 The service itself lives in ``leaseq_lambda_local`` (local/, next to this package; its
