@@ -21,6 +21,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from leaseq.db import connect
+from leaseq.migrate import load_migrations, migrate
+
 from tests.conftest import Database
 from tests.sql.calls import raises_sqlstate
 from tests.support import postgres
@@ -495,6 +498,44 @@ def test_a_new_or_upgraded_database_starts_with_todays_limits(owner: Conn) -> No
                         ).fetchone()
     assert row == {"max_workers": 4, "start_hold": HOLD,
                    "wake_debounce": timedelta(seconds=1)}
+
+
+def test_an_upgraded_database_keeps_its_places_and_its_pool_keeps_working(
+    fresh_database: Callable[[], Database],
+) -> None:
+    """A pool in use when 0018 runs: its places stay (none of them extra), the settings
+    get today's limits, and joins, ticks and wakes go on."""
+    database = fresh_database()
+    before = [m for m in load_migrations() if m.version < 18]
+    with connect(database.owner_dsn) as conn:
+        migrate(conn, before, [])
+    with database.connect(postgres.OWNER) as conn:
+        conn.execute("insert into app.worker_pool (owner, reason, expires_at) values"
+                     " ('running', 'schedule', clock_timestamp() + interval '1 minute'),"
+                     " (null, 'wake', clock_timestamp() + interval '1 minute')")
+        conn.execute("update app.worker_pool_state set last_wake_at = clock_timestamp()")
+    with connect(database.owner_dsn) as conn:
+        migrate(conn)
+    postgres.grant_group_roles(database.cluster)
+
+    with database.connect(postgres.OWNER) as owner:
+        assert [(p["owner"], p["extra"]) for p in places(owner)] == [
+            ("running", False), (None, False)]
+        assert owner.execute("select max_workers, start_hold, wake_debounce from app.settings"
+                             ).fetchone() == {"max_workers": 4, "start_hold": HOLD,
+                                              "wake_debounce": timedelta(seconds=1)}
+    with database.connect(postgres.DUTY_WORKER) as worker:
+        assert join(worker, "fan")
+        assert join(worker, "fan-2")  # four places: the maximum
+        assert join(worker, "fan-3") is False
+        assert tick(worker, "tick")  # takes the old wake's reservation
+        assert tick(worker, "tick-2")  # the extra place
+        for owner_id in ("running", "fan", "fan-2", "tick", "tick-2"):
+            leave(worker, owner_id)
+    with database.connect(postgres.OWNER) as owner:
+        assert places(owner) == []
+    with database.connect(postgres.PRODUCER) as producer:
+        assert wake(producer) is not None
 
 
 def test_a_worker_asking_for_a_wider_maximum_or_a_longer_hold_gets_the_owners(
