@@ -121,7 +121,7 @@ def set_worker_pool_limits(conn: psycopg.Connection[Any], *, max_workers: int | 
 
 def release_worker_place(conn: psycopg.Connection[Any], place: UUID) -> None:
     """:meth:`QueueClient.release_worker_place` on the caller's connection: give back
-    the place a wake reserved when the invocation it was for could not be started."""
+    the ticket a wake took when the invocation it was for could not be started."""
     with translate_errors(conn), conn.transaction():
         fetch_rows(conn, queries.RELEASE_WORKER_PLACE, {"place": place})
 
@@ -410,8 +410,9 @@ class QueueClient:
         return [row["place"] for row in rows]
 
     def release_worker_place(self, place: UUID) -> None:
-        """Free a reservation whose invocation could not be started (the invoke failed);
-        a place an invocation already took is left alone."""
+        """Free a reservation, or give back a wake's ticket, whose invocation could not
+        be started (the invoke failed); a place an invocation already took is left
+        alone."""
         self._query(queries.RELEASE_WORKER_PLACE, {"place": place})
 
     def wake_worker_place(self) -> UUID | None:

@@ -1,8 +1,8 @@
 """The elastic drain under failure, on the local Lambda service with the real functions:
 invocations killed mid-flight, asynchronous starts lost or delivered twice, a database
 that refuses connections past its budget, and a stampede of enqueues. Each time nothing
-is lost, nothing is completed twice, and the pool never exceeds MaxWorkers (with a schedule, a tick may drain
-in the one extra place beside MaxWorkers running invocations)."""
+is lost, nothing is completed twice, and the pool never exceeds MaxWorkers (with a
+schedule, a tick may drain in the one extra place beside MaxWorkers running invocations)."""
 
 from __future__ import annotations
 

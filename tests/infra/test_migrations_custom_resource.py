@@ -1228,9 +1228,9 @@ def test_create_writes_the_templates_pool_limits_to_the_owners_settings(
         "MaxWorkers 12, StartHoldSeconds 120, WakeDebounceSeconds 2.5")
     assert pool_limits(database) == {"max_workers": 12, "start_hold": timedelta(seconds=120),
                                      "wake_debounce": timedelta(seconds=2.5)}
-    with database.connect(logins["WorkerDbUser"]) as worker:
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            worker.execute("select * from app.set_worker_pool_limits(1000)")
+    with (database.connect(logins["WorkerDbUser"]) as worker,
+          pytest.raises(psycopg.errors.InsufficientPrivilege)):
+        worker.execute("select * from app.set_worker_pool_limits(1000)")
 
 
 def test_an_update_writes_changed_limits_and_one_without_them_leaves_them_as_they_are(

@@ -19,10 +19,9 @@ from typing import Any, TypeVar
 
 import psycopg
 import pytest
-from psycopg import sql
-
 from leaseq.db import connect
 from leaseq.migrate import load_migrations, migrate
+from psycopg import sql
 
 from tests.conftest import Database
 from tests.sql.calls import raises_sqlstate
