@@ -1,2 +1,0 @@
--- Numbering placeholder: migration 0017 belongs to another change and replaces this file.
-select 1;
