@@ -98,12 +98,16 @@ def migrated_database(cluster: Cluster) -> Iterator[Database]:
 
 @pytest.fixture
 def db(migrated_database: Database) -> Database:
-    """The migrated database with empty queue tables and an empty worker pool."""
+    """The migrated database with empty queue tables, an empty worker pool and the pool's
+    default limits."""
     with migrated_database.connect(postgres.OWNER) as conn:
         conn.execute("truncate app.jobs, app.job_events, app.tenant_readers,"
-                     " app.tenant_producers, app.tenant_turns, app.worker_pool, app.kind_turns")
+                     " app.tenant_producers, app.tenant_turns, app.worker_pool, app.kind_turns,"
+                     " app.worker_wakes")
         conn.execute("update app.tenant_turn_sweep set next_tenant_id = null, swept_at = null")
-        conn.execute("update app.worker_pool_state set last_wake_at = null, changed_at = null")
+        conn.execute("update app.worker_pool_state set changed_at = null")
+        conn.execute("update app.settings set max_workers = default, start_hold = default,"
+                     " wake_debounce = default")
     return migrated_database
 
 

@@ -57,6 +57,18 @@ def has_fanout() -> bool:
     return importlib.util.find_spec("leaseq_lambda.scaling") is not None
 
 
+def set_owner_pool_maximum(dsn: str, max_workers: int) -> None:
+    """Make ``max_workers`` the database's own maximum, as a deploy writes ``MaxWorkers``
+    (the functions' LEASEQ_MAX_WORKERS only narrows it). A checkout whose schema predates
+    the owner's limits has nothing to set. ``dsn`` is the benchmark's, the owner's."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        found = conn.execute("select to_regprocedure("
+                             "'app.set_worker_pool_limits(integer, interval, interval)')"
+                             " is not null").fetchone()
+        if found and found[0]:
+            conn.execute("select app.set_worker_pool_limits(%s)", (max_workers,))
+
+
 def template_parameters(path: Path) -> dict[str, Any]:
     from leaseq_lambda_local.template import load_yaml
 
@@ -136,6 +148,7 @@ class Stack:
             if mode.fanout:
                 pool["LEASEQ_WORKER_FUNCTION"] = WORKER
         if mode.fanout:
+            set_owner_pool_maximum(dsn, mode.max_workers)
             reserved = known.get("WorkerReservedConcurrency", {})
             if reserved:
                 default = int(reserved.get("Default", 0))

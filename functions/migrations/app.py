@@ -1,13 +1,15 @@
 """CloudFormation custom resource: apply sql/ as the schema owner, ensure the logins by duty.
 
 Create and Update first check what the stack asks of the database: that its name leaves
-room for the names made from it (``stack_name.py``) and that the connections its functions
-can open fit the database's connection budget (``connection_budget.py``). Then they run the
-migrations that the layer carries (applied ones are skipped, so a re-run is cheap) and make
-each function's login a member of its one duty group: the worker's of leaseq_worker, the
-reaper's of leaseq_reaper, the enqueue function's of leaseq_producer (or, with the
-``EnqueueTenants`` property, of leaseq_tenant_producer, bound to exactly those tenants),
-the operators' of leaseq_operator and, with the dashboard, the dashboard's of
+room for the names made from it (``stack_name.py``), that the connections its functions
+can open fit the database's connection budget (``connection_budget.py``) and that the worker
+pool's limits are in range (``pool_limits.py``). Then they run the migrations that the layer
+carries (applied ones are skipped, so a re-run is cheap), write the pool's limits to the
+owner's settings (which only the owner may change, so no function's login can widen them),
+and make each function's login a member of its one duty group: the worker's of
+leaseq_worker, the reaper's of leaseq_reaper, the enqueue function's of leaseq_producer (or,
+with the ``EnqueueTenants`` property, of leaseq_tenant_producer, bound to exactly those
+tenants), the operators' of leaseq_operator and, with the dashboard, the dashboard's of
 leaseq_dashboard and one reader login per tenant of its tenant viewers
 (``dashboard_logins.py``). Delete touches nothing: removing the
 stack must never drop the schema or its jobs. Every request is answered: on success, on any
@@ -279,6 +281,7 @@ def _migrate_and_ensure_role(
     from dashboard_logins import check_access_patterns, manages_tenant_readers
     from leaseq.migrate import current_version, migrate
     from owner_connection import owner_dsn_from_environment, secrets_manager_reader
+    from pool_limits import describe, requested_pool_limits, write_pool_limits
     from runtime_role import check_duty_group_names, ensure_login_roles
     from stack_name import check_stack_name
 
@@ -289,12 +292,14 @@ def _migrate_and_ensure_role(
     specs = login_specs(properties, reader)
     # Rolling back to a template without the budget: nothing to check (and nothing to fail).
     stack = None if rolling_back else stack_connections(properties)
+    pool = None if rolling_back else requested_pool_limits(properties)
     if stack is not None:
         check_stack_name(str(event.get("StackId", "")))
     dsn = owner_dsn() if owner_dsn is not None else owner_dsn_from_environment(os.environ, reader)
 
     conn = _connect_with_retries(dsn, retry_delays)
     budget = "not checked: the request carries no ConnectionBudget (an earlier template)"
+    pool_limits = "left as they are: the request carries no WorkerPool (an earlier template)"
     with conn:
         applied: tuple[int, ...] = ()
         if rolling_back:
@@ -305,6 +310,8 @@ def _migrate_and_ensure_role(
             check_duty_group_names(conn)
             report = migrate(conn)
             applied, version = report.applied, report.current_version
+            if pool is not None:
+                pool_limits = describe(write_pool_limits(conn, pool))
         logins = ensure_login_roles(conn, specs,
                                     manage_tenant_readers=manages_tenant_readers(properties))
     for login in logins:
@@ -329,7 +336,9 @@ def _migrate_and_ensure_role(
         data["RuntimeDbUser"] = logins[0].name
     else:
         logger.info("connection budget: %s", budget)
+        logger.info("worker pool limits: %s", pool_limits)
         data["ConnectionBudget"] = budget
+        data["WorkerPoolLimits"] = pool_limits
         for spec, login in zip(specs, logins, strict=True):
             if spec.tenant is None:
                 data[spec.parameter] = login.name

@@ -1,6 +1,6 @@
 """leaseq: a durable, multi-tenant job queue in PostgreSQL, drained by AWS Lambda."""
 
-from leaseq.client import QueueClient, enqueue_job, enqueue_jobs
+from leaseq.client import QueueClient, enqueue_job, enqueue_jobs, set_worker_pool_limits
 from leaseq.config import WorkerConfig
 from leaseq.db import connect
 from leaseq.deadline import Deadline, MonotonicDeadline, lease_for
@@ -20,7 +20,7 @@ from leaseq.errors import (
 from leaseq.job_context import JobContext, JobLogFields, current_job, job_log_fields
 from leaseq.jobs import ClaimedJob, EnqueueRequest, EnqueueResult, JobOutcome, JobState
 from leaseq.migrate import MigrationReport, migrate
-from leaseq.pool import PoolSize, ScaleUp
+from leaseq.pool import PoolLimits, PoolSize, ScaleUp
 from leaseq.reaper import ReapReport, reap_once
 from leaseq.recorder import JobRecord
 from leaseq.registry import Registration, Registry
@@ -61,6 +61,7 @@ __all__ = [
     "MigrationReport",
     "MonotonicDeadline",
     "PermissionDeniedError",
+    "PoolLimits",
     "PoolSettings",
     "PoolSize",
     "QueueClient",
@@ -85,4 +86,5 @@ __all__ = [
     "lease_for",
     "migrate",
     "reap_once",
+    "set_worker_pool_limits",
 ]

@@ -43,7 +43,7 @@ from leaseq.jobs import (
     Selection,
     enqueue_call_problem,
 )
-from leaseq.pool import PoolSize
+from leaseq.pool import PoolLimits, PoolSize
 from leaseq.sessions import StalledSession
 
 T = TypeVar("T")
@@ -94,23 +94,41 @@ def enqueue_jobs(conn: psycopg.Connection[Any],
     ]
 
 
-def wake_worker_place(conn: psycopg.Connection[Any], debounce: float,
-                      hold: float) -> UUID | None:
+def wake_worker_place(conn: psycopg.Connection[Any]) -> UUID | None:
     """:meth:`QueueClient.wake_worker_place` on the caller's connection, in a transaction
-    of its own, for producers that enqueue on their own connection. The maximum it
-    checks is 1: a wake reserves only when the pool is empty, so the producer need not
-    know the pool's maximum."""
-    params = {"debounce": _seconds("debounce", debounce), "hold": _seconds("hold", hold),
-              "max_workers": 1}
+    of its own, for producers that enqueue on their own connection. The debounce, the
+    ticket's hold and whether the pool wakes at all are the schema owner's
+    (``app.settings``): a producer chooses none of them."""
     with translate_errors(conn), conn.transaction():
-        rows = fetch_rows(conn, queries.WAKE_WORKER_PLACE, params)
+        rows = fetch_rows(conn, queries.WAKE_WORKER_PLACE, {})
     place: UUID | None = rows[0]["place"] if rows else None
     return place
 
 
+def set_worker_pool_limits(conn: psycopg.Connection[Any], *, max_workers: int | None = None,
+                           start_hold: float | None = None,
+                           wake_debounce: float | None = None) -> PoolLimits:
+    """Set the worker pool's limits (``app.settings``) on the schema owner's connection,
+    in a transaction of its own; None keeps a limit. Returns the limits now in force.
+
+    The deploy calls it with the template's ``MaxWorkers`` and ``WakeDebounceSeconds``,
+    and the command line on its embedded server; every other login is refused
+    (:class:`leaseq.PermissionDeniedError`, 42501), and a value out of range is an
+    :class:`InvalidRequestError` (22023) that changes nothing. Durations in seconds."""
+    params = {
+        "max_workers": max_workers,
+        "start_hold": None if start_hold is None else _seconds("start_hold", start_hold),
+        "wake_debounce": None if wake_debounce is None else _seconds("wake_debounce",
+                                                                      wake_debounce),
+    }
+    with translate_errors(conn), conn.transaction():
+        (row,) = fetch_rows(conn, queries.SET_WORKER_POOL_LIMITS, params)
+    return PoolLimits.from_row(row)
+
+
 def release_worker_place(conn: psycopg.Connection[Any], place: UUID) -> None:
     """:meth:`QueueClient.release_worker_place` on the caller's connection: give back
-    the place a wake reserved when the invocation it was for could not be started."""
+    the ticket a wake took when the invocation it was for could not be started."""
     with translate_errors(conn), conn.transaction():
         fetch_rows(conn, queries.RELEASE_WORKER_PLACE, {"place": place})
 
@@ -368,12 +386,15 @@ class QueueClient:
     def join_worker_pool(self, owner: str, reason: str, reservation: UUID | None,
                          max_workers: int, expires_in: float) -> bool:
         """Take a place in the worker pool for this invocation: the one ``reservation``
-        names (reserved for it by a fan-out or a wake), the owner's own place (its
-        expiry refreshed), or free room under ``max_workers``. False when the pool is
-        full: the invocation must return without claiming (a duplicate or retried
-        event, a tick while the pool is full). ``reason`` is ``schedule``, ``manual``,
-        ``fanout`` or ``wake``; the place expires ``expires_in`` seconds from now (the
-        invocation's time left plus a margin) unless joined again or left."""
+        names (reserved for it by a fan-out; a wake's ticket is consumed and holds no
+        room), the owner's own place (its expiry refreshed), or free room under the
+        maximum: the schema owner's, or ``max_workers`` where that is lower. A
+        ``schedule`` or ``manual`` start in a full pool takes the oldest reservation, or
+        the one extra place when running invocations hold every place. False when the
+        pool is full: the invocation must return without claiming (a duplicate or
+        retried event, a second tick while one holds the extra place). The place
+        expires ``expires_in`` seconds from now (the invocation's time left plus a
+        margin; at most 16 minutes) unless joined again or left."""
         rows = self._query(queries.JOIN_WORKER_POOL, {
             "owner": owner, "reason": reason, "reservation": reservation,
             "max_workers": max_workers, "expires_in": _seconds("expires_in", expires_in)})
@@ -386,26 +407,28 @@ class QueueClient:
 
     def reserve_worker_places(self, wanted: int, max_workers: int,
                               hold: float) -> list[UUID]:
-        """Reserve up to ``wanted`` places, as many as ``max_workers`` leaves room for:
-        one per invocation to start, each named by that invocation's event. A
-        reservation no invocation takes frees its room after ``hold`` seconds."""
+        """Reserve up to ``wanted`` places, as many as the maximum leaves room for (the
+        schema owner's, or ``max_workers`` where that is lower): one per invocation to
+        start, each named by that invocation's event. A reservation no invocation takes
+        frees its room after the owner's start hold, or ``hold`` seconds where that is
+        shorter."""
         rows = self._query(queries.RESERVE_WORKER_PLACES, {
             "wanted": wanted, "max_workers": max_workers, "hold": _seconds("hold", hold)})
         return [row["place"] for row in rows]
 
     def release_worker_place(self, place: UUID) -> None:
-        """Free a reservation whose invocation could not be started (the invoke failed);
-        a place an invocation already took is left alone."""
+        """Free a reservation, or give back a wake's ticket, whose invocation could not
+        be started (the invoke failed); a place an invocation already took is left
+        alone."""
         self._query(queries.RELEASE_WORKER_PLACE, {"place": place})
 
-    def wake_worker_place(self, debounce: float, hold: float, max_workers: int) -> UUID | None:
-        """After an enqueue: a reserved place for one invocation to start, when no worker
-        is polling or starting and the last wake is older than ``debounce`` seconds;
-        else None (the common answer, without waiting for any lock). The reservation
-        frees its room after ``hold`` seconds unless an invocation takes it."""
-        (row,) = self._query(queries.WAKE_WORKER_PLACE, {
-            "debounce": _seconds("debounce", debounce), "hold": _seconds("hold", hold),
-            "max_workers": max_workers})
+    def wake_worker_place(self) -> UUID | None:
+        """After an enqueue: a ticket for one invocation to start (its event names it),
+        when no worker is polling or starting, and this login's last wake is older than
+        the schema owner's debounce and its last ticket was used or has expired; else
+        None (the common answer, without waiting for any lock). The ticket holds no
+        room: the invocation joins with free room. Nothing here is the caller's choice."""
+        (row,) = self._query(queries.WAKE_WORKER_PLACE, {})
         place: UUID | None = row["place"]
         return place
 

@@ -54,18 +54,30 @@ LOOP_STALL = Bounds(0.5, 0, 60, above=True)
 
 #: The worker pool (``leaseq.settings.PoolSettings``): most worker invocations at once
 #: (0: no pool, no fan-out, no wake: one scheduled worker as before), how long a started
-#: invocation polls an empty queue, the wake's debounce (SQL: 0 s .. 1 h) and how long a
-#: reserved place waits for its invocation (SQL: 1 s .. 1 day).
+#: invocation polls an empty queue, and how long a reserved place waits for its
+#: invocation. The database caps the first and the last by the schema owner's limits
+#: (``app.settings``), which these only narrow.
 MAX_WORKERS = Bounds(0, 0, 1000)
 FANOUT_IDLE = Bounds(10.0, 0, 86_400)
-WAKE_DEBOUNCE = Bounds(1.0, 0, 3600)
-START_HOLD = Bounds(90.0, 1, 86_400)
+START_HOLD = Bounds(90.0, 1, 900)
 
 POOL_BOUNDS: dict[str, Bounds] = {
     "max_workers": MAX_WORKERS,
     "fanout_idle": FANOUT_IDLE,
-    "wake_debounce": WAKE_DEBOUNCE,
     "start_hold": START_HOLD,
+}
+
+#: The schema owner's limits of the pool (``app.settings``, the same ranges as its
+#: checks; :func:`leaseq.client.set_worker_pool_limits`): the maximum (the template's
+#: MaxWorkers, 4), how long a reservation or a wake's ticket waits for its invocation
+#: (a hold is minutes, never more than 15), and each login's wake debounce.
+OWNER_MAX_WORKERS = Bounds(4, 0, 1000)
+WAKE_DEBOUNCE = Bounds(1.0, 0, 3600)
+
+OWNER_POOL_BOUNDS: dict[str, Bounds] = {
+    "max_workers": OWNER_MAX_WORKERS,
+    "start_hold": START_HOLD,
+    "wake_debounce": WAKE_DEBOUNCE,
 }
 
 BOUNDS: dict[str, Bounds] = {

@@ -6,6 +6,9 @@ not started yet holds a reserved one, and no function lets the places exceed the
 maximum, whoever asks. This module holds what the library needs beside that count:
 
 * :class:`PoolSize`, the count as :meth:`leaseq.QueueClient.worker_pool_size` reads it;
+* :class:`PoolLimits`, the limits the schema owner sets (``app.settings``: the maximum,
+  the start hold and the wake's debounce; :func:`leaseq.client.set_worker_pool_limits`).
+  A caller's own maximum and hold can only narrow them;
 * :class:`ScaleUp`, the policy that tells a draining worker when its claims show a
   backlog worth one more invocation. Every member of the pool asking for one more place
   at most once a second doubles the pool each second while the backlog lasts, and the
@@ -19,9 +22,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from leaseq.errors import ConfigurationError
 from leaseq.jobs import ClaimedJob
@@ -48,6 +51,26 @@ class PoolSize:
     def total(self) -> int:
         """Every place counted against the maximum."""
         return self.live + self.reserved
+
+
+@dataclass(frozen=True)
+class PoolLimits:
+    """The worker pool's limits as the schema owner set them (``app.settings``): at most
+    ``max_workers`` places (0: no fan-out and no wake; a schedule tick still drains), a
+    reserved place or a wake's ticket waits ``start_hold`` seconds for its invocation
+    (at most 15 minutes), and each login wakes at most once per ``wake_debounce``
+    seconds."""
+
+    max_workers: int
+    start_hold: float
+    wake_debounce: float
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> PoolLimits:
+        """From a row of ``app.set_worker_pool_limits`` (intervals as timedeltas)."""
+        return cls(max_workers=int(row["max_workers"]),
+                   start_hold=row["start_hold"].total_seconds(),
+                   wake_debounce=row["wake_debounce"].total_seconds())
 
 
 class ScaleUp:

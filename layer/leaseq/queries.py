@@ -80,7 +80,7 @@ REPAIR_TENANT_TURNS: Final[LiteralString] = (
 )
 
 # The worker pool (sql/functions/pool.sql): places of running and starting invocations,
-# bounded by a maximum, for fan-out and wake-on-enqueue.
+# bounded by the schema owner's maximum, for fan-out and wake-on-enqueue.
 JOIN_WORKER_POOL: Final[LiteralString] = (
     "select app.join_worker_pool(%(owner)s, %(reason)s, %(reservation)s::uuid,"
     " %(max_workers)s, %(expires_in)s::interval) as joined"
@@ -91,9 +91,11 @@ RESERVE_WORKER_PLACES: Final[LiteralString] = (
     " %(hold)s::interval) as r(place)"
 )
 RELEASE_WORKER_PLACE: Final[LiteralString] = "select app.release_worker_place(%(place)s::uuid)"
-WAKE_WORKER_PLACE: Final[LiteralString] = (
-    "select app.wake_worker_place(%(debounce)s::interval, %(hold)s::interval,"
-    " %(max_workers)s) as place"
+WAKE_WORKER_PLACE: Final[LiteralString] = "select app.wake_worker_place() as place"
+# The schema owner's: the pool's limits in app.settings.
+SET_WORKER_POOL_LIMITS: Final[LiteralString] = (
+    "select max_workers, start_hold, wake_debounce from app.set_worker_pool_limits("
+    "%(max_workers)s::integer, %(start_hold)s::interval, %(wake_debounce)s::interval)"
 )
 WORKER_POOL_SIZE: Final[LiteralString] = "select live, reserved from app.worker_pool_size()"
 

@@ -239,6 +239,10 @@ class PoolSettings(BaseModel):
     ``max_workers`` 0 (the default) turns all of it off: no pool, no fan-out, no wake,
     the scheduled worker alone, as before. Above 0 the invocations to start need the
     worker function's name or ARN (``worker_function``), so that pair is checked here.
+
+    The database holds the pool to the schema owner's limits (``app.settings``, written
+    at deploy from the template): ``max_workers`` and ``start_hold_seconds`` can only
+    narrow them, and the wake's debounce is the owner's alone.
     """
 
     model_config = ConfigDict(frozen=True, populate_by_name=True)
@@ -251,11 +255,9 @@ class PoolSettings(BaseModel):
     #: scheduled one keeps LEASEQ_POLL_IDLE_SECONDS.
     fanout_idle_seconds: float = Field(alias="LEASEQ_FANOUT_IDLE_SECONDS",
                                        **config.FANOUT_IDLE.field())
-    #: At most one wake per this many seconds, however many enqueues ask.
-    wake_debounce_seconds: float = Field(alias="LEASEQ_WAKE_DEBOUNCE_SECONDS",
-                                         **config.WAKE_DEBOUNCE.field())
-    #: How long a reserved place waits for its invocation before its room is free again:
-    #: longer than the asynchronous event may wait (the worker's maximum event age).
+    #: How long a place a worker reserves waits for its invocation before its room is
+    #: free again: longer than the asynchronous event may wait (the worker's maximum event
+    #: age). The database keeps the shorter of this and the schema owner's start hold.
     start_hold_seconds: float = Field(alias="LEASEQ_START_HOLD_SECONDS",
                                       **config.START_HOLD.field())
 

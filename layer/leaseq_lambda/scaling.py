@@ -3,8 +3,12 @@
 The database keeps a pool of *places* (``app.worker_pool``, see sql/README.md): one per
 live worker invocation, each expiring with its invocation, and short-lived reservations
 for invocations on their way. Every change to the pool goes through one row lock, so the
-pool never holds more than ``LEASEQ_MAX_WORKERS`` places, whatever races, duplicate
-events or retries come its way. Here is the Lambda half:
+pool never holds more than its maximum, whatever races, duplicate events or retries come
+its way. The maximum, the start hold and the wake's debounce are the schema owner's
+(``app.settings``, written at deploy from the template's ``MaxWorkers`` and
+``WakeDebounceSeconds``); ``LEASEQ_MAX_WORKERS`` and ``LEASEQ_START_HOLD_SECONDS`` can
+only narrow them, so a stolen worker or producer login cannot widen them either. Here is
+the Lambda half:
 
 * :class:`PoolMembership`: an invocation joins the pool before it claims anything (its
   reservation if it was started for one, else free room) and leaves it when it ends;
@@ -15,9 +19,9 @@ events or retries come its way. Here is the Lambda half:
   background thread, so a claim never waits on Lambda. Every member asking for one more
   place per second doubles the pool each second while the backlog lasts.
 * :func:`wake`: the enqueue function's call after its commit. When nobody polls and
-  nobody is starting, and the last wake is older than the debounce, one place is
-  reserved and one worker invoked; otherwise nothing (1,000 enqueues in a second start
-  at most one invocation).
+  nobody is starting, and the login's last wake is older than the owner's debounce, the
+  database hands out a ticket and one worker is invoked naming it; otherwise nothing
+  (1,000 enqueues of one login in a second start at most one invocation).
 * :func:`wake_worker`: the same for producers that enqueue in their own transaction
   (``leaseq.enqueue_jobs(conn, ...)``), to call after their commit.
 
@@ -64,10 +68,6 @@ __all__ = [
 POOL_EXPIRY_MARGIN = 5.0
 #: The longest an ending invocation waits for a start already under way.
 CLOSE_SECONDS = 5.0
-#: The defaults of :func:`wake_worker` (those of ``LEASEQ_WAKE_DEBOUNCE_SECONDS`` and
-#: ``LEASEQ_START_HOLD_SECONDS``).
-WAKE_DEBOUNCE_SECONDS = 1.0
-START_HOLD_SECONDS = 90.0
 
 StartReason = Literal["fanout", "wake"]
 #: Starts one worker invocation with a pool-start event; raises WorkerStartError.
@@ -76,8 +76,8 @@ Invoke = Callable[[Mapping[str, str]], None]
 
 class WorkerStartError(LeaseqError):
     """The worker function could not be invoked (Lambda refused or could not be
-    reached). Its reserved place is given back, or expires after the start hold; the
-    jobs wait for the next worker (at the latest the scheduled tick)."""
+    reached). Its reserved place or ticket is given back, or expires after the start
+    hold; the jobs wait for the next worker (at the latest the scheduled tick)."""
 
 
 def lambda_starter(function_name: str, lambda_client: Any | None = None) -> Invoke:
@@ -107,14 +107,13 @@ def lambda_starter(function_name: str, lambda_client: Any | None = None) -> Invo
 
 
 def _release(client: QueueClient, place: UUID) -> None:
-    """Give back a reserved place whose invocation never started (never raises: a place
-    that cannot be given back expires after the start hold)."""
+    """Give back a reserved place or a wake's ticket whose invocation never started
+    (never raises: one that cannot be given back expires after the start hold)."""
     try:
         client.release_worker_place(place)
     except LeaseqError as exc:
-        logger.warning("reserved worker place not given back; it expires after "
-                       "LEASEQ_START_HOLD_SECONDS", extra={"place": str(place),
-                                                           "error": exc.message})
+        logger.warning("reserved worker place not given back; it expires after the "
+                       "start hold", extra={"place": str(place), "error": exc.message})
 
 
 def _start(client: QueueClient, invoke: Invoke, place: UUID, reason: StartReason) -> None:
@@ -373,17 +372,16 @@ class FanOut:
 
 def wake(client: QueueClient, settings: PoolSettings, lambda_client: Any | None = None, *,
          invoke: Invoke | None = None) -> bool:
-    """Start one worker invocation if nobody is polling or starting and the last wake
-    is older than ``LEASEQ_WAKE_DEBOUNCE_SECONDS``; True when one was started.
+    """Start one worker invocation if nobody is polling or starting and this login's
+    last wake is older than the schema owner's debounce; True when one was started.
 
-    Call it after the commit that made jobs ready. A failed invoke gives the place back
+    Call it after the commit that made jobs ready. A failed invoke gives the ticket back
     and raises :class:`WorkerStartError`; a database failure raises its own error. The
     enqueue function treats both as best effort: the jobs are stored either way.
     """
     if not settings.enabled:
         return False
-    place = client.wake_worker_place(float(settings.wake_debounce_seconds),
-                                     float(settings.start_hold_seconds), settings.max_workers)
+    place = client.wake_worker_place()
     if place is None:
         return False
     if invoke is None:
@@ -415,7 +413,6 @@ def wake_after_enqueue(client: QueueClient, settings: PoolSettings,
 
 
 def wake_worker(connection: psycopg.Connection[Any], function_name: str, *,
-                debounce: float = WAKE_DEBOUNCE_SECONDS, hold: float = START_HOLD_SECONDS,
                 lambda_client: Any | None = None) -> bool:
     """Wake a worker after committing jobs enqueued in your own transaction.
 
@@ -424,11 +421,11 @@ def wake_worker(connection: psycopg.Connection[Any], function_name: str, *,
     committed, on the same connection (or any connection as a member of
     ``leaseq_producer``, ``leaseq_tenant_producer`` or ``leaseq_worker``), with the
     worker function's name or ARN (the stack output ``WorkerFunctionName``). The caller
-    needs ``lambda:InvokeFunction`` on it. It is debounced in the database exactly as the
-    enqueue function's wake is (``debounce`` and ``hold`` as the worker's
-    ``LEASEQ_WAKE_DEBOUNCE_SECONDS`` and ``LEASEQ_START_HOLD_SECONDS``), so calling it
-    after every commit is cheap: it starts an invocation only when no worker is polling
-    or starting. Returns True when it started one.
+    needs ``lambda:InvokeFunction`` on it. It is debounced in the database as the
+    enqueue function's wake is, by the schema owner's debounce and start hold, per
+    login: calling it after every commit is cheap, it starts an invocation only when no
+    worker is polling or starting, and what this login's wakes do never holds back
+    another login's. Returns True when it started one.
 
     Best effort by design: when it raises (the database or Lambda failing), the jobs are
     committed all the same and the scheduled worker runs them within one tick.
@@ -449,7 +446,7 @@ def wake_worker(connection: psycopg.Connection[Any], function_name: str, *,
             "wake_worker was called inside an open transaction: commit the transaction "
             "that enqueued the jobs first, then call wake_worker, so that the worker it "
             "starts can see them")
-    place = client_calls.wake_worker_place(connection, debounce, hold)
+    place = client_calls.wake_worker_place(connection)
     if place is None:
         return False
     invoke = lambda_starter(function_name, lambda_client)
@@ -459,7 +456,7 @@ def wake_worker(connection: psycopg.Connection[Any], function_name: str, *,
         try:
             client_calls.release_worker_place(connection, place)
         except LeaseqError as exc:
-            logger.warning("worker wake failed and its place was not given back; it "
+            logger.warning("worker wake failed and its ticket was not given back; it "
                            "expires after the start hold",
                            extra={"place": str(place), "error": exc.message})
         raise

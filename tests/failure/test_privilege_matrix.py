@@ -79,6 +79,7 @@ app.join_worker_pool(text,text,uuid,integer,interval)                           
 app.leave_worker_pool(text)                                                                      x   x   .    .     x    .    .    .    .
 app.list_jobs(app.job_state,uuid,text,timestamp with time zone,timestamp with time zone,timestamp with time zone,uuid,integer)  x   x   .    .     .    .    x    .    .
 app.oldest_ready_at()                                                                            x   x   .    .     x    .    x    .    .
+app.pool_limits()                                                                                x   .   .    .     .    .    .    .    .
 app.prune_jobs(interval,integer)                                                                 x   x   .    .     .    .    x    .    .
 app.prune_retained_jobs(interval,integer)                                                        x   x   .    .     .    x    .    .    .
 app.queue_depth(uuid,text,integer)                                                               x   x   .    .     .    .    x    .    .
@@ -101,8 +102,9 @@ app.renew_job_lease(uuid,uuid,text,uuid,interval)                               
 app.repair_tenant_turns(integer)                                                                 x   x   .    .     .    x    x    .    .
 app.reserve_worker_places(integer,integer,interval)                                              x   x   .    .     x    .    .    .    .
 app.role_duration_setting(oid,text)                                                              x   .   .    .     .    .    .    .    .
+app.set_worker_pool_limits(integer,interval,interval)                                            x   .   .    .     .    .    .    .    .
 app.wake_tenants(uuid[],timestamp with time zone[],text[])                                       x   .   .    .     .    .    .    .    .
-app.wake_worker_place(interval,interval,integer)                                                 x   x   x    x     x    .    .    .    .
+app.wake_worker_place()                                                                          x   x   x    x     x    .    .    .    .
 app.worker_pool_size()                                                                           x   x   .    .     x    .    x    .    .
 """  # noqa: E501
 
@@ -122,6 +124,7 @@ app.tenant_turns      SIUDT  -   -    -     -    -    -    -    -
 app.tenant_turn_sweep SIUDT  -   -    -     -    -    -    -    -
 app.worker_pool       SIUDT  -   -    -     -    -    -    -    -
 app.worker_pool_state SIUDT  -   -    -     -    -    -    -    -
+app.worker_wakes      SIUDT  -   -    -     -    -    -    -    -
 """
 
 #: Columns a role with SELECT on the table may still not read.

@@ -11,7 +11,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from leaseq import DatabaseUnavailableError, PermissionDeniedError
+from leaseq import DatabaseUnavailableError, PermissionDeniedError, set_worker_pool_limits
 from leaseq_lambda import runtime
 from leaseq_lambda.enqueue import EnqueueRejectedError
 
@@ -454,9 +454,11 @@ def pooled(lambda_env: pytest.MonkeyPatch, local_invokes: LocalInvokes) -> Local
     return local_invokes
 
 
-def _places(admin: Conn) -> list[dict[str, Any]]:
-    return admin.execute("select id, owner, reason from app.worker_pool"
-                         " where expires_at > clock_timestamp()").fetchall()
+def _tickets(admin: Conn) -> list[Any]:
+    """The wakes' unexpired tickets, each the start of one worker on its way."""
+    rows = admin.execute("select ticket from app.worker_wakes where ticket is not null"
+                         " and ticket_expires_at > clock_timestamp()").fetchall()
+    return [row["ticket"] for row in rows]
 
 
 def test_a_ready_job_on_an_idle_queue_wakes_one_worker_after_the_commit(
@@ -466,8 +468,8 @@ def test_a_ready_job_on_an_idle_queue_wakes_one_worker_after_the_commit(
 
     assert answer["created"] == 1
     (event,) = pooled.events(1)
-    (place,) = _places(admin)
-    assert event == {"source": "leaseq.pool", "reason": "wake", "reservation": str(place["id"])}
+    (ticket,) = _tickets(admin)
+    assert event == {"source": "leaseq.pool", "reason": "wake", "reservation": str(ticket)}
     assert [row["state"] for row in jobs(owner)] == ["pending"]  # committed before the wake
     out = read_output()
     assert (out.metric("WorkersStarted"), out.metric("WorkerStartsFailed")) == ([1], [0])
@@ -480,27 +482,27 @@ def test_enqueues_while_a_worker_is_on_its_way_wake_no_other(
     invoke(enqueue_app, load_event("enqueue_batch"), request_id="req-2")
     invoke(enqueue_app, load_event("enqueue_eventbridge"), request_id="req-3")
 
-    assert len(_places(admin)) == 1
+    assert len(_tickets(admin)) == 1
     assert pooled.accepted() == 1
     assert read_output().metric("WorkersStarted") == [1, 0, 0]
 
 
 def test_a_job_for_later_or_one_that_existed_wakes_nobody(
-        enqueue_app: ModuleType, pooled: LocalInvokes, lambda_env: pytest.MonkeyPatch,
-        admin: Conn, read_output: Callable[[], Output]) -> None:
-    lambda_env.setenv("LEASEQ_WAKE_DEBOUNCE_SECONDS", "0")
-    runtime.reset()
+        enqueue_app: ModuleType, pooled: LocalInvokes, owner: Conn, admin: Conn,
+        read_output: Callable[[], Output]) -> None:
+    set_worker_pool_limits(owner, wake_debounce=0)  # any wake asked for would start one
     later = {**load_event("enqueue_direct"), "operation_key": "later",
              "available_at": (datetime.now(UTC) + timedelta(hours=1)).isoformat()}
     invoke(enqueue_app, later)
-    assert (_places(admin), pooled.accepted()) == ([], 0)
+    assert (_tickets(admin), pooled.accepted()) == ([], 0)
     invoke(enqueue_app, load_event("enqueue_direct"))  # created: wakes one
-    admin.execute("delete from app.worker_pool")  # that worker came and went
+    # That worker came (using the ticket) and went.
+    admin.execute("update app.worker_wakes set ticket = null, ticket_expires_at = null")
 
     again = invoke(enqueue_app, load_event("enqueue_direct"), request_id="req-2")
 
     assert again["existing"] == 1
-    assert _places(admin) == []
+    assert _tickets(admin) == []
     assert pooled.accepted() == 1
     assert read_output().metric("WorkersStarted") == [1]
 
@@ -515,7 +517,7 @@ def test_a_wake_that_fails_never_fails_the_enqueue(
 
     assert answer["created"] == 1
     assert [row["state"] for row in jobs(owner)] == ["pending"]
-    assert _places(admin) == []  # the place it reserved is given back
+    assert _tickets(admin) == []  # the ticket it took is given back
     out = read_output()
     assert (out.metric("WorkersStarted"), out.metric("WorkerStartsFailed")) == ([0], [1])
     (line,) = out.messages("waking a worker failed; the scheduled worker runs the jobs")
@@ -528,6 +530,6 @@ def test_with_the_pool_off_an_enqueue_wakes_nothing_and_reports_no_wake_metrics(
         read_output: Callable[[], Output]) -> None:
     invoke(enqueue_app, load_event("enqueue_direct"))
 
-    assert _places(admin) == []
+    assert _tickets(admin) == []
     assert local_invokes.accepted() == 0
     assert "WorkersStarted" not in read_output().metric_definitions()

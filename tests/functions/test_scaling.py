@@ -20,6 +20,7 @@ from leaseq import (
     QueueClient,
     ScaleUp,
     connect,
+    set_worker_pool_limits,
 )
 from leaseq.settings import PoolSettings
 from leaseq_lambda import wake_worker
@@ -56,6 +57,13 @@ def places(admin: Conn) -> list[dict[str, Any]]:
     """The unexpired places of the pool, oldest first."""
     return admin.execute("select id, owner, reason from app.worker_pool"
                          " where expires_at > clock_timestamp() order by created_at").fetchall()
+
+
+def tickets(admin: Conn) -> list[UUID]:
+    """The wakes' unexpired tickets (a ticket holds no place of the pool)."""
+    rows = admin.execute("select ticket from app.worker_wakes where ticket is not null"
+                         " and ticket_expires_at > clock_timestamp()").fetchall()
+    return [row["ticket"] for row in rows]
 
 
 def claim(client: QueueClient, jobs: int, limit: int) -> list[ClaimedJob]:
@@ -206,6 +214,39 @@ def test_a_started_invocation_takes_its_reservation_and_a_second_delivery_gets_o
     assert duplicate.fan_out is None
 
 
+def test_after_a_worker_login_reserved_the_pool_for_a_day_the_schedules_invocation_still_joins(
+        client: QueueClient, admin: Conn) -> None:
+    """The attack of a stolen worker login: reserve_worker_places(1000, 1000, '1 day')
+    used to make 1,000 places for a day, and the schedule's join then returned false.
+    Now the owner's 4 places for the owner's 90 s, and the tick takes the oldest."""
+    stolen = client.reserve_worker_places(1000, 1000, 86_400)
+    assert len(stolen) == 4
+    assert {p["id"] for p in places(admin)} == set(stolen)
+
+    membership = PoolMembership(client, settings(max_workers=8), "scheduled")
+
+    assert membership.join(Tick("scheduler"), 30.0)
+    assert [p["owner"] for p in places(admin)].count("scheduled") == 1
+    membership.finish(30.0)
+
+
+def test_in_a_pool_full_of_running_invocations_the_tick_drains_in_the_extra_place_and_fans_out_none(
+        client: QueueClient, admin: Conn, local_invokes: LocalInvokes) -> None:
+    for n in range(4):  # running invocations, or a worker login squatting every place
+        assert client.join_worker_pool(f"running-{n}", "fanout", None, 1000, 960)
+    membership = PoolMembership(client, settings(max_workers=4), "scheduled")
+
+    assert membership.join(Tick("scheduler"), 30.0)
+    assert membership.fan_out is not None
+    membership.fan_out(claim(client, 3, 2), 2)
+    report = membership.finish(30.0)
+
+    assert report is not None
+    assert (report.started, report.pool_full) == (0, 1)  # fan-out stays within the maximum
+    assert local_invokes.accepted() == 0
+    assert len(places(admin)) == 4
+
+
 def test_a_place_expires_with_its_invocation_and_finish_frees_it_at_once(
         client: QueueClient, admin: Conn) -> None:
     membership = PoolMembership(client, settings(), "worker-a")
@@ -284,14 +325,14 @@ def test_the_reaper_refuses_a_pool_start_and_names_the_setting_that_sent_it() ->
 # Wake ---------------------------------------------------------------------------------------
 
 
-def test_a_wake_on_an_empty_pool_reserves_one_place_and_starts_one_worker(
+def test_a_wake_on_an_empty_pool_takes_one_ticket_and_starts_one_worker(
         client: QueueClient, admin: Conn, local_invokes: LocalInvokes) -> None:
     assert wake(client, settings())
 
     (event,) = local_invokes.events(1)
-    (place,) = places(admin)
-    assert event == start_event(place["id"], "wake")
-    assert (place["owner"], place["reason"]) == (None, "wake")
+    (ticket,) = tickets(admin)
+    assert event == start_event(ticket, "wake")
+    assert places(admin) == []  # the woken worker joins with free room
 
 
 def test_a_thousand_wakes_in_a_burst_start_one_worker(
@@ -299,22 +340,24 @@ def test_a_thousand_wakes_in_a_burst_start_one_worker(
     woken = [wake(client, settings()) for _ in range(1000)]
 
     assert woken.count(True) == 1
-    assert len(places(admin)) == 1
+    assert len(tickets(admin)) == 1
     assert len(local_invokes.events(1)) == 1
     assert local_invokes.accepted() == 1
 
 
-def test_no_wake_while_a_worker_polls_nor_within_the_debounce(
-        client: QueueClient, admin: Conn, local_invokes: LocalInvokes) -> None:
+def test_no_wake_while_a_worker_polls_nor_within_the_owners_debounce(
+        client: QueueClient, owner: Conn, admin: Conn, local_invokes: LocalInvokes) -> None:
+    set_worker_pool_limits(owner, wake_debounce=30)
     assert client.join_worker_pool("polling", "schedule", None, 2, 60)
     assert not wake(client, settings())  # a worker is polling: it finds the job itself
     client.leave_worker_pool("polling")
-    assert wake(client, settings(wake_debounce_seconds=30))
-    (reserved,) = places(admin)
-    client.join_worker_pool("woken", "wake", reserved["id"], 2, 60)
+    assert wake(client, settings())
+    (ticket,) = tickets(admin)
+    assert client.join_worker_pool("woken", "wake", ticket, 2, 60)
     client.leave_worker_pool("woken")
+    assert tickets(admin) == []  # the woken worker used it
 
-    assert not wake(client, settings(wake_debounce_seconds=30))  # the last wake is recent
+    assert not wake(client, settings())  # the last wake is recent
     assert local_invokes.accepted() == 1
 
 
@@ -323,7 +366,7 @@ def test_a_failed_wake_gives_its_place_back_and_raises(
     with pytest.raises(WorkerStartError, match="NoSuchFunction"):
         wake(client, settings(worker_function="NoSuchFunction"))
 
-    assert places(admin) == []
+    assert (places(admin), tickets(admin)) == ([], [])
 
 
 def test_with_the_pool_off_a_wake_does_nothing(client: QueueClient, admin: Conn) -> None:
@@ -345,8 +388,8 @@ def test_wake_worker_after_the_producers_commit_starts_one_worker(
         assert conn.info.transaction_status.name == "IDLE"  # nothing left uncommitted
 
     (event,) = local_invokes.events(1)
-    (place,) = places(admin)
-    assert event == start_event(place["id"], "wake")
+    (ticket,) = tickets(admin)
+    assert event == start_event(ticket, "wake")
 
 
 def test_wake_worker_inside_an_open_transaction_is_refused_and_reserves_nothing(
@@ -358,19 +401,28 @@ def test_wake_worker_inside_an_open_transaction_is_refused_and_reserves_nothing(
             wake_worker(conn, "Probe")
         conn.rollback()
 
-    assert places(admin) == []
+    assert (places(admin), tickets(admin)) == ([], [])
     assert local_invokes.accepted() == 0
 
 
-def test_a_producer_whose_wake_fails_gives_its_place_back_so_the_next_wake_can_start_one(
-        db: Database, admin: Conn, local_invokes: LocalInvokes) -> None:
+def test_a_producer_whose_wake_fails_gives_its_ticket_back_so_the_next_wake_can_start_one(
+        db: Database, owner: Conn, admin: Conn, local_invokes: LocalInvokes) -> None:
+    set_worker_pool_limits(owner, wake_debounce=0)
     with db.connect(PRODUCER) as conn:
         with pytest.raises(WorkerStartError, match="NoSuchFunction"):
-            wake_worker(conn, "NoSuchFunction", debounce=0, hold=60)
+            wake_worker(conn, "NoSuchFunction")
 
-        # The failed start's place is free at once, not after its hold: the next wake
-        # (here to a function that exists) reserves and starts one.
-        assert places(admin) == []
-        assert wake_worker(conn, "Probe", debounce=0, hold=60)
-    (place,) = places(admin)
-    assert place["reason"] == "wake"
+        # The failed start's ticket is given back at once, not after its hold: the next
+        # wake (here to a function that exists) takes one and starts a worker.
+        assert tickets(admin) == []
+        assert wake_worker(conn, "Probe")
+    (ticket,) = tickets(admin)
+    (event,) = local_invokes.events(1)
+    assert event == start_event(ticket, "wake")
+
+
+def test_wake_worker_takes_no_hold_or_debounce_from_the_producer(
+        db: Database) -> None:
+    """The hold and the debounce are the schema owner's: a producer cannot pass them."""
+    with db.connect(PRODUCER) as conn, pytest.raises(TypeError, match="hold"):
+        wake_worker(conn, "Probe", hold=86_400)  # type: ignore[call-arg]

@@ -22,6 +22,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,8 @@ DEFAULT_BUDGET = {
     "OperatorConnections": "3",
     "ProxyMaxConnectionsPercent": "50",
 }
+#: The WorkerPool property as template.yaml sends it with its defaults.
+DEFAULT_POOL = {"MaxWorkers": "4", "StartHoldSeconds": "90", "WakeDebounceSeconds": "1"}
 STACK_ID = "arn:aws:cloudformation:us-east-1:123456789012:stack/leaseq-dev/0f1e2d3c"
 
 
@@ -90,6 +93,7 @@ def request(
     logins: dict[str, str],
     physical_id: str | None = None,
     budget: dict[str, str] | None = None,
+    pool: dict[str, str] | None = None,
     stack_id: str = STACK_ID,
     **properties: str,
 ) -> dict[str, Any]:
@@ -109,6 +113,7 @@ def request(
             "RuntimeIamAuth": "true",
             "RuntimeStatementTimeout": "15s",
             "ConnectionBudget": {**DEFAULT_BUDGET, **(budget or {})},
+            "WorkerPool": {**DEFAULT_POOL, **(pool or {})},
             **properties,
         },
     }
@@ -1357,3 +1362,90 @@ def test_the_owner_refuses_a_missing_bundle_and_an_unknown_mode_by_name(
         owner_dsn(migrations_app, LEASEQ_DB_SSLMODE="verify-full")
     with pytest.raises(ConfigurationError, match="LEASEQ_DB_SSLMODE=strict is not"):
         owner_dsn(migrations_app, LEASEQ_DB_SSLMODE="strict")
+
+
+# ---- the worker pool's limits, the owner's ---------------------------------------------------
+
+
+def pool_limits(db: Database) -> dict[str, Any]:
+    with db.connect(postgres.OWNER) as conn:
+        row = conn.execute("select max_workers, start_hold, wake_debounce from app.settings"
+                           ).fetchone()
+    assert row is not None
+    return dict(row)
+
+
+def test_create_writes_the_templates_pool_limits_to_the_owners_settings(
+    migrations_app: Any, database: Database, response_endpoint: ResponseEndpoint,
+    logins: dict[str, str],
+) -> None:
+    """MaxWorkers and WakeDebounceSeconds reach app.settings, which the functions' logins
+    can neither read nor write: what the worker or a producer passes only narrows them."""
+    event = request("Create", response_endpoint, logins=logins,
+                    budget={"MaxWorkers": "12", "WorkerReservedConcurrency": "13"},
+                    pool={"MaxWorkers": "12", "StartHoldSeconds": "120",
+                          "WakeDebounceSeconds": "2.5"})
+
+    migrations_app.handle(event, None, owner_dsn=lambda: database.owner_dsn)
+
+    answer = response_endpoint.only_put()
+    assert answer.body["Status"] == "SUCCESS", answer.body.get("Reason")
+    assert answer.body["Data"]["WorkerPoolLimits"] == (
+        "MaxWorkers 12, StartHoldSeconds 120, WakeDebounceSeconds 2.5")
+    assert pool_limits(database) == {"max_workers": 12, "start_hold": timedelta(seconds=120),
+                                     "wake_debounce": timedelta(seconds=2.5)}
+    with (database.connect(logins["WorkerDbUser"]) as worker,
+          pytest.raises(psycopg.errors.InsufficientPrivilege)):
+        worker.execute("select * from app.set_worker_pool_limits(1000)")
+
+
+def test_an_update_writes_changed_limits_and_one_without_them_leaves_them_as_they_are(
+    migrations_app: Any, database: Database, response_endpoint: ResponseEndpoint,
+    logins: dict[str, str],
+) -> None:
+    create = request("Create", response_endpoint, logins=logins)
+    migrations_app.handle(create, None, owner_dsn=lambda: database.owner_dsn)
+    physical_id = response_endpoint.puts[0].body["PhysicalResourceId"]
+    update = request("Update", response_endpoint, logins=logins, physical_id=physical_id,
+                     budget={"MaxWorkers": "2"}, pool={"MaxWorkers": "2"})
+    migrations_app.handle(update, None, owner_dsn=lambda: database.owner_dsn)
+    assert pool_limits(database)["max_workers"] == 2
+
+    # CloudFormation rolling back to a template that predates the property.
+    earlier = request("Update", response_endpoint, logins=logins, physical_id=physical_id)
+    del earlier["ResourceProperties"]["WorkerPool"]
+    migrations_app.handle(earlier, None, owner_dsn=lambda: database.owner_dsn)
+
+    answer = response_endpoint.puts[-1]
+    assert answer.body["Status"] == "SUCCESS", answer.body.get("Reason")
+    assert answer.body["Data"]["WorkerPoolLimits"].startswith("left as they are")
+    assert pool_limits(database)["max_workers"] == 2
+
+
+@pytest.mark.parametrize(("key", "value", "expected"), [
+    ("MaxWorkers", "1001",
+     "WorkerPool.MaxWorkers must be a whole number at least 0 and at most 1000, not '1001'"),
+    ("MaxWorkers", "2.5", "WorkerPool.MaxWorkers must be a whole number"),
+    ("StartHoldSeconds", "86400",
+     "WorkerPool.StartHoldSeconds must be a number of seconds at least 1 and at most 900"),
+    ("StartHoldSeconds", "nan", "WorkerPool.StartHoldSeconds must be a number of seconds"),
+    ("WakeDebounceSeconds", "-1", "WorkerPool.WakeDebounceSeconds must be a number of seconds"),
+    ("WakeDebounceSeconds", None, "the resource property WorkerPool.WakeDebounceSeconds is "
+                                  "missing"),
+])
+def test_a_bad_pool_limit_is_refused_by_name_before_connecting(
+    migrations_app: Any, response_endpoint: ResponseEndpoint, logins: dict[str, str],
+    key: str, value: str | None, expected: str,
+) -> None:
+    event = request("Create", response_endpoint, logins=logins)
+    limits = event["ResourceProperties"]["WorkerPool"]
+    if value is None:
+        del limits[key]
+    else:
+        limits[key] = value
+
+    migrations_app.handle(event, None, owner_dsn=no_connection)
+
+    answer = response_endpoint.only_put()
+    assert answer.body["Status"] == "FAILED"
+    assert expected in answer.body["Reason"]

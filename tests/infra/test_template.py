@@ -61,7 +61,6 @@ DUTY_GROUPS = ("leaseq_producer", "leaseq_tenant_producer", "leaseq_worker", "le
 POOL_PARAMETERS = {
     "LEASEQ_MAX_WORKERS": "MaxWorkers",
     "LEASEQ_FANOUT_IDLE_SECONDS": "FanOutIdleSeconds",
-    "LEASEQ_WAKE_DEBOUNCE_SECONDS": "WakeDebounceSeconds",
 }
 POOL_VARIABLES = (*POOL_PARAMETERS, "LEASEQ_WORKER_FUNCTION")
 #: What the template sets for Powertools itself (Globals): no leaseq setting reads these.
@@ -478,10 +477,13 @@ def test_max_workers_reaches_the_worker_and_the_enqueue_function_and_only_them(
 
     assert (parameter["Default"], parameter["MinValue"], parameter["MaxValue"]) == (4, 0, 1000)
     assert worker["LEASEQ_MAX_WORKERS"] == enqueue["LEASEQ_MAX_WORKERS"] == {"Ref": "MaxWorkers"}
-    # The worker stops a started invocation when idle; the enqueue function debounces wakes.
+    # The worker stops a started invocation when idle. The wake's debounce and the start
+    # hold are the schema owner's (test_the_pool_limits_reach_the_owners_settings_...):
+    # no function's environment names them.
     assert worker["LEASEQ_FANOUT_IDLE_SECONDS"] == {"Ref": "FanOutIdleSeconds"}
-    assert enqueue["LEASEQ_WAKE_DEBOUNCE_SECONDS"] == {"Ref": "WakeDebounceSeconds"}
-    assert "LEASEQ_WAKE_DEBOUNCE_SECONDS" not in worker
+    for environment in (worker, enqueue):
+        assert not {"LEASEQ_WAKE_DEBOUNCE_SECONDS", "LEASEQ_START_HOLD_SECONDS"} & set(
+            environment)
     assert "LEASEQ_FANOUT_IDLE_SECONDS" not in enqueue
     for name in ("ReaperFunction", "MigrationsFunction", "DashboardFunction"):
         assert not set(POOL_VARIABLES) & set(environment_of(cfn, name)), name
@@ -603,6 +605,31 @@ def test_the_pool_parameters_fit_the_librarys_bounds(sam: dict[str, Any]) -> Non
     # A reservation outlives the oldest start Lambda may still deliver.
     hold = fields["LEASEQ_START_HOLD_SECONDS"].default
     assert hold > 60, "LEASEQ_START_HOLD_SECONDS must exceed MaximumEventAgeInSeconds"
+
+
+def test_the_pool_limits_reach_the_owners_settings_through_the_migrations_and_fit_them(
+    sam: dict[str, Any], cfn: dict[str, Any],
+) -> None:
+    """The maximum, the start hold and the debounce are written by the migrations custom
+    resource as the schema owner (app.settings), from the same parameters the functions
+    get, and every value the template accepts is one the database accepts."""
+    from leaseq.config import OWNER_POOL_BOUNDS
+
+    limits = cfn["Resources"]["Migrations"]["Properties"]["WorkerPool"]
+    assert limits == {"MaxWorkers": {"Ref": "MaxWorkers"}, "StartHoldSeconds": "90",
+                      "WakeDebounceSeconds": {"Ref": "WakeDebounceSeconds"}}
+    for parameter, key in (("MaxWorkers", "max_workers"),
+                           ("WakeDebounceSeconds", "wake_debounce")):
+        definition, bounds = sam["Parameters"][parameter], OWNER_POOL_BOUNDS[key]
+        assert bounds.allows(definition["MinValue"]), parameter
+        assert bounds.allows(definition["MaxValue"]), parameter
+        assert bounds.allows(definition["Default"]), parameter
+    # A start event Lambda still delivers finds its place (or its ticket) waiting.
+    age = cfn["Resources"]["WorkerFunctionEventInvokeConfig"]["Properties"][
+        "MaximumEventAgeInSeconds"]
+    hold = float(limits["StartHoldSeconds"])
+    assert OWNER_POOL_BOUNDS["start_hold"].allows(hold)
+    assert hold > age, "StartHoldSeconds must exceed the worker's MaximumEventAgeInSeconds"
 
 
 def test_the_default_reservation_holds_the_default_pool_and_the_tick_everywhere(

@@ -19,6 +19,8 @@ from leaseq import (
     InvalidRequestError,
     JobContext,
     LeaseqSettings,
+    PermissionDeniedError,
+    PoolLimits,
     PoolSettings,
     PoolSize,
     QueueClient,
@@ -26,6 +28,8 @@ from leaseq import (
     ScaleUp,
     Worker,
     WorkerConfig,
+    connect,
+    set_worker_pool_limits,
 )
 from leaseq import config as leaseq_config
 from leaseq_lambda.runtime import Runtime
@@ -124,13 +128,15 @@ def test_pool_members_asking_once_a_second_double_the_pool_each_second() -> None
 def test_the_client_joins_reserves_releases_wakes_and_counts_the_pool(
     client: QueueClient, owner: Conn
 ) -> None:
+    set_worker_pool_limits(owner, max_workers=3)
     assert client.worker_pool_size() == PoolSize(live=0, reserved=0)
-    woken = client.wake_worker_place(debounce=1.0, hold=90.0, max_workers=3)
+    woken = client.wake_worker_place()
     assert isinstance(woken, uuid.UUID)
-    assert client.wake_worker_place(debounce=1.0, hold=90.0, max_workers=3) is None
+    assert client.wake_worker_place() is None
+    assert client.worker_pool_size() == PoolSize(live=0, reserved=0)  # a ticket, no room
 
-    assert client.join_worker_pool("woken", "wake", woken, max_workers=3, expires_in=65.0)
-    reserved = client.reserve_worker_places(5, max_workers=3, hold=90.0)
+    assert client.join_worker_pool("woken", "wake", woken, max_workers=1000, expires_in=65.0)
+    reserved = client.reserve_worker_places(5, max_workers=1000, hold=90.0)
     assert len(reserved) == 2
     assert client.worker_pool_size() == PoolSize(live=1, reserved=2)
     assert client.join_worker_pool("duplicate", "fanout", woken, max_workers=3,
@@ -147,14 +153,32 @@ def test_the_client_joins_reserves_releases_wakes_and_counts_the_pool(
     assert rows == [{"owner": "tick", "reason": "schedule"}, {"owner": None, "reason": "fanout"}]
 
 
+def test_the_owner_sets_the_pool_limits_and_the_client_cannot(
+    client: QueueClient, owner: Conn, db: Database
+) -> None:
+    assert set_worker_pool_limits(owner, max_workers=6, wake_debounce=0.5) == PoolLimits(
+        max_workers=6, start_hold=90.0, wake_debounce=0.5)
+    assert set_worker_pool_limits(owner, start_hold=120) == PoolLimits(6, 120.0, 0.5)
+    with pytest.raises(InvalidRequestError, match="p_start_hold must be between") as refused:
+        set_worker_pool_limits(owner, start_hold=86_400)
+    assert refused.value.sqlstate == "22023"
+
+    with connect(db.worker_dsn) as worker, pytest.raises(PermissionDeniedError):
+        set_worker_pool_limits(worker, max_workers=1000)
+    assert set_worker_pool_limits(owner) == PoolLimits(6, 120.0, 0.5)
+    assert len(client.reserve_worker_places(10, max_workers=1000, hold=900)) == 6
+
+
 @pytest.mark.parametrize("seconds", [float("nan"), float("inf"), 1e300])
 def test_a_duration_no_interval_can_hold_is_refused_naming_it_before_anything_is_sent(
-    client: QueueClient, seconds: float
+    client: QueueClient, owner: Conn, seconds: float
 ) -> None:
     with pytest.raises(InvalidRequestError, match="hold must be a finite number of seconds"):
         client.reserve_worker_places(1, max_workers=2, hold=seconds)
     with pytest.raises(InvalidRequestError, match="expires_in must be a finite number"):
         client.join_worker_pool("w", "schedule", None, max_workers=2, expires_in=seconds)
+    with pytest.raises(InvalidRequestError, match="wake_debounce must be a finite number"):
+        set_worker_pool_limits(owner, wake_debounce=seconds)
 
     assert client.worker_pool_size() == PoolSize(live=0, reserved=0)
 
@@ -163,7 +187,10 @@ def test_a_duration_out_of_the_contracts_range_is_refused_by_the_database_with_2
     client: QueueClient,
 ) -> None:
     with pytest.raises(InvalidRequestError, match="p_hold must be between") as refused:
-        client.wake_worker_place(debounce=1.0, hold=0.0, max_workers=2)
+        client.reserve_worker_places(1, max_workers=2, hold=0.0)
+    assert refused.value.sqlstate == "22023"
+    with pytest.raises(InvalidRequestError, match="p_expires_in must be between") as refused:
+        client.join_worker_pool("w", "schedule", None, max_workers=2, expires_in=86_400.0)
     assert refused.value.sqlstate == "22023"
     with pytest.raises(InvalidRequestError, match="p_reason must be one of") as refused:
         client.join_worker_pool("w", "cron", None, max_workers=2, expires_in=60.0)
@@ -310,23 +337,29 @@ def test_without_pool_settings_there_is_no_pool() -> None:
 
     assert pool == PoolSettings()
     assert (pool.max_workers, pool.enabled, pool.worker_function) == (0, False, None)
-    assert (pool.fanout_idle_seconds, pool.wake_debounce_seconds, pool.start_hold_seconds) == (
-        10.0, 1.0, 90.0)
+    assert (pool.fanout_idle_seconds, pool.start_hold_seconds) == (10.0, 90.0)
 
 
 def test_every_pool_variable_is_read() -> None:
     pool = LeaseqSettings.from_env({
         "DATABASE_URL": DSN, "LEASEQ_MAX_WORKERS": "8",
         "LEASEQ_WORKER_FUNCTION": "arn:aws:lambda:us-east-1:1:function:leaseq-worker",
-        "LEASEQ_FANOUT_IDLE_SECONDS": "5", "LEASEQ_WAKE_DEBOUNCE_SECONDS": "0.5",
-        "LEASEQ_START_HOLD_SECONDS": "120",
+        "LEASEQ_FANOUT_IDLE_SECONDS": "5", "LEASEQ_START_HOLD_SECONDS": "120",
     }).pool
 
     assert pool.enabled
     assert (pool.max_workers, pool.worker_function) == (
         8, "arn:aws:lambda:us-east-1:1:function:leaseq-worker")
-    assert (pool.fanout_idle_seconds, pool.wake_debounce_seconds, pool.start_hold_seconds) == (
-        5.0, 0.5, 120.0)
+    assert (pool.fanout_idle_seconds, pool.start_hold_seconds) == (5.0, 120.0)
+
+
+def test_the_wake_debounce_is_no_setting_of_a_function_any_more() -> None:
+    """It is the schema owner's (app.settings.wake_debounce): a producer's environment
+    cannot choose it, and a variable left from an earlier release changes nothing."""
+    pool = LeaseqSettings.from_env({"DATABASE_URL": DSN, "LEASEQ_WAKE_DEBOUNCE_SECONDS": "0"}).pool
+
+    assert pool == PoolSettings()
+    assert not hasattr(pool, "wake_debounce_seconds")
 
 
 def test_a_pool_without_a_worker_function_to_start_is_refused_naming_both_variables() -> None:
@@ -344,8 +377,8 @@ def test_a_pool_without_a_worker_function_to_start_is_refused_naming_both_variab
 
 @pytest.mark.parametrize(("variable", "value"), [
     ("LEASEQ_MAX_WORKERS", "-1"), ("LEASEQ_MAX_WORKERS", "1001"), ("LEASEQ_MAX_WORKERS", "2.5"),
-    ("LEASEQ_FANOUT_IDLE_SECONDS", "-1"), ("LEASEQ_WAKE_DEBOUNCE_SECONDS", "3601"),
-    ("LEASEQ_START_HOLD_SECONDS", "0.5"), ("LEASEQ_START_HOLD_SECONDS", "86401"),
+    ("LEASEQ_FANOUT_IDLE_SECONDS", "-1"), ("LEASEQ_START_HOLD_SECONDS", "0.5"),
+    ("LEASEQ_START_HOLD_SECONDS", "901"),
 ])
 def test_a_pool_setting_out_of_its_bounds_is_refused_naming_its_variable(
     variable: str, value: str
@@ -359,7 +392,6 @@ def test_a_pool_setting_out_of_its_bounds_is_refused_naming_its_variable(
 def test_the_pool_settings_take_their_defaults_and_bounds_from_the_one_table() -> None:
     variables = {"max_workers": "LEASEQ_MAX_WORKERS",
                  "fanout_idle": "LEASEQ_FANOUT_IDLE_SECONDS",
-                 "wake_debounce": "LEASEQ_WAKE_DEBOUNCE_SECONDS",
                  "start_hold": "LEASEQ_START_HOLD_SECONDS"}
     assert set(variables) == set(leaseq_config.POOL_BOUNDS)
     named = {"LEASEQ_WORKER_FUNCTION": "leaseq-worker"}

@@ -467,4 +467,5 @@ def test_owner_is_not_a_superuser_and_does_not_bypass_rls(owner: Conn) -> None:
         "tenant_turns": (True, False),
         "worker_pool": (True, False),
         "worker_pool_state": (True, False),
+        "worker_wakes": (True, False),
     }

@@ -161,15 +161,12 @@ def _produce(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
                 (tenant, ids["a"]))
     assert call("get_job_result_by_key", "select * from app.get_job_result_by_key(%s, 'b')",
                 (tenant,))
-    # After an enqueue, the wake: the pool is empty, so it reserves a place; its start
-    # failed, so the producer gives it back, and wakes again (the worker's duty below
-    # finds that place in the pool).
-    (woken,) = call("wake_worker_place",
-                    "select app.wake_worker_place('0 seconds', '90 seconds', 4) as place", ())
-    assert woken["place"] is not None, "the wake reserved nothing"
+    # After an enqueue, the wake: the pool is empty, so it hands out a ticket; its start
+    # failed, so the producer gives it back, and wakes again (within the debounce: NULL).
+    (woken,) = call("wake_worker_place", "select app.wake_worker_place() as place", ())
+    assert woken["place"] is not None, "the wake gave no ticket"
     call("release_worker_place", "select app.release_worker_place(%s)", (woken["place"],))
-    call("wake_worker_place",
-         "select app.wake_worker_place('0 seconds', '90 seconds', 4) as place", ())
+    call("wake_worker_place", "select app.wake_worker_place() as place", ())
 
 
 def _work(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
@@ -223,8 +220,8 @@ def _work(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
 
 def _pool(call: Call) -> None:
     """A worker invocation's pool calls: scale up, join taking a reservation, give back
-    a reservation whose invoke failed, count, leave, and wake (the produce duty's wake
-    holds a place, so this one answers NULL)."""
+    a reservation whose invoke failed, count, leave, and wake (the pool is empty again,
+    so the worker's login gets a ticket of its own)."""
     places = [r["place"] for r in call(
         "reserve_worker_places",
         "select r.place from app.reserve_worker_places(2, 4, '90 seconds') as r(place)", ())]
@@ -235,8 +232,7 @@ def _pool(call: Call) -> None:
     call("release_worker_place", "select app.release_worker_place(%s)", (places[1],))
     assert call("worker_pool_size", "select * from app.worker_pool_size()", ())[0]["live"] == 1
     call("leave_worker_pool", "select app.leave_worker_pool('w1')", ())
-    call("wake_worker_place",
-         "select app.wake_worker_place('0 seconds', '90 seconds', 4) as place", ())
+    call("wake_worker_place", "select app.wake_worker_place() as place", ())
 
 
 def _reap(call: Call, tenant: uuid.UUID, admin: Conn) -> None:

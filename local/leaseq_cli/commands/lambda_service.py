@@ -70,8 +70,10 @@ def register(sub: Any, command: CommandFactory, needs_subcommand: Callable[..., 
                        "(default 10; AWS accounts have 1000)")
     serve.add_argument("--max-workers", type=arguments.positive_int, metavar="N",
                        help="turn the worker pool on with at most N worker invocations at "
-                       "once: fan-out and wake on enqueue (LEASEQ_MAX_WORKERS of the worker "
-                       "and enqueue functions, the worker's reserved concurrency N + 1)")
+                       "once: fan-out and wake on enqueue (the database's maximum, set as "
+                       "its schema owner as a deploy sets MaxWorkers; LEASEQ_MAX_WORKERS of "
+                       "the worker and enqueue functions; the worker's reserved concurrency "
+                       "N + 1)")
 
 
 def _template(args: argparse.Namespace) -> Path:
@@ -137,6 +139,24 @@ def pool_parameters(template: Path, max_workers: int) -> dict[str, str]:
     return {name: value for name, value in wanted.items() if name in (declared or {})}
 
 
+def set_pool_maximum(target: Any, max_workers: int) -> str | None:
+    """Make ``max_workers`` the database's own maximum (``app.settings.max_workers``), as
+    its schema owner, the way a deploy writes ``MaxWorkers``: the functions'
+    ``LEASEQ_MAX_WORKERS`` can only narrow it. A database this command cannot change as
+    its owner (a DATABASE_URL of a runtime login) keeps its own maximum, which then caps
+    the pool; the answer says so (None when it was written)."""
+    from leaseq import LeaseqError, set_worker_pool_limits
+
+    try:
+        with target.connect_owner("leaseq-cli-pool") as conn:
+            set_worker_pool_limits(conn, max_workers=max_workers)
+    except (LeaseqError, CliError) as exc:
+        return (f"the worker pool's maximum stays the database's own (app.settings.max_workers,"
+                f" which only the schema owner sets; {exc.message}): --max-workers "
+                f"{max_workers} can only narrow it")
+    return None
+
+
 def merge_env_vars(*sets: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
     """``--env-vars`` documents merged function by function (later ones win)."""
     merged: dict[str, dict[str, str]] = {}
@@ -151,7 +171,8 @@ def local_lambda(template: Path, target: Any, handlers: str, *, log: Any, port: 
                  env_vars: dict[str, dict[str, str]] | None = None,
                  max_workers: int | None = None, **options: Any) -> Any:
     """The local Lambda service of ``template`` on ``target``'s database (not started).
-    With ``max_workers`` the worker pool is on (:func:`pool_env_vars`)."""
+    With ``max_workers`` the worker pool is on (:func:`pool_env_vars`), with that maximum
+    in the database too (:func:`set_pool_maximum`)."""
     try:
         from leaseq_lambda_local import LocalConfig, LocalLambda, TemplateError
     except ImportError as exc:
@@ -162,6 +183,9 @@ def local_lambda(template: Path, target: Any, handlers: str, *, log: Any, port: 
     if max_workers is not None:
         parameters = {**pool_parameters(template, max_workers), **parameters}
         variables = merge_env_vars(pool_env_vars(max_workers), variables)
+        note = set_pool_maximum(target, max_workers)
+        if note:
+            sys.stderr.write(f"leaseq: {note}\n")
     try:
         return LocalLambda(LocalConfig(
             template=template, parameter_overrides=parameters,

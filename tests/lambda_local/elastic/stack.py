@@ -163,9 +163,11 @@ def drainers_at_once(db: Database) -> int:
 
 @dataclass
 class PoolWatch:
-    """The most places, live places and worker connections seen while it ran."""
+    """The most places, places but a tick's extra one (``regular``: never more than the
+    maximum), live places and worker connections seen while it ran."""
 
     places: int = 0
+    regular: int = 0
     live: int = 0
     connections: int = 0
     samples: int = 0
@@ -184,7 +186,8 @@ def watch_pool(db: Database, application: str = WORKER_APPLICATION,
         with psycopg.connect(db.admin_dsn, autocommit=True, row_factory=dict_row) as conn:
             while not stop.is_set():
                 pool = conn.execute(
-                    "select count(*) as places, count(owner) as live,"
+                    "select count(*) as places, count(*) filter (where not extra) as regular,"
+                    " count(owner) as live,"
                     " coalesce(array_agg(id) filter (where owner is null), '{}') as reserved"
                     " from app.worker_pool where expires_at > clock_timestamp()").fetchone()
                 backends = conn.execute(
@@ -194,6 +197,7 @@ def watch_pool(db: Database, application: str = WORKER_APPLICATION,
                 assert pool is not None
                 assert backends is not None
                 seen.places = max(seen.places, int(pool["places"]))
+                seen.regular = max(seen.regular, int(pool["regular"]))
                 seen.live = max(seen.live, int(pool["live"]))
                 seen.connections = max(seen.connections, int(backends["n"]))
                 seen.reservations.update(pool["reserved"])
