@@ -35,7 +35,7 @@ DASHBOARD_FUNCTIONS = {
     "app.redrive_jobs_by_id(text,uuid[],text)",
     "app.cancel_jobs_by_id(text,uuid[],text)",
 }
-GROUP_ROLES = ("service_role", "authenticated", "leaseq_producer", "leaseq_tenant_producer",
+GROUP_ROLES = ("authenticated", "leaseq_producer", "leaseq_tenant_producer",
                "leaseq_worker", "leaseq_reaper", "leaseq_operator", "leaseq_dashboard")
 ACTOR = "dashboard:arn:aws:sts::123456789012:assumed-role/OnCall/ada"
 
