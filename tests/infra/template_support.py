@@ -200,4 +200,11 @@ def sam_environment() -> dict[str, str]:
         # environment, whatever its version (pip is told the target platform and Python).
         PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
     )
+    # layer/Makefile compiles the layer's bytecode with a python3.13; without one here the
+    # layer is built without it (the tests that look at the bytecode skip, naming why).
+    lambda_python = find_lambda_python()
+    if lambda_python:
+        env["LAMBDA_PYTHON_BIN"] = lambda_python
+    else:
+        env["LAYER_BYTECODE"] = "no"
     return env

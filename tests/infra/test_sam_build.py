@@ -469,3 +469,66 @@ def test_with_tracing_on_the_layers_x_ray_sdk_patches_the_runtimes_botocore(
     assert str(found["botocore"]).startswith(str(runtime))
     assert str(found["xray"]).startswith(str(layer))
     assert found["patched"] == ["botocore"]
+
+
+def test_the_layer_ships_python313_bytecode_for_every_module_recorded_at_opt_python(
+    build_dir: Path,
+) -> None:
+    """Lambda mounts the layer read-only: without bytecode each cold start compiles every
+    module it imports. The .pyc files are unchecked-hash (no timestamp, so builds are
+    identical) and name the path Lambda loads them from."""
+    require_lambda_python()
+    for layer in LAYERS:
+        site = build_dir / layer / "python"
+        sources = sorted(site.rglob("*.py"))
+        missing = [str(p.relative_to(site)) for p in sources
+                   if not (p.parent / "__pycache__" / f"{p.stem}.cpython-313.pyc").is_file()]
+        assert len(sources) > 300
+        assert missing == []
+
+    found = run_isolated(
+        require_lambda_python(),
+        "import importlib.util, marshal\n"
+        "names = ['leaseq/worker.py', 'leaseq_lambda/telemetry.py', 'pydantic/main.py']\n"
+        f"site = {str(build_dir / host_layer() / 'python')!r}\n"
+        "out = {}\n"
+        "for name in names:\n"
+        "    data = open(importlib.util.cache_from_source(site + '/' + name), 'rb').read()\n"
+        "    out[name] = [data[:4] == importlib.util.MAGIC_NUMBER,"
+        " int.from_bytes(data[4:8], 'little'), marshal.loads(data[16:]).co_filename]\n"
+        "print(json.dumps(out))",
+        [],
+    )
+
+    for name, (magic, flags, filename) in found.items():
+        assert magic is True, name
+        assert flags == 0b01, f"{name}: not an unchecked-hash .pyc"
+        assert filename == f"/opt/python/{name}"
+
+
+def test_importing_the_worker_from_the_built_layer_compiles_none_of_the_layers_modules(
+    build_dir: Path, tmp_path: Path,
+) -> None:
+    layer = build_dir / host_layer() / "python"
+
+    found = run_isolated(
+        require_lambda_python(),
+        "import importlib._bootstrap_external as loader\n"
+        "compiled = []\n"
+        "original = loader.SourceLoader.source_to_code\n"
+        "def counting(self, data, path, *args, **kwargs):\n"
+        "    compiled.append(str(path))\n"
+        "    return original(self, data, path, *args, **kwargs)\n"
+        "loader.SourceLoader.source_to_code = counting\n"
+        "import app\n"
+        f"print(json.dumps({{'compiled': [p for p in compiled if p.startswith({str(layer)!r})],"
+        " 'app': [p for p in compiled if p.endswith('app.py')],"
+        " 'xray': 'aws_xray_sdk' in sys.modules, 'modules': len(sys.modules)}))",
+        [build_dir / "WorkerFunction", layer, runtime_provided_dir(tmp_path)],
+        cwd=tmp_path,
+    )
+
+    assert found["compiled"] == []
+    assert len(found["app"]) == 1  # the function's own code: SAM copies it as it is
+    assert found["xray"] is False
+    assert found["modules"] > 300
