@@ -345,7 +345,6 @@ class JobTelemetry:
             document.clear_metrics()
 
 
-
 def record_failure(metrics: Metrics, exc: BaseException) -> None:
     """Count a failed invocation: ``InvocationFailed`` in the invocation's document (the
     ``service`` dimension, with the error class as metadata) and in one of its own with
