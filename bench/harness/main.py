@@ -200,6 +200,10 @@ class Bench:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["cold-start"]:
+        from harness import cold_start
+
+        return cold_start.main(argv[1:])
     if argv[:1] == ["elastic"]:
         from harness import elastic
 

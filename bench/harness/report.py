@@ -19,7 +19,7 @@ WAL_TARGET_BYTES = 1700
 CPU_TARGET_MS = 0.15
 RT_TARGET = 0.25
 LATENCY_RATIO_TARGET = 1.2
-IMPORT_TARGET_MS = 300
+IMPORT_TARGET_MS = 250
 RSS_GROWTH_TARGET = 0.05
 VS_PGQUEUER_TARGET = 1.5
 VS_CEILING_TARGET = 0.8
@@ -134,7 +134,7 @@ def summarise(results: dict[str, Any]) -> dict[str, Any]:
            at_least=False, unit="×")
     imports = results.get("import_time") or {}
     target("import time of the worker handler module", imports.get("median_ms"),
-           IMPORT_TARGET_MS, at_least=False, unit=" ms", strict=True)
+           IMPORT_TARGET_MS, at_least=False, unit=" ms")
     rss = results.get("peak_rss")
     growth = (rss["large_kib"] / rss["small_kib"] - 1) if rss else None
     target("peak RSS growth, large drain vs jobs/10 drain", growth, RSS_GROWTH_TARGET,
@@ -216,7 +216,9 @@ def render(results: dict[str, Any]) -> str:
     imports = results.get("import_time") or {}
     if "median_ms" in imports:
         top = ", ".join(f"{m['package']} {m['self_ms']:.0f}" for m in imports["by_package"][:8])
-        lines.append(f"import app (worker function): {imports['median_ms']:.0f} ms median; "
+        cpu = (f" (CPU {imports['cpu_median_ms']:.0f} ms)" if "cpu_median_ms" in imports
+               else "")
+        lines.append(f"import app (worker function): {imports['median_ms']:.0f} ms median{cpu}; "
                      f"by package (ms): {top}")
     elif imports:
         lines.append(f"import time: not measured ({imports.get('error')})")

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from harness import source
@@ -94,53 +95,78 @@ def claim_latency(server: Server, *, finished: int, tenants: int, samples: int =
 
 
 _IMPORT_LINE = re.compile(r"import time:\s+(\d+) \|\s+(\d+) \|(\s*)(\S+)")
+#: One cold import, timed inside the interpreter (its own start-up excluded): wall and CPU.
+_TIMED_IMPORT = ("import time; t = time.perf_counter(); c = time.process_time(); import app; "
+                 "print(time.perf_counter() - t, time.process_time() - c)")
 
 
-def _handler_env() -> dict[str, str]:
+def _handler_env(function_dir: Path, layer_dir: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(source.worker_function_dir()), str(source.layer_dir())])
+    env["PYTHONPATH"] = os.pathsep.join([str(function_dir), str(layer_dir)])
     # What the deployed function has in its environment; nothing is contacted at import.
     env.setdefault("DATABASE_URL", "postgresql://bench@127.0.0.1:9/none")
     env.setdefault("AWS_DEFAULT_REGION", "us-east-1")
     env.setdefault("POWERTOOLS_SERVICE_NAME", "leaseq-worker")
     env.setdefault("POWERTOOLS_METRICS_NAMESPACE", "leaseq")
+    # Every run reads the bytecode compiled below and writes none: each measures the same
+    # thing, whatever the machine's PYTHONDONTWRITEBYTECODE says.
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env.pop("PYTHONPYCACHEPREFIX", None)
     return env
 
 
-def import_time(repeats: int = 7) -> dict[str, Any]:
-    """Wall time of ``import app`` for the worker function, in fresh interpreters.
+def import_time(repeats: int = 7, *, function_dir: Path | None = None,
+                layer_dir: Path | None = None, python: str = sys.executable,
+                profiles: int = 3) -> dict[str, Any]:
+    """Wall and CPU time of ``import app`` for the worker function, in fresh interpreters.
 
-    The interpreter's own start-up is excluded (Lambda pays it whatever the code);
-    where it goes comes from ``-X importtime``, summed per top-level package.
+    The interpreter's own start-up is excluded (Lambda pays it whatever the code). The
+    project's modules are compiled to bytecode first, as the Lambda layer ships them
+    (layer/Makefile), so no run compiles them; the installed packages have theirs. Where
+    the time goes comes from ``-X importtime``, self time summed per top-level package,
+    the median of ``profiles`` runs. Defaults: the worker function and layer/ of the
+    frozen copy (or of the checkout).
     """
-    function_dir = source.worker_function_dir()
+    function_dir = function_dir or source.worker_function_dir()
+    layer_dir = layer_dir or source.layer_dir()
     if not (function_dir / "app.py").exists():
         return {"error": "functions/worker/app.py does not exist"}
-    code = "import time; t = time.perf_counter(); import app; print(time.perf_counter() - t)"
-    walls = []
+    subprocess.run([python, "-m", "compileall", "-q", str(function_dir),
+                    *(str(p) for p in layer_dir.iterdir() if (p / "__init__.py").exists())],
+                   capture_output=True, check=True)
+    env = _handler_env(function_dir, layer_dir)
+    walls, cpus = [], []
     for _ in range(repeats):
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              env=_handler_env(), cwd=function_dir, check=False)
+        proc = subprocess.run([python, "-c", _TIMED_IMPORT], capture_output=True, text=True,
+                              env=env, cwd=function_dir, check=False)
         if proc.returncode != 0:
             return {"error": proc.stderr.strip().splitlines()[-1:] or ["import failed"]}
-        walls.append(float(proc.stdout.strip().splitlines()[-1]) * 1000)
-    proc = subprocess.run([sys.executable, "-X", "importtime", "-c", "import app"],
-                          capture_output=True, text=True, env=_handler_env(),
-                          cwd=function_dir, check=False)
-    by_package: dict[str, float] = {}
-    for line in proc.stderr.splitlines():
-        match = _IMPORT_LINE.match(line)
-        if match:
-            package = match.group(4).split(".")[0]
-            by_package[package] = by_package.get(package, 0.0) + int(match.group(1)) / 1000
+        wall, cpu = (float(x) * 1000 for x in proc.stdout.split()[-2:])
+        walls.append(wall)
+        cpus.append(cpu)
+    by_run: list[dict[str, float]] = []
+    for _ in range(profiles):
+        proc = subprocess.run([python, "-X", "importtime", "-c", "import app"],
+                              capture_output=True, text=True, env=env, cwd=function_dir,
+                              check=False)
+        totals: dict[str, float] = {}
+        for line in proc.stderr.splitlines():
+            match = _IMPORT_LINE.match(line)
+            if match:
+                package = match.group(4).split(".")[0]
+                totals[package] = totals.get(package, 0.0) + int(match.group(1)) / 1000
+        by_run.append(totals)
+    packages = {name for run in by_run for name in run}
+    by_package = {name: statistics.median(run.get(name, 0.0) for run in by_run)
+                  for name in packages}
     top = [{"package": name, "self_ms": ms}
            for name, ms in sorted(by_package.items(), key=lambda kv: -kv[1])]
     return {
         "median_ms": statistics.median(walls),
         "min_ms": min(walls),
         "max_ms": max(walls),
+        "cpu_median_ms": statistics.median(cpus),
         "repeats": repeats,
-        # Self time summed per top-level package: where the import time goes.
+        # Self time summed per top-level package (median of the profiled runs).
         "by_package": top[:12],
     }

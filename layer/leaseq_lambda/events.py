@@ -28,16 +28,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from uuid import UUID
 
 from aws_lambda_powertools.utilities.parser import parse
-from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
 from leaseq import EnqueueRequest, InvalidRequestError
 from leaseq.errors import field_path, one_line
 from leaseq.jobs import enqueue_call_problem
 from leaseq.limits import MAX_ENQUEUE
 from pydantic import BaseModel, ConfigDict, ValidationError
+
+if TYPE_CHECKING:
+    from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
 
 Task = Literal["worker", "reaper"]
 
@@ -50,6 +52,14 @@ POOL_SOURCE = "leaseq.pool"
 
 class InvalidEventError(InvalidRequestError):
     """The event is none of the shapes this function accepts."""
+
+
+def _event_bridge_model() -> type[EventBridgeModel]:
+    """Powertools' EventBridge envelope, imported when an event has that shape: the
+    schedules send their own Input, so a worker or reaper tick never needs the model."""
+    from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
+
+    return EventBridgeModel
 
 
 def describe(exc: ValidationError) -> str:
@@ -155,7 +165,7 @@ def parse_tick(event: Any, task: Task) -> Tick:
         return Tick(start.reason, reservation=start.reservation)
     if isinstance(event, dict) and event.get("detail-type") == "Scheduled Event":
         try:
-            envelope = parse(event=event, model=EventBridgeModel)
+            envelope = parse(event=event, model=_event_bridge_model())
         except ValidationError as exc:
             raise InvalidEventError(f"invalid scheduled event: {describe(exc)}") from exc
         return Tick("eventbridge-rule", envelope.time)
@@ -269,7 +279,7 @@ def parse_enqueue(event: Any, request_id: str) -> EnqueueBatch:
     """
     if isinstance(event, dict) and "detail-type" in event:
         try:
-            envelope = parse(event=event, model=EventBridgeModel)
+            envelope = parse(event=event, model=_event_bridge_model())
         except ValidationError as exc:
             return EnqueueBatch(_rejected_envelope(f"invalid EventBridge event: {describe(exc)}"),
                                 "eventbridge", True)

@@ -37,7 +37,12 @@ publish" warning.
   function adds ``WorkersStarted`` and ``WorkerStartsFailed`` for its wake.
 * **Traces.** Powertools Tracer, active only in Lambda with tracing on. Only botocore
   is patched: the X-Ray SDK's psycopg patch also wraps ``psycopg_pool``, which the
-  layer does not ship, and fails half-way without it.
+  layer does not ship, and fails half-way without it. Building a Tracer imports the
+  X-Ray SDK, whose recorder makes a botocore client at import (about a third of a cold
+  import of a function), even when tracing is off; so :class:`LazyTracer` builds it at
+  once only when tracing is on, by the rules Powertools itself applies, and otherwise
+  on the first use of anything beyond the handler decorator and annotations, which a
+  disabled Tracer would ignore anyway.
 """
 
 from __future__ import annotations
@@ -47,8 +52,8 @@ import io
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterable
-from typing import IO, Any, TypeVar, cast
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import IO, Any, TypeVar, cast, overload
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import EphemeralMetrics, MetricUnit
@@ -144,9 +149,94 @@ def namespace() -> str:
     return os.environ.get("POWERTOOLS_METRICS_NAMESPACE") or NAMESPACE
 
 
-def make_tracer() -> Tracer:
-    """The function's X-Ray tracer (see the module's notes on what it patches)."""
-    return Tracer(service=service_name(), patch_modules=["botocore"])
+Handler = TypeVar("Handler", bound=Callable[..., Any])
+
+#: What the tracer patches (see the module's notes).
+TRACED_MODULES = ("botocore",)
+
+
+def tracing_enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether Powertools' Tracer would trace here: in Lambda (``LAMBDA_TASK_ROOT``), not
+    under ``sam local`` or Chalice's local mode, and not turned off by
+    ``POWERTOOLS_TRACE_DISABLED``. The same rules as the Tracer's own check, read from
+    the same variables (a test holds the two together)."""
+    env = os.environ if environ is None else environ
+    if _truthy(env.get("POWERTOOLS_TRACE_DISABLED", "false")):
+        return False
+    return bool(env.get("LAMBDA_TASK_ROOT")) and not (
+        env.get("AWS_SAM_LOCAL") or env.get("AWS_CHALICE_CLI_MODE"))
+
+
+def _truthy(value: str) -> bool:
+    """Powertools' reading of a boolean variable (its ``strtobool``)."""
+    return value.strip().lower() in {"1", "y", "yes", "t", "true", "on"}
+
+
+class LazyTracer:
+    """Powertools' :class:`~aws_lambda_powertools.Tracer` for a function, built only when
+    it can trace.
+
+    With tracing on it is built at once, as a module-level ``Tracer()`` would be, and
+    every call goes to it. With tracing off nothing of the X-Ray SDK is imported: the
+    handler decorator returns the handler itself and annotations are dropped, which is
+    all a disabled Tracer does with them; any other attribute (``capture_method``,
+    ``provider``, ``put_metadata`` ...) builds the (disabled) Tracer on first use and
+    is answered by it.
+    """
+
+    def __init__(self, service: str, patch_modules: Sequence[str] = TRACED_MODULES) -> None:
+        self.service = service
+        self.patch_modules = list(patch_modules)
+        self.enabled = tracing_enabled()
+        self._tracer: Tracer | None = None
+        if self.enabled:
+            self._tracer = self.tracer
+
+    @property
+    def tracer(self) -> Tracer:
+        """The Powertools Tracer, built on first use."""
+        if self._tracer is None:
+            self._tracer = Tracer(service=self.service, patch_modules=self.patch_modules)
+        return self._tracer
+
+    @overload
+    def capture_lambda_handler(self, lambda_handler: Handler) -> Handler: ...
+
+    @overload
+    def capture_lambda_handler(
+        self, lambda_handler: None = None, capture_response: bool | None = None,
+        capture_error: bool | None = None,
+    ) -> Callable[[Handler], Handler]: ...
+
+    def capture_lambda_handler(
+        self, lambda_handler: Handler | None = None, capture_response: bool | None = None,
+        capture_error: bool | None = None,
+    ) -> Handler | Callable[[Handler], Handler]:
+        """Powertools' decorator with tracing on; the handler unchanged with it off."""
+        if lambda_handler is None:
+            return functools.partial(self.capture_lambda_handler,
+                                     capture_response=capture_response,
+                                     capture_error=capture_error)
+        if not self.enabled:
+            return lambda_handler
+        return cast(Handler, self.tracer.capture_lambda_handler(
+            lambda_handler, capture_response=capture_response, capture_error=capture_error))
+
+    def put_annotation(self, key: str, value: str | float | bool) -> None:
+        """An annotation on the current segment; nothing with tracing off."""
+        if self.enabled:
+            self.tracer.put_annotation(key=key, value=cast(Any, value))
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.tracer, name)
+
+
+def make_tracer() -> LazyTracer:
+    """The function's X-Ray tracer (see the module's notes on what it patches and when
+    the X-Ray SDK is imported)."""
+    return LazyTracer(service_name())
 
 
 def _ms(seconds: float) -> float:
@@ -255,9 +345,6 @@ class JobTelemetry:
             document.clear_metrics()
 
 
-Handler = TypeVar("Handler", bound=Callable[..., Any])
-
-
 def record_failure(metrics: Metrics, exc: BaseException) -> None:
     """Count a failed invocation: ``InvocationFailed`` in the invocation's document (the
     ``service`` dimension, with the error class as metadata) and in one of its own with
@@ -354,7 +441,7 @@ def record_rejected_event(metrics: Metrics) -> None:
     metrics.add_metric(name="EventsRejected", unit=MetricUnit.Count, value=1)
 
 
-def annotate(tracer: Tracer, summary: dict[str, Any]) -> None:
+def annotate(tracer: LazyTracer | Tracer, summary: dict[str, Any]) -> None:
     """Put an invocation's counts on its trace as annotations, which X-Ray can search."""
     for key, value in summary.items():
         if isinstance(value, bool | int | float | str):

@@ -277,4 +277,11 @@ def sam_environment() -> dict[str, str]:
         # certificates/Makefile takes the RDS CA bundle from here instead of downloading.
         LEASEQ_RDS_CA_BUNDLE=str(stand_in_rds_bundle()),
     )
+    # layer/Makefile compiles the layer's bytecode with a python3.13; without one here the
+    # layer is built without it (the tests that look at the bytecode skip, naming why).
+    lambda_python = find_lambda_python()
+    if lambda_python:
+        env["LAMBDA_PYTHON_BIN"] = lambda_python
+    else:
+        env["LAYER_BYTECODE"] = "no"
     return env

@@ -10,14 +10,19 @@ provides, for the functions).
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 import platform
 import re
 import subprocess
+from importlib.metadata import PathDistribution
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from tests.infra.template_support import (
     ROOT,
@@ -27,11 +32,14 @@ from tests.infra.template_support import (
     sam_environment,
     stand_in_rds_bundle,
 )
+from tests.infra.test_layer_requirements import RUNTIME_SDK, layer_pins, read_lock
 
 #: What the Lambda python runtime itself provides on its path besides the standard library.
 RUNTIME_PROVIDED = ("boto3", "botocore", "s3transfer", "jmespath", "dateutil", "six", "urllib3")
 #: layer logical id -> (wheel platform architecture, ELF e_machine of its shared objects)
 LAYERS = {"LeaseqLayerX8664": ("x86_64", 0x3E), "LeaseqLayerArm64": ("aarch64", 0xB7)}
+#: The import names of RUNTIME_SDK's distributions: none may be in the layer.
+RUNTIME_SDK_PACKAGES = ("boto3", "botocore", "s3transfer", "urllib3", "dateutil", "six")
 #: Amazon Linux 2023's glibc: the newest manylinux a wheel for python3.13 may need.
 AL2023_GLIBC_MINOR = 34
 
@@ -50,6 +58,12 @@ def sam_build(template: Path, out: Path, cwd: Path) -> Path:
 @pytest.fixture(scope="module")
 def build_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return sam_build(ROOT / "template.yaml", tmp_path_factory.mktemp("sam-build"), ROOT)
+
+
+@pytest.fixture(scope="module")
+def second_build_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Another `sam build` of the same sources, with a cache folder of its own."""
+    return sam_build(ROOT / "template.yaml", tmp_path_factory.mktemp("sam-build-again"), ROOT)
 
 
 def host_layer() -> str:
@@ -73,8 +87,9 @@ def run_isolated(python: str, code: str, paths: list[Path],
         "AWS_DEFAULT_REGION": "us-east-1",
         "AWS_LAMBDA_FUNCTION_NAME": "leaseq-build-check",
     }
+    # -B: no bytecode written into the build, which other tests compare as built.
     result = subprocess.run(
-        [python, "-I", "-S", "-c", prelude + code],
+        [python, "-I", "-S", "-B", "-c", prelude + code],
         capture_output=True, text=True, env=env, cwd=cwd, timeout=120,
     )
     assert result.returncode == 0, result.stderr[-4000:]
@@ -310,3 +325,222 @@ def test_the_demo_handlers_a_first_stack_names_load_from_the_built_layer(
 
     assert found["kinds"] == ["charge_card", "resize_image", "send_welcome_email", "sync_crm"]
     assert found["cli"] == []
+
+
+def distributions(site: Path) -> dict[str, PathDistribution]:
+    """The layer's installed distributions, by canonical name."""
+    found = {}
+    for info in sorted(site.glob("*.dist-info")):
+        dist = PathDistribution(info)
+        found[canonicalize_name(dist.metadata["Name"])] = dist
+    return found
+
+
+def records(site: Path) -> dict[str, str]:
+    """Each distribution's RECORD (every file pip installed, with its hash and size)."""
+    return {info.name: (info / "RECORD").read_text(encoding="utf-8")
+            for info in sorted(site.glob("*.dist-info"))}
+
+
+def record_mismatches(site: Path) -> list[str]:
+    """Files whose bytes are not what their distribution's RECORD says."""
+    problems = []
+    for info in sorted(site.glob("*.dist-info")):
+        for line in (info / "RECORD").read_text(encoding="utf-8").splitlines():
+            path, digest, _size = line.rsplit(",", 2)
+            if not digest or path.startswith("../"):  # RECORD itself; scripts in bin/
+                continue
+            algorithm, expected = digest.split("=", 1)
+            actual = base64.urlsafe_b64encode(
+                hashlib.new(algorithm, (site / path).read_bytes()).digest()).rstrip(b"=")
+            if actual.decode() != expected:
+                problems.append(path)
+    return problems
+
+
+def tree_digests(site: Path) -> dict[str, str]:
+    return {str(p.relative_to(site)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(site.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("layer", list(LAYERS))
+def test_two_sam_builds_install_the_same_distributions_with_the_same_record_hashes(
+    build_dir: Path, second_build_dir: Path, layer: str,
+) -> None:
+    first, second = build_dir / layer / "python", second_build_dir / layer / "python"
+
+    assert len(records(first)) == len(read_lock(LAYERS[layer][0]))
+    assert records(first) == records(second)
+    assert record_mismatches(first) == []
+    assert record_mismatches(second) == []
+    # Beyond the distributions: leaseq's own packages and the SQL, byte for byte.
+    assert tree_digests(first) == tree_digests(second)
+
+
+@pytest.mark.parametrize("layer", list(LAYERS))
+def test_each_layer_holds_exactly_its_locks_packages_and_nothing_the_runtime_provides(
+    build_dir: Path, layer: str,
+) -> None:
+    site = build_dir / layer / "python"
+    installed = {name: dist.version for name, dist in distributions(site).items()}
+    locked = {name: entry.version for name, entry in read_lock(LAYERS[layer][0]).items()}
+
+    assert installed == locked
+    assert sorted(RUNTIME_SDK & set(installed)) == []
+    assert [name for name in RUNTIME_SDK_PACKAGES if (site / name).exists()] == []
+
+
+def lambda_markers(arch: str, extra: str) -> dict[str, str]:
+    """PEP 508 marker values of the python3.13 runtime on Amazon Linux 2023."""
+    return {"implementation_name": "cpython", "implementation_version": "3.13.0",
+            "os_name": "posix", "platform_machine": arch, "platform_system": "Linux",
+            "platform_python_implementation": "CPython", "python_full_version": "3.13.0",
+            "python_version": "3.13", "sys_platform": "linux", "extra": extra}
+
+
+def unmet_requirements(site: Path, arch: str) -> tuple[list[str], list[str]]:
+    """What the layer's packages require for python3.13 on ``arch`` that neither the layer
+    nor the runtime's SDK provides, and the layer's packages nothing requires."""
+    dists = distributions(site)
+    todo = [(canonicalize_name(r.name), r, "requirements.txt") for r in layer_pins().values()]
+    reached: set[str] = set()
+    expanded: set[tuple[str, str]] = set()
+    unmet = []
+    while todo:
+        name, requirement, wanted_by = todo.pop()
+        if name in RUNTIME_SDK:
+            continue
+        dist = dists.get(name)
+        if dist is None or not requirement.specifier.contains(dist.version, prereleases=True):
+            unmet.append(f"{requirement} (for {wanted_by})")
+            continue
+        reached.add(name)
+        for extra in ("", *sorted(requirement.extras)):
+            if (name, extra) in expanded:
+                continue
+            expanded.add((name, extra))
+            for text in dist.requires or []:
+                dependency = Requirement(text)
+                if dependency.marker is None or dependency.marker.evaluate(
+                        lambda_markers(arch, extra)):
+                    todo.append((canonicalize_name(dependency.name), dependency, name))
+    return sorted(unmet), sorted(set(dists) - reached)
+
+
+@pytest.mark.parametrize("layer", list(LAYERS))
+def test_every_requirement_of_the_layers_packages_is_in_the_layer_or_the_runtime(
+    build_dir: Path, layer: str,
+) -> None:
+    """The build installs the lock with --no-deps: a lock missing a package would make a
+    layer that fails at import, so the whole tree of requirements is walked here."""
+    unmet, unused = unmet_requirements(build_dir / layer / "python", LAYERS[layer][0])
+
+    assert unmet == []
+    assert unused == []
+
+
+def test_unmet_requirements_finds_a_missing_package_and_one_nothing_needs(
+    build_dir: Path, tmp_path: Path,
+) -> None:
+    """The walk above must be able to fail."""
+    import shutil
+
+    site = tmp_path / "python"
+    shutil.copytree(build_dir / host_layer() / "python", site)
+    shutil.rmtree(next(site.glob("typing_extensions-*.dist-info")))
+    (site / "left_pad-1.0.dist-info").mkdir()
+    (site / "left_pad-1.0.dist-info" / "METADATA").write_text("Name: left-pad\nVersion: 1.0\n")
+
+    unmet, unused = unmet_requirements(site, LAYERS[host_layer()][0])
+
+    assert any(line.startswith("typing-extensions") for line in unmet)
+    assert unused == ["left-pad"]
+
+
+def test_with_tracing_on_the_layers_x_ray_sdk_patches_the_runtimes_botocore(
+    build_dir: Path, tmp_path: Path,
+) -> None:
+    """aws-xray-sdk is in the layer without its botocore: in Lambda the runtime's serves it."""
+    runtime = runtime_provided_dir(tmp_path)
+    layer = build_dir / host_layer() / "python"
+
+    found = run_isolated(
+        require_lambda_python(),
+        "import os\n"
+        f"os.environ['LAMBDA_TASK_ROOT'] = {str(tmp_path)!r}\n"
+        "from leaseq_lambda import telemetry\n"
+        "tracer = telemetry.make_tracer()\n"
+        "import botocore, aws_xray_sdk\n"
+        "from aws_xray_sdk.core import patcher\n"
+        "print(json.dumps({'enabled': tracer.enabled, 'botocore': botocore.__file__,"
+        " 'xray': aws_xray_sdk.__file__, 'patched': sorted(patcher._PATCHED_MODULES)}))",
+        [layer, runtime],
+    )
+
+    assert found["enabled"] is True
+    assert str(found["botocore"]).startswith(str(runtime))
+    assert str(found["xray"]).startswith(str(layer))
+    assert found["patched"] == ["botocore"]
+
+
+def test_the_layer_ships_python313_bytecode_for_every_module_recorded_at_opt_python(
+    build_dir: Path,
+) -> None:
+    """Lambda mounts the layer read-only: without bytecode each cold start compiles every
+    module it imports. The .pyc files are unchecked-hash (no timestamp, so builds are
+    identical) and name the path Lambda loads them from."""
+    require_lambda_python()
+    for layer in LAYERS:
+        site = build_dir / layer / "python"
+        sources = sorted(site.rglob("*.py"))
+        missing = [str(p.relative_to(site)) for p in sources
+                   if not (p.parent / "__pycache__" / f"{p.stem}.cpython-313.pyc").is_file()]
+        assert len(sources) > 300
+        assert missing == []
+
+    found = run_isolated(
+        require_lambda_python(),
+        "import importlib.util, marshal\n"
+        "names = ['leaseq/worker.py', 'leaseq_lambda/telemetry.py', 'pydantic/main.py']\n"
+        f"site = {str(build_dir / host_layer() / 'python')!r}\n"
+        "out = {}\n"
+        "for name in names:\n"
+        "    data = open(importlib.util.cache_from_source(site + '/' + name), 'rb').read()\n"
+        "    out[name] = [data[:4] == importlib.util.MAGIC_NUMBER,"
+        " int.from_bytes(data[4:8], 'little'), marshal.loads(data[16:]).co_filename]\n"
+        "print(json.dumps(out))",
+        [],
+    )
+
+    for name, (magic, flags, filename) in found.items():
+        assert magic is True, name
+        assert flags == 0b01, f"{name}: not an unchecked-hash .pyc"
+        assert filename == f"/opt/python/{name}"
+
+
+def test_importing_the_worker_from_the_built_layer_compiles_none_of_the_layers_modules(
+    build_dir: Path, tmp_path: Path,
+) -> None:
+    layer = build_dir / host_layer() / "python"
+
+    found = run_isolated(
+        require_lambda_python(),
+        "import importlib._bootstrap_external as loader\n"
+        "compiled = []\n"
+        "original = loader.SourceLoader.source_to_code\n"
+        "def counting(self, data, path, *args, **kwargs):\n"
+        "    compiled.append(str(path))\n"
+        "    return original(self, data, path, *args, **kwargs)\n"
+        "loader.SourceLoader.source_to_code = counting\n"
+        "import app\n"
+        f"print(json.dumps({{'compiled': [p for p in compiled if p.startswith({str(layer)!r})],"
+        " 'app': [p for p in compiled if p.endswith('app.py')],"
+        " 'xray': 'aws_xray_sdk' in sys.modules, 'modules': len(sys.modules)}))",
+        [build_dir / "WorkerFunction", layer, runtime_provided_dir(tmp_path)],
+        cwd=tmp_path,
+    )
+
+    assert found["compiled"] == []
+    assert len(found["app"]) == 1  # the function's own code: SAM copies it as it is
+    assert found["xray"] is False
+    assert found["modules"] > 300
