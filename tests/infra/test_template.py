@@ -1418,6 +1418,10 @@ def test_samconfig_names_environments_whose_overrides_are_parameters_and_no_secr
 #: The X-Ray write policy SAM attaches to a function with Tracing: Active (aws partition).
 XRAY_WRITE_POLICY = "arn:aws:iam::aws:policy/AWSXrayWriteOnlyAccess"
 BOUNDARY_ARN = "arn:aws:iam::*:policy/boundaries/leaseq-permissions-boundary"
+#: The boundaries an administrator makes (infra/permissions-boundary.yaml): the stack's,
+#: and the workers' one that takes what the handlers use.
+BOUNDARY_ARNS = [BOUNDARY_ARN,
+                 "arn:aws:iam::*:policy/boundaries/leaseq-handlers-boundary"]
 BOUNDARY_DEFAULT = "arn:${AWS::Partition}:iam::${AWS::AccountId}:policy/boundaries/" \
     "leaseq-permissions-boundary"
 
@@ -1718,7 +1722,7 @@ def test_the_deployer_policy_grants_no_wildcard_service_and_no_unbounded_role_wr
             if matches(action, list(ROLE_POLICY_WRITES)):
                 condition = statement.get("Condition", {})
                 assert condition.get("StringLike", {}).get("iam:PermissionsBoundary") == (
-                    BOUNDARY_ARN), f"{sid}: {action} without the permissions boundary"
+                    BOUNDARY_ARNS), f"{sid}: {action} without the permissions boundary"
         if "iam:PassRole" in actions:
             assert actions == ["iam:PassRole"], sid
             assert statement["Resource"] == "arn:aws:iam::*:role/leaseq-*", sid
@@ -1736,12 +1740,12 @@ def test_the_deployer_policy_grants_no_wildcard_service_and_no_unbounded_role_wr
         assert denied_outright(policy, action), action
     (guard,) = [s for s in policy["Statement"] if s["Effect"] == "Deny" and "Condition" in s]
     assert set(guard["Action"]) == {"iam:CreateRole", "iam:PutRolePermissionsBoundary"}
-    assert guard["Condition"] == {"StringNotLike": {"iam:PermissionsBoundary": BOUNDARY_ARN}}
-    # The boundary policy itself is outside what the deployer may create or change.
+    assert guard["Condition"] == {"StringNotLike": {"iam:PermissionsBoundary": BOUNDARY_ARNS}}
+    # The boundary policies themselves are outside what the deployer may create or change.
     for statement in policy["Statement"]:
         if statement["Effect"] == "Allow" and matches("iam:CreatePolicy", statement["Action"]):
-            assert not [r for r in as_list(statement["Resource"])
-                        if fnmatch.fnmatchcase(BOUNDARY_ARN, r)], statement["Sid"]
+            assert not [r for r in as_list(statement["Resource"]) for boundary in BOUNDARY_ARNS
+                        if fnmatch.fnmatchcase(boundary, r)], statement["Sid"]
 
 
 _DESTRUCTIVE = re.compile(
@@ -1754,7 +1758,7 @@ _OWN_RESOURCES = re.compile(
     r"event-bus/leaseq-\*|rule/leaseq-\*(/\*)?|schedule/default/leaseq-\*|alarm:leaseq-\*|"
     r"dashboard/leaseq-\*|log-group:/aws/lambda/leaseq-\*(:\*)?|leaseq-\*|parameter/leaseq/\*|"
     r"stack/leaseq-\*/\*|stack/aws-sam-cli-managed-default/\*|transform/Serverless-2016-10-31|"
-    r"secret:rds!\*|role/\*|policy/boundaries/leaseq-permissions-boundary)$"
+    r"secret:rds!\*|role/\*|policy/boundaries/leaseq-(permissions|handlers)-boundary)$"
     r"|^arn:aws:s3:::aws-sam-cli-managed-default-\*(/\*)?$"
     r"|^arn:aws:iam::\*:role/aws-service-role/rds\.amazonaws\.com/AWSServiceRoleForRDS$")
 #: The one statement that changes resources neither a name nor a tag ties to the stack: a
