@@ -44,6 +44,8 @@ def reader_database(base: DatabaseSettings, dash: DashboardSettings) -> Database
     fields = base.model_dump()
     fields.update(url=dash.reader_url, secret_arn=dash.reader_secret_arn,
                   user=dash.reader_user or base.user)
+    if dash.reader_url is not None:  # a URL says where it connects, hostaddr included
+        fields.update(hostaddr=None, hostaddr_port=None)
     return DatabaseSettings.model_validate(fields)
 
 
