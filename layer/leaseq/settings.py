@@ -168,6 +168,8 @@ class WorkerSettings(BaseModel):
     retry_max_seconds: float = Field(alias="LEASEQ_RETRY_MAX_SECONDS",
                                      **config.RETRY_MAX.field())
     concurrency: int = Field(alias="LEASEQ_WORKER_CONCURRENCY", **config.CONCURRENCY.field())
+    sync_concurrency: int | None = Field(alias="LEASEQ_SYNC_CONCURRENCY",
+                                         **config.SYNC_CONCURRENCY.field())
     record_interval_seconds: float = Field(alias="LEASEQ_RECORD_INTERVAL_SECONDS",
                                            **config.RECORD_INTERVAL.field())
     poll_min_seconds: float = Field(alias="LEASEQ_POLL_MIN_SECONDS", **config.POLL_MIN.field())
@@ -190,7 +192,8 @@ class WorkerSettings(BaseModel):
     CONFIG_FIELDS: ClassVar[dict[str, str]] = {
         "batch_size": "batch_size", "lease_margin": "lease_margin_seconds",
         "job_timeout": "job_timeout_seconds", "max_lease": "max_lease_seconds",
-        "concurrency": "concurrency", "record_interval": "record_interval_seconds",
+        "concurrency": "concurrency", "sync_concurrency": "sync_concurrency",
+        "record_interval": "record_interval_seconds",
         "poll_min": "poll_min_seconds", "poll_max": "poll_max_seconds",
         "poll_idle": "poll_idle_seconds", "worker_timeout": "worker_timeout_seconds",
         "loop_stall": "loop_stall_seconds", "retry_base": "retry_base_seconds",

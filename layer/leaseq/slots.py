@@ -237,7 +237,9 @@ class SlotDrain:
 
     async def _run(self) -> None:
         cfg = self.config
-        capacity = cfg.concurrency - straggling_threads()
+        # Sync handlers only: their own limit is the drain's (leaseq.config.SYNC_CONCURRENCY).
+        slots = cfg.concurrency if self.worker.registry.has_async else cfg.sync_limit
+        capacity = slots - straggling_threads()
         if capacity <= 0:
             logger.error("every slot is held by a handler thread that overran its budget; "
                          "no job can start until one returns",
@@ -368,9 +370,20 @@ class SlotDrain:
         fits the time left."""
         cfg = self.config
         unfit = []
+        # Jobs of sync handlers beyond sync_limit wait, in order, for a sync one to end;
+        # the jobs behind them may start meanwhile (threads past their budget count).
+        deferred: list[tuple[ClaimedJob, float, float]] = []
+        sync_busy = straggling_threads() + sum(
+            1 for slot in self._slots.values()
+            if slot.registration is not None and not slot.registration.is_async
+            and not slot.overran)
         while self._waiting and len(self._slots) < capacity:
             job, lease_end, lease_seconds = self._waiting.popleft()
             registration = self.worker.registry.get(job.kind)
+            is_sync = registration is not None and not registration.is_async
+            if is_sync and sync_busy >= cfg.sync_limit:
+                deferred.append((job, lease_end, lease_seconds))
+                continue
             budget = budget_of(registration, cfg)
             time_left = self.deadline.remaining()
             if not fits(time_left, budget, cfg):
@@ -382,6 +395,8 @@ class SlotDrain:
             slot = Slot(job, registration, budget, lease_end, lease_seconds,
                         needs_until=time_left - budget - FINISH_RESERVE)
             self._slots[self._watch(self.loop.create_task(self._run_slot(slot)))] = slot
+            sync_busy += is_sync
+        self._waiting.extendleft(reversed(deferred))
         if unfit:
             # Claiming again could only take the same jobs and give them back.
             self._stop_claiming("deadline")

@@ -945,6 +945,47 @@ def test_the_operators_security_group_is_let_into_the_proxy_and_on_request_the_d
         assert not pattern.fullmatch(refused), refused
 
 
+def test_the_worker_runs_async_handlers_ten_at_a_time_and_sync_ones_in_turn_by_default(
+    sam: dict[str, Any], cfn: dict[str, Any],
+) -> None:
+    """The defaults as the worker reads them: async handlers get the concurrency, a
+    registry of def handlers only keeps the one-at-a-time drain (SIGALRM at the budget),
+    and a mixed one runs its def handlers one at a time among the async ones."""
+    from leaseq import Registry, Worker, WorkerConfig
+    from leaseq.settings import WorkerSettings
+
+    variables = function_properties(cfn, "WorkerFunction")["Environment"]["Variables"]
+    assert variables["LEASEQ_WORKER_CONCURRENCY"] == {"Ref": "WorkerConcurrency"}
+    assert variables["LEASEQ_SYNC_CONCURRENCY"] == {"Ref": "SyncHandlerConcurrency"}
+    parameters = sam["Parameters"]
+    assert (parameters["WorkerConcurrency"]["Default"],
+            parameters["SyncHandlerConcurrency"]["Default"]) == (10, 1)
+    settings = WorkerSettings.model_validate({
+        "LEASEQ_WORKER_CONCURRENCY": str(parameters["WorkerConcurrency"]["Default"]),
+        "LEASEQ_SYNC_CONCURRENCY": str(parameters["SyncHandlerConcurrency"]["Default"])})
+    values = settings.config_values()
+    values.pop("retry_base")
+    values.pop("retry_max")
+    config = WorkerConfig(owner="w", **values)
+
+    sync_only, async_only, mixed = Registry(), Registry(), Registry()
+    sync_only.register("a", lambda payload, ctx: None)
+    mixed.register("a", lambda payload, ctx: None)
+
+    async def waits(payload: Any, ctx: Any) -> None:
+        return None
+
+    async_only.register("b", waits)
+    mixed.register("b", waits)
+    assert (config.concurrency, config.sync_limit) == (10, 1)
+    assert not Worker(None, sync_only, config).uses_event_loop  # type: ignore[arg-type]
+    assert Worker(None, async_only, config).uses_event_loop  # type: ignore[arg-type]
+    assert Worker(None, mixed, config).uses_event_loop  # type: ignore[arg-type]
+    # The slow worker keeps the library's one job at a time.
+    slow = function_properties(cfn, "SlowWorkerFunction")["Environment"]["Variables"]
+    assert "LEASEQ_WORKER_CONCURRENCY" not in slow
+
+
 def test_a_slow_worker_has_its_own_limits_schedule_and_kinds_and_the_worker_leaves_them(
     sam: dict[str, Any], cfn: dict[str, Any],
 ) -> None:

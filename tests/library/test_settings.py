@@ -255,3 +255,16 @@ def test_a_hostaddr_is_an_ip_address_for_the_configured_host_with_an_optional_po
     ]:
         with pytest.raises(ConfigurationError, match=named):
             LeaseqSettings.from_env(bad)
+
+
+def test_the_sync_limit_is_read_from_its_variable_and_checked_against_the_concurrency() -> None:
+    from leaseq.settings import WorkerSettings
+
+    values = WorkerSettings.model_validate({"LEASEQ_WORKER_CONCURRENCY": "10",
+                                            "LEASEQ_SYNC_CONCURRENCY": "1"}).config_values()
+    assert (values["concurrency"], values["sync_concurrency"]) == (10, 1)
+    assert WorkerSettings.model_validate({}).config_values()["sync_concurrency"] is None
+    with pytest.raises(ConfigurationError, match="LEASEQ_SYNC_CONCURRENCY"):
+        LeaseqSettings.from_env({"DATABASE_URL": "postgresql://u@h/d",
+                                 "LEASEQ_WORKER_CONCURRENCY": "2",
+                                 "LEASEQ_SYNC_CONCURRENCY": "3"})
