@@ -77,20 +77,22 @@ def deployed() -> Iterator[Deployed]:
         yield found
 
 
-def deploy_outputs(host: str) -> None:
+def deploy_outputs(host: str, stack: str = STACK) -> None:
+    """A stack in moto's CloudFormation whose outputs name ``host`` as the proxy."""
     outputs = {"OperatorDbHost": host, "OperatorDbPort": "5432", "DbName": DBNAME,
                "OperatorDbUser": OPERATOR,
                "OperatorDbConnectResource": "arn:aws:rds-db:eu-west-1:123456789012:dbuser:"
                                             f"prx-0123abcd/{OPERATOR}"}
     template = {"Resources": {"Nothing": {"Type": "AWS::SQS::Queue"}},
                 "Outputs": {key: {"Value": value} for key, value in outputs.items()}}
-    boto3.client("cloudformation").create_stack(StackName=STACK,
+    boto3.client("cloudformation").create_stack(StackName=stack,
                                                 TemplateBody=json.dumps(template))
 
 
-@pytest.fixture
-def stack(deployed: Deployed, monkeypatch: pytest.MonkeyPatch) -> Iterator[Deployed]:
-    """The stack's outputs name the proxy; each token becomes the operators' password."""
+def sign_in_to(deployed: Deployed, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command line's AWS clients, where each IAM token it signs becomes the
+    operators' password on the TLS server (as if the proxy had checked its signature),
+    with the environment of an operator's laptop whose trusted roots are the test CA."""
     for key, value in {"AWS_DEFAULT_REGION": "eu-west-1", "AWS_ACCESS_KEY_ID": "testing",
                        "AWS_SECRET_ACCESS_KEY": "testing",
                        # The test CA plays the public roots that "system" means.
@@ -121,6 +123,12 @@ def stack(deployed: Deployed, monkeypatch: pytest.MonkeyPatch) -> Iterator[Deplo
 
     monkeypatch.setattr(_shared, "AWS_CLIENTS", factory)
     deployed.tokens.clear()
+
+
+@pytest.fixture
+def stack(deployed: Deployed, monkeypatch: pytest.MonkeyPatch) -> Iterator[Deployed]:
+    """The stack's outputs name the proxy; each token becomes the operators' password."""
+    sign_in_to(deployed, monkeypatch)
     with mock_aws():
         deploy_outputs(PROXY_HOST)
         yield deployed
