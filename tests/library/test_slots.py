@@ -499,3 +499,40 @@ def test_a_sync_limit_above_the_concurrency_is_refused_naming_both() -> None:
     with pytest.raises(ConfigurationError, match=r"sync_concurrency \(3\) is more than "
                                                  r"concurrency \(2\)"):
         WorkerConfig(owner="w", concurrency=2, sync_concurrency=3)
+
+
+def test_a_sync_job_waiting_behind_a_hung_sync_thread_is_given_back_and_the_drain_ends(
+        client: QueueClient, owner: Conn) -> None:
+    """The only sync slot is held by a thread past its budget that will not return in this
+    invocation: the sync job behind it must not wait for it until Lambda kills the
+    invocation, but go back to the queue once its budget no longer fits the time left."""
+    registry = Registry()
+    release = threading.Event()
+
+    @registry.handler("hang", timeout=1)
+    def hang(payload: Any, ctx: JobContext) -> None:
+        release.wait(30)
+
+    @registry.handler("blocking", timeout=3)
+    def blocking(payload: Any, ctx: JobContext) -> None:
+        return None
+
+    @registry.handler("echo")
+    async def unused(payload: Any, ctx: JobContext) -> None:
+        return None
+
+    tenant = uuid.uuid4()
+    enqueue(client, tenant, kind="hang", prefix="h")
+    enqueue(client, tenant, kind="blocking", prefix="b")
+    worker = make_worker(client, registry, concurrency=4, sync_concurrency=1, job_timeout=3)
+    started = time.monotonic()
+    try:
+        # 3 s budget + 5 s margin + 1 s to record: it fits only in the first 2 seconds.
+        report = worker.drain(MonotonicDeadline(11))
+        elapsed = time.monotonic() - started
+    finally:
+        release.set()
+
+    assert (report.retried, report.given_back) == (1, 1)  # the hung one: JOB_TIMEOUT
+    assert elapsed < 8
+    assert states(owner) == {"pending": 1, "retry_wait": 1}
