@@ -390,6 +390,10 @@ def test_the_operators_policy_is_a_policy_iam_reads_and_grants_exactly_the_walk(
     assert allows(policy, request("cloudformation:DescribeStacks",
                                   "arn:aws:cloudformation:us-east-1:1:stack/leaseq-dev/abc"))
     assert not allows(policy, request("rds-db:connect", "*"))
+    # Its own sessions' data channel, and no other's: the session is named by the caller.
+    (own,) = [s for s in document["Statement"] if s["Sid"] == "OwnSessionsOnly"]
+    assert own["Resource"] == "arn:aws:ssm:*:*:session/${aws:userid}-*"
+    assert "ssmmessages:OpenDataChannel" in own["Action"]
     # The template's output is the resource the policy names.
     outputs = translate(load_sam_template())["Outputs"]
     assert "OperatorDbConnectResource" in outputs
