@@ -38,6 +38,10 @@ JOB_TIMEOUT = Bounds(30.0, 0, 86_400, above=True)
 MAX_LEASE = Bounds(None, limits.MIN_LEASE.total_seconds(), limits.MAX_LEASE.total_seconds())
 #: Jobs run at once in one invocation.
 CONCURRENCY = Bounds(1, 1, 1000)
+#: Of those, jobs of sync (``def``) handlers run at once (None: as many as concurrency).
+#: Sync handlers hold a thread each and cannot be interrupted there, so a deployment may
+#: give async handlers many slots and keep sync ones to one, as they ran before.
+SYNC_CONCURRENCY = Bounds(None, 1, 1000)
 #: Longest a finished job's outcome waits before it is recorded.
 RECORD_INTERVAL = Bounds(1.0, 0, 60, above=True)
 #: First and longest wait between two claims that found nothing.
@@ -86,6 +90,7 @@ BOUNDS: dict[str, Bounds] = {
     "job_timeout": JOB_TIMEOUT,
     "max_lease": MAX_LEASE,
     "concurrency": CONCURRENCY,
+    "sync_concurrency": SYNC_CONCURRENCY,
     "record_interval": RECORD_INTERVAL,
     "poll_min": POLL_MIN,
     "poll_max": POLL_MAX,
@@ -139,6 +144,11 @@ def contradictions(values: Mapping[str, Any], names: Mapping[str, str]) -> list[
         return names.get(key, key)
 
     problems = []
+    sync, every = values.get("sync_concurrency"), values.get("concurrency")
+    if sync is not None and every is not None and sync > every:
+        problems.append(f"{name('sync_concurrency')} ({sync}) is more than "
+                        f"{name('concurrency')} ({every}): sync handlers run within the "
+                        "invocation's concurrency; lower the one or raise the other")
     base, cap = values.get("retry_base"), values.get("retry_max")
     if base is not None and cap is not None and cap < base:
         problems.append(f"{name('retry_max')} ({cap:g}) is less than {name('retry_base')} "
@@ -173,6 +183,11 @@ class WorkerConfig:
     ``concurrency`` above 1, or a registry with an ``async def`` handler, runs jobs on an
     event loop (see :mod:`leaseq.slots`); 1 with sync handlers runs them one after the
     other in the calling thread, interrupted by SIGALRM at their budget.
+    ``sync_concurrency`` bounds the jobs of sync handlers among those (None: all of
+    ``concurrency``): a registry of sync handlers only with ``sync_concurrency`` 1 runs
+    them one after the other in the calling thread whatever ``concurrency`` says, and a
+    mixed registry runs up to ``concurrency`` jobs, at most ``sync_concurrency`` of them
+    sync (:attr:`sync_limit`).
     ``kinds`` makes the worker claim jobs of those kinds only, ``exclude_kinds`` jobs of
     every kind but those (not both; None: every kind): a worker of its own for slow kinds,
     with its own timeout and concurrency, and a main worker that leaves them alone. Claims
@@ -199,6 +214,7 @@ class WorkerConfig:
     max_lease: float | None = MAX_LEASE.default
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     concurrency: int = CONCURRENCY.default
+    sync_concurrency: int | None = SYNC_CONCURRENCY.default
     record_interval: float = RECORD_INTERVAL.default
     poll_min: float = POLL_MIN.default
     poll_max: float = POLL_MAX.default
@@ -231,6 +247,12 @@ class WorkerConfig:
                 self.setting_names)
         if problems:
             raise ConfigurationError("invalid worker configuration: " + "; ".join(problems))
+
+    @property
+    def sync_limit(self) -> int:
+        """Jobs of sync handlers that may run at once: ``sync_concurrency``, or all of
+        ``concurrency`` when it is not set."""
+        return self.concurrency if self.sync_concurrency is None else self.sync_concurrency
 
     def name(self, key: str) -> str:
         """How the user spelled setting ``key`` (a field name unless told otherwise)."""

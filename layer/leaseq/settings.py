@@ -26,6 +26,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    IPvAnyAddress,
     PrivateAttr,
     SecretStr,
     ValidationError,
@@ -48,6 +49,14 @@ class DatabaseSettings(BaseModel):
     url: SecretStr | None = Field(default=None, alias="DATABASE_URL")
     host: str | None = Field(default=None, alias="LEASEQ_DB_HOST")
     port: int = Field(default=5432, ge=1, le=65535, alias="LEASEQ_DB_PORT")
+    #: Where to open the TCP connection when it is not where LEASEQ_DB_HOST resolves to: an
+    #: IP address (libpq's ``hostaddr``), such as a local port forward into the VPC, on
+    #: LEASEQ_DB_HOSTADDR_PORT (default LEASEQ_DB_PORT). LEASEQ_DB_HOST stays the name TLS
+    #: verifies (and whether a network is crossed is decided by it, not by the address)
+    #: and the one an IAM token is signed for, with LEASEQ_DB_PORT.
+    hostaddr: IPvAnyAddress | None = Field(default=None, alias="LEASEQ_DB_HOSTADDR")
+    hostaddr_port: int | None = Field(default=None, ge=1, le=65535,
+                                      alias="LEASEQ_DB_HOSTADDR_PORT")
     name: str | None = Field(default=None, alias="LEASEQ_DB_NAME")
     user: str | None = Field(default=None, alias="LEASEQ_DB_USER")
     iam_auth: bool = Field(default=False, alias="LEASEQ_DB_IAM_AUTH")
@@ -84,6 +93,14 @@ class DatabaseSettings(BaseModel):
             self._tls_by_host[host] = self._choose(host)
         return self._tls_by_host[host]
 
+    def address_of(self, host: str, port: int) -> dict[str, Any]:
+        """libpq's ``host`` and ``port`` for a connection to ``host``, with ``hostaddr``
+        and its port when LEASEQ_DB_HOSTADDR says where LEASEQ_DB_HOST is reached."""
+        if self.hostaddr is None or host != self.host:
+            return {"host": host, "port": port}
+        return {"host": host, "hostaddr": str(self.hostaddr),
+                "port": self.hostaddr_port or port}
+
     def _choose(self, host: str | None) -> TlsOptions:
         return choose_tls(
             host=host, sslmode=self.sslmode if "sslmode" in self.model_fields_set else None,
@@ -104,6 +121,13 @@ class DatabaseSettings(BaseModel):
         if self.iam_auth and not (self.host and self.user and self.name):
             raise ValueError(
                 "LEASEQ_DB_IAM_AUTH=true needs LEASEQ_DB_HOST, LEASEQ_DB_USER and LEASEQ_DB_NAME")
+        if self.hostaddr_port is not None and self.hostaddr is None:
+            raise ValueError("LEASEQ_DB_HOSTADDR_PORT is the port at LEASEQ_DB_HOSTADDR: set "
+                             "LEASEQ_DB_HOSTADDR too, or unset it")
+        if self.hostaddr is not None and (self.url is not None or not self.host):
+            raise ValueError(
+                "LEASEQ_DB_HOSTADDR says where LEASEQ_DB_HOST is reached: set LEASEQ_DB_HOST "
+                "(the name TLS verifies); with DATABASE_URL put hostaddr in the URL instead")
         if self.url is not None:
             if self.sslrootcert is not None:
                 raise ValueError(
@@ -145,6 +169,8 @@ class WorkerSettings(BaseModel):
     retry_max_seconds: float = Field(alias="LEASEQ_RETRY_MAX_SECONDS",
                                      **config.RETRY_MAX.field())
     concurrency: int = Field(alias="LEASEQ_WORKER_CONCURRENCY", **config.CONCURRENCY.field())
+    sync_concurrency: int | None = Field(alias="LEASEQ_SYNC_CONCURRENCY",
+                                         **config.SYNC_CONCURRENCY.field())
     record_interval_seconds: float = Field(alias="LEASEQ_RECORD_INTERVAL_SECONDS",
                                            **config.RECORD_INTERVAL.field())
     poll_min_seconds: float = Field(alias="LEASEQ_POLL_MIN_SECONDS", **config.POLL_MIN.field())
@@ -167,7 +193,8 @@ class WorkerSettings(BaseModel):
     CONFIG_FIELDS: ClassVar[dict[str, str]] = {
         "batch_size": "batch_size", "lease_margin": "lease_margin_seconds",
         "job_timeout": "job_timeout_seconds", "max_lease": "max_lease_seconds",
-        "concurrency": "concurrency", "record_interval": "record_interval_seconds",
+        "concurrency": "concurrency", "sync_concurrency": "sync_concurrency",
+        "record_interval": "record_interval_seconds",
         "poll_min": "poll_min_seconds", "poll_max": "poll_max_seconds",
         "poll_idle": "poll_idle_seconds", "worker_timeout": "worker_timeout_seconds",
         "loop_stall": "loop_stall_seconds", "retry_base": "retry_base_seconds",

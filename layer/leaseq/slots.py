@@ -198,6 +198,7 @@ class SlotDrain:
         self._waker: asyncio.Future[None] | None = None
         self._emptied = False
         self._woken = False
+        self._sync_deferred = False
         #: Claimed jobs waiting for a slot: (job, lease end, lease seconds).
         self._waiting: collections.deque[tuple[ClaimedJob, float, float]] = collections.deque()
 
@@ -237,7 +238,9 @@ class SlotDrain:
 
     async def _run(self) -> None:
         cfg = self.config
-        capacity = cfg.concurrency - straggling_threads()
+        # Sync handlers only: their own limit is the drain's (leaseq.config.SYNC_CONCURRENCY).
+        slots = cfg.concurrency if self.worker.registry.has_async else cfg.sync_limit
+        capacity = slots - straggling_threads()
         if capacity <= 0:
             logger.error("every slot is held by a handler thread that overran its budget; "
                          "no job can start until one returns",
@@ -293,6 +296,8 @@ class SlotDrain:
             renewal = self._renew_due()
             if renewal is not None:
                 timeouts.append(renewal)
+            if self._sync_deferred:
+                timeouts.append(cfg.poll_max)
             await self._wait(max(0.0, min(timeouts)) if timeouts else None)
 
     def _collect(self) -> None:
@@ -368,6 +373,13 @@ class SlotDrain:
         fits the time left."""
         cfg = self.config
         unfit = []
+        # Jobs of sync handlers beyond sync_limit wait, in order, for a sync one to end;
+        # the jobs behind them may start meanwhile (threads past their budget count).
+        deferred: list[tuple[ClaimedJob, float, float]] = []
+        sync_busy = straggling_threads() + sum(
+            1 for slot in self._slots.values()
+            if slot.registration is not None and not slot.registration.is_async
+            and not slot.overran)
         while self._waiting and len(self._slots) < capacity:
             job, lease_end, lease_seconds = self._waiting.popleft()
             registration = self.worker.registry.get(job.kind)
@@ -379,9 +391,18 @@ class SlotDrain:
                     "needed": budget + cfg.lease_margin + FINISH_RESERVE})
                 unfit.append(job)
                 continue
+            is_sync = registration is not None and not registration.is_async
+            if is_sync and sync_busy >= cfg.sync_limit:
+                deferred.append((job, lease_end, lease_seconds))
+                continue
             slot = Slot(job, registration, budget, lease_end, lease_seconds,
                         needs_until=time_left - budget - FINISH_RESERVE)
             self._slots[self._watch(self.loop.create_task(self._run_slot(slot)))] = slot
+            sync_busy += is_sync
+        self._waiting.extendleft(reversed(deferred))
+        # Looked at again every poll_max: a sync slot held by a thread past its budget may
+        # never free, and a deferred job is given back once its budget no longer fits.
+        self._sync_deferred = bool(deferred)
         if unfit:
             # Claiming again could only take the same jobs and give them back.
             self._stop_claiming("deadline")

@@ -4,12 +4,13 @@ queue has stayed empty for ``poll_idle`` seconds.
 One drain per call (the scheduler is the outer loop). Two ways to run jobs, chosen
 from the configuration:
 
-* **one at a time** (``concurrency`` 1 and only sync handlers, the default): claim a
-  batch, run its jobs in this thread, each interrupted by SIGALRM at its budget; the
-  batch's outcomes travel with the claim of the next batch (one statement per batch);
-* **on an event loop** (``concurrency`` above 1, or any ``async def`` handler): up to
-  ``concurrency`` jobs at once, each slot refilled by the next claim
-  (:mod:`leaseq.slots`).
+* **one at a time** (only sync handlers, and ``concurrency`` 1 or ``sync_concurrency``
+  1; the default): claim a batch, run its jobs in this thread, each interrupted by
+  SIGALRM at its budget; the batch's outcomes travel with the claim of the next batch
+  (one statement per batch);
+* **on an event loop** (any ``async def`` handler, or sync handlers allowed more than one
+  at a time): up to ``concurrency`` jobs at once, at most ``sync_concurrency`` of them
+  sync, each slot refilled by the next claim (:mod:`leaseq.slots`).
 
 Either way an outcome waits at most ``record_interval`` before it is recorded
 (:mod:`leaseq.recorder`), outcomes are fenced by lease token (a worker that lost its
@@ -118,7 +119,7 @@ class Worker:
     @property
     def uses_event_loop(self) -> bool:
         """Whether jobs run on an event loop (see the module docstring)."""
-        return self.config.concurrency > 1 or self.registry.has_async
+        return self.registry.has_async or self.config.sync_limit > 1
 
     def recorder(self, report: DrainReport) -> Recorder:
         """The recorder of one drain's outcomes, counting into ``report``."""

@@ -105,7 +105,7 @@ def _secret_params(secret: Any, db: DatabaseSettings) -> dict[str, Any]:
         raise ConfigurationError(
             f"secret {db.secret_arn} lacks {', '.join(missing)}; add them to the secret or "
             "set LEASEQ_DB_HOST / LEASEQ_DB_NAME / LEASEQ_DB_USER")
-    return {"host": host, "port": port, "dbname": dbname, "user": user,
+    return {**db.address_of(str(host), port), "dbname": dbname, "user": user,
             "password": password, **db.tls_for(str(host)).params()}
 
 
@@ -169,9 +169,10 @@ def _iam_factory(db: DatabaseSettings, deps: Dependencies,
         # A token is valid for 15 minutes to open a connection, so one per connect.
         token = rds.generate_db_auth_token(DBHostname=db.host, Port=db.port,
                                            DBUsername=db.user)
-        return deps.connect("", application_name=application_name, host=db.host,
-                            port=db.port, dbname=db.name, user=db.user, password=token,
-                            **db.tls.params())
+        assert db.host is not None  # IAM authentication needs it (settings)
+        return deps.connect("", application_name=application_name,
+                            **db.address_of(db.host, db.port), dbname=db.name, user=db.user,
+                            password=token, **db.tls.params())
 
     return open_connection
 

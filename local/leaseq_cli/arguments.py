@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import re
 import uuid
@@ -77,3 +78,21 @@ def _json_type(value: Any) -> str:
     if isinstance(value, int | float):
         return "number"
     return "null"
+
+
+def tunnel_address(text: str) -> tuple[str, int]:
+    """``PORT`` or ``ADDRESS:PORT`` (``[ADDRESS]:PORT`` for IPv6) of a local port forward;
+    the address is an IP address (libpq's ``hostaddr`` takes no name), 127.0.0.1 unless
+    given."""
+    address, _, port_text = text.strip().rpartition(":")
+    address = address.strip("[]") or "127.0.0.1"
+    try:
+        port = int(port_text)
+        ipaddress.ip_address(address)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a local port forward; give its port, such as 15432, or "
+            "ADDRESS:PORT with an IP address, such as 127.0.0.1:15432") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r}: a port is from 1 to 65535")
+    return address, port

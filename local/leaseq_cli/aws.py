@@ -9,7 +9,16 @@ if the caller's IAM identity may ``rds-db:connect`` on the stack's output
 ``OperatorDbConnectResource``. The connection is ``sslmode=verify-full``: the server's
 certificate must chain to a trusted root (``system``, the operating system's store, which
 trusts the certificates of RDS Proxy endpoints; for a database instance reached directly,
-pass the RDS certificate bundle with ``--sslrootcert``) and name the host.
+pass the RDS certificate bundle with ``--sslrootcert``) and name the host. ``system`` is
+resolved to the OS bundle's file by :func:`leaseq.tls.system_roots`, as the functions do:
+the psycopg-binary wheel's own OpenSSL looks for it where no OS keeps it.
+
+From outside the VPC, ``--tunnel [ADDRESS:]PORT`` connects through a port forward on this
+machine (Session Manager's ``AWS-StartPortForwardingSessionToRemoteHost``, or SSH) with
+libpq's ``hostaddr``: the TCP connection goes to the forward's address and port, while
+``host`` stays the stack's host name, which TLS verifies the certificate against (and
+sends as SNI), and which the IAM token is signed for, with the stack's own port, as RDS
+checks it.
 
 boto3 is imported only here, when ``--stack`` or ``enqueue resubmit`` is used, so the
 local commands need no AWS packages.
@@ -17,10 +26,12 @@ local commands need no AWS packages.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from leaseq.tls import SYSTEM, check_ca_file, system_roots
 from psycopg.conninfo import make_conninfo
 
 from leaseq_cli.failures import CliError, ExitCode, UsageError
@@ -112,8 +123,10 @@ class StackDatabase:
     dbname: str
     user: str
     clients: AwsClients
+    #: The trusted roots: a PEM bundle, or ``system``; the mode is always verify-full.
     sslrootcert: str = "system"
-    sslmode: str = "verify-full"
+    #: A local port forward to ``host:port`` (address, port), or None to connect directly.
+    tunnel: tuple[str, int] | None = None
 
     def token(self) -> str:
         """A fresh RDS IAM authentication token for this login (signed locally)."""
@@ -128,19 +141,30 @@ class StackDatabase:
         return token
 
     def dsn(self) -> str:
-        """A connection string with a token made now (valid 15 minutes to connect)."""
-        return make_conninfo("", host=self.host, port=self.port, dbname=self.dbname,
-                             user=self.user, password=self.token(), sslmode=self.sslmode,
-                             sslrootcert=self.sslrootcert, connect_timeout=10)
+        """A connection string with a token made now (valid 15 minutes to connect).
+
+        Through a tunnel, ``hostaddr`` and the tunnel's port say where to connect; the
+        host name, and with it the certificate check, stay the stack's.
+        """
+        roots = system_roots(os.environ) if self.sslrootcert == SYSTEM else check_ca_file(
+            self.sslrootcert, "--sslrootcert")
+        where: dict[str, Any] = {"host": self.host, "port": self.port}
+        if self.tunnel is not None:
+            where.update(hostaddr=self.tunnel[0], port=self.tunnel[1])
+        return make_conninfo("", **where, dbname=self.dbname, user=self.user,
+                             password=self.token(), sslmode="verify-full", sslrootcert=roots,
+                             connect_timeout=10)
 
     @property
     def description(self) -> str:
-        return (f"stack {self.stack} ({self.user}@{self.host}:{self.port}/{self.dbname}, "
-                "IAM authentication)")
+        through = "" if self.tunnel is None else (
+            f" through {self.tunnel[0]}:{self.tunnel[1]}")
+        return (f"stack {self.stack} ({self.user}@{self.host}:{self.port}/{self.dbname}"
+                f"{through}, IAM authentication)")
 
 
-def stack_database(stack: str, clients: AwsClients, *,
-                   sslrootcert: str = "system") -> StackDatabase:
+def stack_database(stack: str, clients: AwsClients, *, sslrootcert: str = "system",
+                   tunnel: tuple[str, int] | None = None) -> StackDatabase:
     """Where the operators' login of ``stack`` connects, from the stack's outputs."""
     outputs = stack_outputs(stack, clients)
     if outputs.get(USER_OUTPUT) and not outputs.get(CONNECT_RESOURCE_OUTPUT):
@@ -156,4 +180,4 @@ def stack_database(stack: str, clients: AwsClients, *,
         raise UsageError(f"stack {stack!r}: output {PORT_OUTPUT} is not a port: {port!r}"
                          ) from None
     return StackDatabase(stack, host, port_number, dbname, user, clients,
-                         sslrootcert=sslrootcert)
+                         sslrootcert=sslrootcert, tunnel=tunnel)

@@ -56,6 +56,11 @@ def _common(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--sslrootcert", default=argparse.SUPPRESS, metavar="FILE",
                        help="with --stack: trusted root certificates (default: system, the "
                        "OS store; the RDS bundle for an instance without a proxy)")
+    group.add_argument("--tunnel", type=arguments.tunnel_address, default=argparse.SUPPRESS,
+                       metavar="[ADDRESS:]PORT",
+                       help="with --stack: connect through a port forward on this machine "
+                       "(Session Manager, SSH) at ADDRESS:PORT (address 127.0.0.1 unless "
+                       "given); TLS still verifies the stack's host name")
 
 
 def _command(subparsers: Any, name: str, run: Command, help_text: str,

@@ -62,11 +62,13 @@ def configured_url(override: str | None) -> str | None:
 
 def resolve(override: str | None = None, *, home: Path | None = None,
             apply_migrations: bool = True, stack: str | None = None,
-            clients: AwsClients | None = None, sslrootcert: str = "system") -> Target:
+            clients: AwsClients | None = None, sslrootcert: str = "system",
+            tunnel: tuple[str, int] | None = None) -> Target:
     if stack:
         if override:
             raise UsageError("give either --stack or --database-url, not both")
-        database = stack_database(stack, clients or AwsClients(), sslrootcert=sslrootcert)
+        database = stack_database(stack, clients or AwsClients(), sslrootcert=sslrootcert,
+                                  tunnel=tunnel)
         dsn = database.dsn()
         return Target(dsn, dsn, None, database)
     url = configured_url(override)

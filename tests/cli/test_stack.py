@@ -12,6 +12,7 @@ TLS, so ``sslmode=verify-full`` is checked in the connection string, not on the 
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import urllib.parse
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from typing import Any
 import boto3
 import psycopg
 import pytest
+from leaseq import ConfigurationError, tls
 from leaseq.db import connect
 from leaseq.migrate import migrate
 from leaseq_cli import aws
@@ -160,7 +162,9 @@ def run(capsys: pytest.CaptureFixture[str], *args: str) -> Result:
     return Result(code, captured.out, captured.err)
 
 
-def test_stack_outputs_give_the_host_login_and_a_token_signed_for_them(aws_env: None) -> None:
+def test_stack_outputs_give_the_host_login_and_a_token_signed_for_them(
+    aws_env: None, tmp_path: Path,
+) -> None:
     host = "leaseq-test-proxy.proxy-abcdefghijkl.us-east-1.rds.amazonaws.com"
     deploy_outputs({"OperatorDbHost": host, "OperatorDbPort": "5432", "DbName": "leaseq",
                     "OperatorDbUser": OPERATOR,
@@ -168,9 +172,12 @@ def test_stack_outputs_give_the_host_login_and_a_token_signed_for_them(aws_env: 
     database = aws.stack_database(STACK, aws.AwsClients("us-east-1"))
 
     params = conninfo_to_dict(database.dsn())
+    # "system" is the OS bundle's file, as leaseq.tls resolves it for every connection:
+    # the psycopg-binary wheel's OpenSSL would look for it where no OS keeps it.
     assert {k: params[k] for k in ("host", "port", "dbname", "user", "sslmode", "sslrootcert")
             } == {"host": host, "port": "5432", "dbname": "leaseq", "user": OPERATOR,
-                  "sslmode": "verify-full", "sslrootcert": "system"}
+                  "sslmode": "verify-full", "sslrootcert": tls.system_roots(os.environ)}
+    assert "hostaddr" not in params
     # An RDS IAM token, signed locally: a SigV4-presigned connect for this host, port, user.
     token = str(params["password"])
     assert token.startswith(f"{host}:5432/?")
@@ -180,8 +187,15 @@ def test_stack_outputs_give_the_host_login_and_a_token_signed_for_them(aws_env: 
     assert query["X-Amz-Expires"] == ["900"]
     assert "/us-east-1/rds-db/aws4_request" in query["X-Amz-Credential"][0]
     assert conninfo_to_dict(database.dsn())["password"] != ""
-    custom = aws.stack_database(STACK, aws.AwsClients("us-east-1"), sslrootcert="/rds.pem")
-    assert conninfo_to_dict(custom.dsn())["sslrootcert"] == "/rds.pem"
+    bundle = tmp_path / "rds.pem"
+    bundle.write_bytes(Path(tls.system_roots(os.environ)).read_bytes())
+    custom = aws.stack_database(STACK, aws.AwsClients("us-east-1"), sslrootcert=str(bundle))
+    assert conninfo_to_dict(custom.dsn())["sslrootcert"] == str(bundle)
+    # A file that is not a CA bundle is refused before anything is sent.
+    (tmp_path / "notes.txt").write_text("not a certificate")
+    with pytest.raises(ConfigurationError, match=r"--sslrootcert=.*holds no PEM certificate"):
+        aws.stack_database(STACK, aws.AwsClients("us-east-1"),
+                           sslrootcert=str(tmp_path / "notes.txt")).dsn()
 
 
 def test_leaseq_status_with_stack_logs_in_as_the_operator_with_a_fresh_token_each_time(

@@ -167,6 +167,27 @@ def test_iam_auth_connects_with_a_fresh_token_per_connection_over_tls(
         assert call["application_name"] == "leaseq leaseq-test"
 
 
+def test_iam_auth_through_a_hostaddr_signs_for_the_host_and_connects_to_the_address(
+        aws: None, lambda_env: pytest.MonkeyPatch, db: Database, reaper_app: ModuleType) -> None:
+    proxy = "leaseq-proxy.proxy-abc.us-east-1.rds.amazonaws.com"
+    lambda_env.delenv("DATABASE_URL")
+    for key, value in {"LEASEQ_DB_HOST": proxy, "LEASEQ_DB_PORT": "5432",
+                       "LEASEQ_DB_HOSTADDR": "127.0.0.1", "LEASEQ_DB_HOSTADDR_PORT": "15432",
+                       "LEASEQ_DB_NAME": "leaseq", "LEASEQ_DB_USER": "leaseq_runtime",
+                       "LEASEQ_DB_IAM_AUTH": "true"}.items():
+        lambda_env.setenv(key, value)
+    recording = RecordingConnect(db)
+    runtime.reset(runtime.Dependencies(connect=recording))
+
+    assert reaper_app.lambda_handler({}, FakeLambdaContext())["status"] == "ok"
+
+    (call,) = recording.calls
+    # The token is for the proxy's own name and port; the connection goes to the forward.
+    assert call["password"].startswith(f"{proxy}:5432/?")
+    assert {k: call[k] for k in ("host", "hostaddr", "port", "sslmode")} == {
+        "host": proxy, "hostaddr": "127.0.0.1", "port": 15432, "sslmode": "verify-full"}
+
+
 def test_a_dsn_takes_precedence_and_is_used_as_given(
         lambda_env: pytest.MonkeyPatch, db: Database, reaper_app: ModuleType) -> None:
     lambda_env.setenv("LEASEQ_DATABASE_SECRET_ARN", "arn:unused")

@@ -31,6 +31,7 @@ from moto import mock_aws
 
 from tests.support.fakes import FakeLambdaContext
 from tests.support.tls_server import INSTANCE_HOST, TlsServer, tls_server
+from tests.support.tls_server import PROXY_HOST as CERTIFIED_PROXY_HOST
 
 PROXY_HOST = "leaseq.proxy-c1a2b3c4d5e6.eu-west-1.rds.amazonaws.com"
 
@@ -319,3 +320,38 @@ def test_a_secret_naming_a_host_across_the_network_is_refused_without_roots_befo
     assert not isinstance(caught.value, TlsVerificationError | DatabaseUnavailableError)
     assert f"refusing an unverified connection to {INSTANCE_HOST}" in caught.value.message
     assert "LEASEQ_DB_SSLMODE=require-unverified" in caught.value.message
+
+
+def test_the_runtime_reaches_a_proxy_name_through_a_hostaddr_and_still_verifies_it(
+        tls_secret: pytest.MonkeyPatch, server: TlsServer) -> None:
+    # A port forward on the loopback address into the VPC: libpq connects to the address,
+    # and checks the certificate against the proxy's name (the test CA plays the public
+    # roots, through SSL_CERT_FILE, as "system" for an RDS Proxy host means).
+    for key, value in {"LEASEQ_DB_HOST": CERTIFIED_PROXY_HOST, "LEASEQ_DB_PORT": "5432",
+                       "LEASEQ_DB_HOSTADDR": "127.0.0.2",
+                       "LEASEQ_DB_HOSTADDR_PORT": str(server.port),
+                       "SSL_CERT_FILE": str(server.ca_file)}.items():
+        tls_secret.setenv(key, value)
+    runtime.reset()
+
+    rt = runtime.get()
+    rt.check()
+
+    conn = rt.client.connection
+    assert (conn.info.get_parameters()["sslmode"], _ssl_in_use(conn)) == ("verify-full", True)
+    assert conn.info.get_parameters()["hostaddr"] == "127.0.0.2"
+
+
+def test_a_loopback_hostaddr_does_not_make_a_remote_host_local(
+        tls_secret: pytest.MonkeyPatch, reaper_app: ModuleType) -> None:
+    # The address is where the bytes go; whether a network is crossed, and so whether the
+    # server must be verified, is decided by the name: a tunnel ends in another network.
+    for key, value in {"LEASEQ_DB_HOST": INSTANCE_HOST, "LEASEQ_DB_HOSTADDR": "127.0.0.1"
+                       }.items():
+        tls_secret.setenv(key, value)
+    runtime.reset()
+
+    with pytest.raises(ConfigurationError) as caught:
+        reaper_app.lambda_handler({}, FakeLambdaContext())
+
+    assert f"refusing an unverified connection to {INSTANCE_HOST}" in caught.value.message

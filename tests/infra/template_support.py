@@ -105,6 +105,9 @@ def rule_value(value: Any, parameters: dict[str, Any],
         return parameters[argument]
     if function == "Condition" and conditions is not None:
         return rule_value(conditions[argument], parameters, conditions)
+    if function == "Fn::Sub" and isinstance(argument, str):
+        return re.sub(r"\$\{([^}!]+)\}",
+                      lambda m: _as_text(parameters[m.group(1)]), argument)
     arguments = rule_value(argument, parameters, conditions)
     if function == "Fn::Equals":
         left, right = arguments
@@ -121,7 +124,17 @@ def rule_value(value: Any, parameters: dict[str, Any],
     if function == "Fn::Join":
         separator, items = arguments
         return separator.join(items)
+    if function == "Fn::Split":
+        separator, text = arguments
+        return text.split(separator)
+    if function == "Fn::Select":
+        index, items = arguments
+        return items[int(index)]
     raise NotImplementedError(f"rule function {function}: teach rule_value it")
+
+
+def _as_text(value: Any) -> str:
+    return ",".join(value) if isinstance(value, list) else str(value)
 
 
 def rule_refusals(template: dict[str, Any], **given: str) -> list[str]:

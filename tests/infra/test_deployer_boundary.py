@@ -26,6 +26,9 @@ from tests.infra.iam_policy import Resource, allows, decision, request, statemen
 from tests.infra.template_support import ROOT, load_sam_template, resources_of_type, translate
 
 BOUNDARY_ARN = "arn:aws:iam::*:policy/boundaries/leaseq-permissions-boundary"
+#: Both boundaries an administrator makes: the stack's and the workers' (handlers').
+BOUNDARY_ARNS = [BOUNDARY_ARN,
+                 "arn:aws:iam::*:policy/boundaries/leaseq-handlers-boundary"]
 STACK_TAG = "aws:cloudformation:stack-name"
 ACCOUNT = "111122223333"
 #: A database of this project, as CloudFormation names it after the stack.
@@ -132,7 +135,7 @@ def test_every_statement_that_writes_a_role_or_its_trust_carries_the_boundary_co
     assert found, f"{action} is needed by the IAM role handler"
     for statement in found:
         assert statement["Condition"]["StringLike"]["iam:PermissionsBoundary"] == (
-            BOUNDARY_ARN), statement["Sid"]
+            BOUNDARY_ARNS), statement["Sid"]
         assert resources(statement) == ["arn:aws:iam::*:role/leaseq-*"], statement["Sid"]
 
 
@@ -147,6 +150,12 @@ def test_the_deployer_cannot_make_a_role_it_can_assume(deployer: list[dict[str, 
         assert not allows(deployer, request(action, role, keys={
             "iam:PermissionsBoundary": f"arn:aws:iam::{ACCOUNT}:policy/AdministratorAccess"}))
         assert allows(deployer, request(action, role, keys=bounded)), action
+        # The workers' boundary (handlers) is an administrator's too, and allowed as well.
+        assert allows(deployer, request(action, role, keys={"iam:PermissionsBoundary":
+            f"arn:aws:iam::{ACCOUNT}:policy/boundaries/leaseq-handlers-boundary"})), action
+        # A policy the deployer could write itself is no boundary.
+        assert not allows(deployer, request(action, role, keys={"iam:PermissionsBoundary":
+            f"arn:aws:iam::{ACCOUNT}:policy/leaseq-handlers-boundary"})), action
     # Whatever trust policy it wrote (IAM has no condition key on its content), the
     # deployer's own credentials cannot assume, tag or name a session of a stack role.
     for action in ("sts:AssumeRole", "sts:TagSession", "sts:SetSourceIdentity"):

@@ -830,10 +830,12 @@ def test_each_function_may_connect_only_as_its_own_login(
     text = json.dumps(role)
     assert [p for p in others if p in text] == []
     # Besides: only what SAM adds for the enqueue failure destination, the dashboard's
-    # tenant reader logins (one prefix, tested below), invoking the worker (the pool:
-    # tested below), and the two AWS managed policies SAM attaches to a function in a VPC.
+    # tenant reader logins (one prefix, tested below), the handlers' own secrets on the
+    # workers (HandlersSecretArns), invoking the worker (the pool: tested below), and the
+    # two AWS managed policies SAM attaches to a function in a VPC.
     extra = [s for s in statements if "Fn::If" not in s]
     assert {s["Action"] for s in extra} <= {"sqs:SendMessage", "rds-db:connect",
+                                            "secretsmanager:GetSecretValue",
                                             "lambda:InvokeFunction"}
     assert [s["Resource"] for s in extra if s["Action"] == "lambda:InvokeFunction"] == (
         [INVOKE_WORKER[function]] if function in INVOKE_WORKER else [])
@@ -845,6 +847,9 @@ def test_each_function_may_connect_only_as_its_own_login(
         assert existing["Fn::Sub"].endswith(f":dbuser:${{ExistingDbResourceId}}/{TENANT_READERS}")
         (policy,) = [p for p in role["Properties"]["Policies"] if "Fn::If" in p]
         assert policy["Fn::If"][0] == "DashboardHasTenantViewers"
+    own_secrets = {"WorkerFunction": [HANDLERS_SECRETS]}
+    assert [s["Resource"] for s in extra if s["Action"] == "secretsmanager:GetSecretValue"] == (
+        own_secrets.get(function, []))
     assert role["Properties"]["ManagedPolicyArns"] == [
         "arn:aws:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole",
         XRAY_WRITE_POLICY,
@@ -858,6 +863,10 @@ def test_each_function_may_connect_only_as_its_own_login(
 #: The workers' kind filter (leaseq.settings.WorkerSettings): the slow worker's kinds, and
 #: the kinds the main worker leaves to it.
 KIND_FILTER_VARIABLES = ("LEASEQ_KINDS", "LEASEQ_EXCLUDE_KINDS")
+
+
+#: The handlers' secrets (HandlersSecretArns) as the workers' roles name them.
+HANDLERS_SECRETS = {"Fn::Split": [",", {"Ref": "HandlersSecretArns"}]}
 
 
 def handler_policies() -> list[dict[str, Any]]:
@@ -911,6 +920,115 @@ def test_your_handlers_layer_policies_and_settings_reach_the_workers_and_only_th
     assert not layer.fullmatch("arn:aws:lambda:eu-west-1:123456789012:layer:handlers:7")
     assert not layer.fullmatch("arn:aws:lambda:eu-west-1:123456789012:layer:leaseq-dev-handlers")
     assert parameters["HandlersEnvironment"]["Default"] == "{}"
+
+
+def test_the_handlers_secrets_and_boundary_reach_the_workers_roles_and_only_them(
+    sam: dict[str, Any], cfn: dict[str, Any],
+) -> None:
+    parameters = sam["Parameters"]
+    secrets = re.compile(parameters["HandlersSecretArns"]["AllowedPattern"])
+    boundary = re.compile(parameters["WorkerPermissionsBoundaryArn"]["AllowedPattern"])
+    api_key = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:invoices/api-key-AbCdEf"
+    any_name = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:billing/*"
+
+    for name in WORKERS:
+        role = cfn["Resources"][f"{name}Role"]
+        granted = [s for s in statements_of(role)
+                   if s.get("Action") == "secretsmanager:GetSecretValue"]
+        assert granted == [{"Effect": "Allow", "Action": "secretsmanager:GetSecretValue",
+                            "Resource": HANDLERS_SECRETS}], name
+        (policy,) = [p for p in role["Properties"]["Policies"]
+                     if "HandlersSecretArns" in json.dumps(p)]
+        assert policy["Fn::If"][0] == "HasHandlersSecrets"
+    for name in ("ReaperFunction", "EnqueueFunction", "MigrationsFunction"):
+        role = json.dumps(cfn["Resources"][f"{name}Role"])
+        assert "HandlersSecretArns" not in role, name
+        assert "WorkerPermissionsBoundaryArn" not in role, name
+    # Any name, not only leaseq/...: the workers' boundary is what caps them.
+    for accepted in ("", api_key, any_name, f"{api_key},{any_name}"):
+        assert secrets.fullmatch(accepted), accepted
+    for refused in (f"{api_key},", "arn:aws:s3:::bucket", "leaseq/owner",
+                    ",".join([api_key] * 21)):
+        assert not secrets.fullmatch(refused), refused
+    assert boundary.fullmatch(
+        "arn:aws:iam::123456789012:policy/boundaries/leaseq-handlers-boundary")
+    # The deployer may create roles with admin-made boundaries only (policy/boundaries/...).
+    for refused in ("arn:aws:iam::123456789012:policy/leaseq-handlers-boundary",
+                    "arn:aws:iam::123456789012:policy/boundaries/other",
+                    "arn:aws:iam::aws:policy/AdministratorAccess"):
+        assert not boundary.fullmatch(refused), refused
+    assert conditions_for(sam, HandlersSecretArns=api_key)["HasHandlersSecrets"] is True
+    assert conditions_for(sam)["HasHandlersSecrets"] is False
+
+
+def test_the_operators_security_group_is_let_into_the_proxy_and_on_request_the_database(
+    sam: dict[str, Any], cfn: dict[str, Any],
+) -> None:
+    proxy = cfn["Resources"]["ProxyFromOperatorsIngress"]
+    database = cfn["Resources"]["DatabaseFromOperatorsIngress"]
+    group = "sg-0123456789abcdef0"
+
+    assert proxy["Condition"] == "OperatorsReachTheProxy"
+    assert proxy["Properties"]["GroupId"] == {"Ref": "ProxySecurityGroup"}
+    assert proxy["Properties"]["SourceSecurityGroupId"] == {"Ref": "OperatorSecurityGroupId"}
+    assert (proxy["Properties"]["FromPort"], proxy["Properties"]["ToPort"]) == (5432, 5432)
+    assert database["Condition"] == "OperatorsReachTheDatabase"
+    assert database["Properties"]["GroupId"] == {"Ref": "DatabaseSecurityGroup"}
+    assert database["Properties"]["FromPort"] == {"Ref": "DbPort"}
+    assert database["Properties"]["SourceSecurityGroupId"] == {"Ref": "OperatorSecurityGroupId"}
+    # No group, no rule; a group: the proxy; the database only when asked for.
+    assert not conditions_for(sam)["OperatorsReachTheProxy"]
+    with_group = conditions_for(sam, OperatorSecurityGroupId=group)
+    assert (with_group["OperatorsReachTheProxy"], with_group["OperatorsReachTheDatabase"]) == (
+        True, False)
+    assert conditions_for(sam, OperatorSecurityGroupId=group,
+                          OperatorDatabaseAccess="true")["OperatorsReachTheDatabase"] is True
+    pattern = re.compile(sam["Parameters"]["OperatorSecurityGroupId"]["AllowedPattern"])
+    for accepted in ("", group, "sg-0123abcd"):
+        assert pattern.fullmatch(accepted), accepted
+    for refused in ("sg-", "0123456789abcdef0", "sg-0123456789ABCDEF0", f"{group},{group}"):
+        assert not pattern.fullmatch(refused), refused
+
+
+def test_the_worker_runs_async_handlers_ten_at_a_time_and_sync_ones_in_turn_by_default(
+    sam: dict[str, Any], cfn: dict[str, Any],
+) -> None:
+    """The defaults as the worker reads them: async handlers get the concurrency, a
+    registry of def handlers only keeps the one-at-a-time drain (SIGALRM at the budget),
+    and a mixed one runs its def handlers one at a time among the async ones."""
+    from leaseq import Registry, Worker, WorkerConfig
+    from leaseq.settings import WorkerSettings
+
+    variables = function_properties(cfn, "WorkerFunction")["Environment"]["Variables"]
+    assert variables["LEASEQ_WORKER_CONCURRENCY"] == {"Ref": "WorkerConcurrency"}
+    assert variables["LEASEQ_SYNC_CONCURRENCY"] == {"Ref": "SyncHandlerConcurrency"}
+    parameters = sam["Parameters"]
+    assert (parameters["WorkerConcurrency"]["Default"],
+            parameters["SyncHandlerConcurrency"]["Default"]) == (10, 1)
+    settings = WorkerSettings.model_validate({
+        "LEASEQ_WORKER_CONCURRENCY": str(parameters["WorkerConcurrency"]["Default"]),
+        "LEASEQ_SYNC_CONCURRENCY": str(parameters["SyncHandlerConcurrency"]["Default"])})
+    values = settings.config_values()
+    values.pop("retry_base")
+    values.pop("retry_max")
+    config = WorkerConfig(owner="w", **values)
+
+    sync_only, async_only, mixed = Registry(), Registry(), Registry()
+    sync_only.register("a", lambda payload, ctx: None)
+    mixed.register("a", lambda payload, ctx: None)
+
+    async def waits(payload: Any, ctx: Any) -> None:
+        return None
+
+    async_only.register("b", waits)
+    mixed.register("b", waits)
+    assert (config.concurrency, config.sync_limit) == (10, 1)
+    assert not Worker(None, sync_only, config).uses_event_loop  # type: ignore[arg-type]
+    assert Worker(None, async_only, config).uses_event_loop  # type: ignore[arg-type]
+    assert Worker(None, mixed, config).uses_event_loop  # type: ignore[arg-type]
+    # The slow worker keeps the library's one job at a time.
+    slow = function_properties(cfn, "SlowWorkerFunction")["Environment"]["Variables"]
+    assert "LEASEQ_WORKER_CONCURRENCY" not in slow
 
 
 def test_a_slow_worker_has_its_own_limits_schedule_and_kinds_and_the_worker_leaves_them(
@@ -1242,19 +1360,102 @@ def test_alarms_cover_dead_jobs_queue_age_errors_silence_and_throttles(
         assert properties["ComparisonOperator"] == "LessThanThreshold"
 
 
-@pytest.mark.parametrize("creates_database", [True, False])
-@pytest.mark.parametrize("pool", [True, False])
-def test_the_dashboard_body_is_json_in_both_database_modes_with_and_without_a_pool(
-    sam: dict[str, Any], cfn: dict[str, Any], creates_database: bool, pool: bool,
+def test_the_database_created_here_has_alarms_for_its_cpu_and_its_proxys_connections(
+    sam: dict[str, Any], cfn: dict[str, Any],
 ) -> None:
+    alarms = cfn["Resources"]
+
+    cpu = alarms["DatabaseCpuAlarm"]
+    assert cpu["Condition"] == "CreateDatabase"
+    assert alarm_metrics(cpu) == {("AWS/RDS", "CPUUtilization", "Database")}
+    assert (cpu["Properties"]["Statistic"], cpu["Properties"]["Threshold"],
+            cpu["Properties"]["ComparisonOperator"]) == (
+        "Average", {"Ref": "DatabaseCpuAlarmPercent"}, "GreaterThanThreshold")
+    # Sustained, not a peak: 15 minutes of five-minute averages.
+    assert cpu["Properties"]["Period"] * cpu["Properties"]["DatapointsToAlarm"] == 900
+    assert sam["Parameters"]["DatabaseCpuAlarmPercent"]["Default"] == 80
+    # The proxy's share of what it may open: a ratio of the two metrics, as a percentage.
+    proxy = alarms["ProxyConnectionsAlarm"]
+    assert proxy["Condition"] == "CreateDatabase"
+    assert alarm_metrics(proxy) == {("AWS/RDS", "DatabaseConnections", "DatabaseProxy"),
+                                    ("AWS/RDS", "MaxDatabaseConnectionsAllowed", "DatabaseProxy")}
+    (expression,) = [m for m in proxy["Properties"]["Metrics"] if m.get("ReturnData")]
+    assert expression["Expression"] == "100 * used / allowed"
+    assert proxy["Properties"]["Threshold"] == {"Ref": "ProxyConnectionsAlarmPercent"}
+    assert proxy["Properties"]["TreatMissingData"] == "notBreaching"
+    failures = alarms["ProxyLoginFailuresAlarm"]
+    assert alarm_metrics(failures) == {
+        ("AWS/RDS", "ClientConnectionsSetupFailedAuth", "DatabaseProxy")}
+    assert failures["Properties"]["Threshold"] == 1
+
+
+@pytest.mark.parametrize(("instance_class", "burstable"), [
+    ("db.t4g.micro", True), ("db.t3.medium", True), ("db.m7g.large", False),
+    ("db.r7g.xlarge", False), ("db.m5.large", False)])
+def test_cpu_credits_are_watched_on_a_burstable_instance_class_only(
+    sam: dict[str, Any], cfn: dict[str, Any], instance_class: str, burstable: bool,
+) -> None:
+    credits = cfn["Resources"]["DatabaseCpuCreditsAlarm"]
+
+    assert credits["Condition"] == "BurstableDatabase"
+    assert alarm_metrics(credits) == {("AWS/RDS", "CPUCreditBalance", "Database")}
+    properties = credits["Properties"]
+    assert (properties["Statistic"], properties["ComparisonOperator"], properties["Threshold"]) == (
+        "Minimum", "LessThanThreshold", {"Ref": "DatabaseCpuCreditsAlarmThreshold"})
+    assert conditions_for(sam, DbInstanceClass=instance_class)["BurstableDatabase"] is burstable
+    # The default class is burstable, so a first deploy has the alarm.
+    assert sam["Parameters"]["DbInstanceClass"]["Default"].startswith("db.t")
+    assert conditions_for(sam)["BurstableDatabase"] is True
+    assert conditions_for(sam, DbInstanceClass="db.t4g.micro", ExistingDbEndpoint="db.internal",
+                          SchemaOwnerSecretArn="x")["BurstableDatabase"] is False
+
+
+def test_the_dashboard_function_has_an_errors_alarm_when_it_exists(cfn: dict[str, Any]) -> None:
+    alarm = cfn["Resources"]["DashboardErrorsAlarm"]
+
+    assert alarm["Condition"] == "DashboardOn"
+    assert alarm_metrics(alarm) == {("AWS/Lambda", "Errors", "DashboardFunction")}
+    assert (alarm["Properties"]["Threshold"], alarm["Properties"]["ComparisonOperator"]) == (
+        1, "GreaterThanOrEqualToThreshold")
+
+
+#: The conditions the dashboard's fragments and the alarms depend on, and the parameters
+#: that turn each on (the others keep their defaults).
+DASHBOARD_CONDITIONS = {
+    "CreateDatabase": {"ExistingDbEndpoint": "db.example.internal",
+                       "SchemaOwnerSecretArn": "arn:aws:secretsmanager:eu-west-1:123456789012:"
+                                               "secret:leaseq/owner"},
+    "HasWorkerPool": {"MaxWorkers": "0"},
+    "HasSlowWorker": {"SlowKinds": "report.monthly"},
+    "DashboardOn": {"DashboardEnabled": "true"},
+    "BurstableDatabase": {"DbInstanceClass": "db.m7g.large"},
+}
+
+
+def conditions_for(sam: dict[str, Any], **given: str) -> dict[str, bool]:
+    """Every condition of the template, evaluated as CloudFormation does for ``given``."""
+    from tests.infra.template_support import parameter_values, rule_value
+
+    values = parameter_values(sam, **given)
+    return {name: bool(rule_value(condition, values, sam["Conditions"]))
+            for name, condition in sam["Conditions"].items()}
+
+
+def dashboard_deployments() -> list[dict[str, str]]:
+    """The defaults, then each condition flipped from its default on its own, then all."""
+    deployments: list[dict[str, str]] = [{}]
+    deployments += [dict(flip) for flip in DASHBOARD_CONDITIONS.values()]
+    deployments.append({k: v for flip in list(DASHBOARD_CONDITIONS.values())[1:4]
+                        for k, v in flip.items()})
+    deployments.append({k: v for flip in DASHBOARD_CONDITIONS.values() for k, v in flip.items()
+                        if k != "DbInstanceClass"})
+    return deployments
+
+
+def dashboard_widgets(sam: dict[str, Any], cfn: dict[str, Any],
+                      conditions: dict[str, bool]) -> list[dict[str, Any]]:
+    """The dashboard body CloudFormation would make under ``conditions``, parsed."""
     body, variables = cfn["Resources"]["Dashboard"]["Properties"]["DashboardBody"]["Fn::Sub"]
-    condition, with_database, without_database = variables["DatabaseWidgets"]["Fn::If"]
-    assert condition == "CreateDatabase"
-    fragment = with_database["Fn::Sub"][0] if creates_database else without_database
-    # The pool's alarm exists only with a pool: either branch must leave valid JSON.
-    pool_condition, with_pool, without_pool = variables["PoolAlarm"]["Fn::If"]
-    assert pool_condition == "HasWorkerPool"
-    pool_alarm = with_pool["Fn::Sub"] if pool else without_pool
     numbers = {name for name, parameter in sam["Parameters"].items()
                if parameter["Type"] == "Number"}
 
@@ -1264,21 +1465,61 @@ def test_the_dashboard_body_is_json_in_both_database_modes_with_and_without_a_po
             return str(sam["Parameters"][name]["Default"])
         return "X" + re.sub(r"\W", "_", name)
 
-    text = body.replace("${DatabaseWidgets}", fragment).replace("${PoolAlarm}", pool_alarm)
-    widgets = json.loads(re.sub(r"\$\{([^}]+)\}", placeholder, text))["widgets"]
+    text = body
+    for name, value in variables.items():
+        condition, when_true, when_false = value["Fn::If"]
+        chosen = when_true if conditions[condition] else when_false
+        if isinstance(chosen, dict):
+            chosen = chosen["Fn::Sub"]
+            if isinstance(chosen, list):  # an inner Sub's own names stand for !Refs
+                chosen, names = chosen
+                for inner, ref in names.items():
+                    chosen = chosen.replace("${" + inner + "}", "${" + ref["Ref"] + "}")
+        text = text.replace("${" + name + "}", chosen)
+    widgets: list[dict[str, Any]] = json.loads(re.sub(r"\$\{([^}]+)\}", placeholder, text))[
+        "widgets"]
+    return widgets
+
+
+@pytest.mark.parametrize("given", dashboard_deployments(),
+                         ids=lambda given: ",".join(f"{k}={v}" for k, v in given.items())
+                         or "defaults")
+def test_the_dashboard_is_json_and_shows_every_alarm_the_stack_creates(
+    sam: dict[str, Any], cfn: dict[str, Any], given: dict[str, str],
+) -> None:
+    conditions = conditions_for(sam, **given)
+    widgets = dashboard_widgets(sam, cfn, conditions)
 
     metrics = {m[1] for w in widgets for m in w["properties"].get("metrics", [])}
     assert {"JobsClaimed", "JobsSucceeded", "JobsDead", "QueueLag", "JobDuration",
             "OldestReadyAgeSeconds", "Invocations", "Errors", "WorkerPoolSize",
             "ConcurrentExecutions", "Throttles"} <= metrics
-    assert ("DatabaseConnectionsCurrentlySessionPinned" in metrics) is creates_database
+    database = {"DatabaseConnectionsCurrentlySessionPinned", "MaxDatabaseConnectionsAllowed",
+                "CPUUtilization", "CPUCreditBalance"}
+    assert (database <= metrics) is conditions["CreateDatabase"]
+    functions = {m[3] for w in widgets for m in w["properties"].get("metrics", [])
+                 if m[0] == "AWS/Lambda"}
+    assert ("XDashboardFunction" in functions) is conditions["DashboardOn"]
     (shown,) = [w["properties"]["alarms"] for w in widgets if w["type"] == "alarm"]
     alarms = resources_of_type(cfn, "AWS::CloudWatch::Alarm")
-    expected = {f"X{name}_Arn" for name, alarm in alarms.items()
-                if alarm.get("Condition") in (None, "HasWorkerPool")}
-    if not pool:
-        expected.discard("XWorkerPoolAtMaximumAlarm_Arn")
-    assert set(shown) == expected
+    created = {f"X{name}_Arn" for name, alarm in alarms.items()
+               if conditions.get(alarm.get("Condition", ""), True)}
+    assert sorted(shown) == sorted(created)
+
+
+def test_the_dashboard_deployments_reach_every_condition_of_an_alarm_both_ways(
+    sam: dict[str, Any], cfn: dict[str, Any],
+) -> None:
+    """The deployments above must turn each alarm's condition on and off, or the test above
+    would not see a missing fragment (the two alarms it once left out were conditional)."""
+    alarms = resources_of_type(cfn, "AWS::CloudWatch::Alarm")
+    used = {alarm["Condition"] for alarm in alarms.values() if "Condition" in alarm}
+    seen = [conditions_for(sam, **given) for given in dashboard_deployments()]
+
+    assert used == {"CreateDatabase", "HasWorkerPool", "HasSlowWorker", "DashboardOn",
+                    "BurstableDatabase"}
+    for condition in used:
+        assert {found[condition] for found in seen} == {True, False}, condition
 
 
 def test_producers_in_other_stacks_get_exports_to_enqueue(cfn: dict[str, Any]) -> None:
@@ -1338,6 +1579,10 @@ def test_samconfig_names_environments_whose_overrides_are_parameters_and_no_secr
 #: The X-Ray write policy SAM attaches to a function with Tracing: Active (aws partition).
 XRAY_WRITE_POLICY = "arn:aws:iam::aws:policy/AWSXrayWriteOnlyAccess"
 BOUNDARY_ARN = "arn:aws:iam::*:policy/boundaries/leaseq-permissions-boundary"
+#: The boundaries an administrator makes (infra/permissions-boundary.yaml): the stack's,
+#: and the workers' one that takes what the handlers use.
+BOUNDARY_ARNS = [BOUNDARY_ARN,
+                 "arn:aws:iam::*:policy/boundaries/leaseq-handlers-boundary"]
 BOUNDARY_DEFAULT = "arn:${AWS::Partition}:iam::${AWS::AccountId}:policy/boundaries/" \
     "leaseq-permissions-boundary"
 
@@ -1383,12 +1628,18 @@ def test_every_role_the_stack_creates_has_the_permissions_boundary(
 ) -> None:
     expected = {"Fn::If": ["HasPermissionsBoundaryArn", {"Ref": "PermissionsBoundaryArn"},
                            {"Fn::Sub": BOUNDARY_DEFAULT}]}
+    # The workers run your handlers: their boundary is the one an administrator extends
+    # for them (infra/permissions-boundary.yaml), else the stack's.
+    workers = {"Fn::If": ["HasWorkerPermissionsBoundaryArn",
+                          {"Ref": "WorkerPermissionsBoundaryArn"}, expected]}
     roles = resources_of_type(cfn, "AWS::IAM::Role")
 
     # the six functions' roles, the three schedules' roles (SAM makes them), the proxy's
     assert len(roles) == 10, sorted(roles)
     for name, role in roles.items():
-        assert role["Properties"].get("PermissionsBoundary") == expected, name
+        wanted = workers if name.removesuffix("Role") in WORKERS else expected
+        assert role["Properties"].get("PermissionsBoundary") == wanted, name
+    assert sam["Parameters"]["WorkerPermissionsBoundaryArn"]["Default"] == ""
     # No other kind of principal is made, and no role outside what SAM expands.
     assert not resources_of_type(cfn, "AWS::IAM::User")
     assert not resources_of_type(cfn, "AWS::IAM::Group")
@@ -1632,7 +1883,7 @@ def test_the_deployer_policy_grants_no_wildcard_service_and_no_unbounded_role_wr
             if matches(action, list(ROLE_POLICY_WRITES)):
                 condition = statement.get("Condition", {})
                 assert condition.get("StringLike", {}).get("iam:PermissionsBoundary") == (
-                    BOUNDARY_ARN), f"{sid}: {action} without the permissions boundary"
+                    BOUNDARY_ARNS), f"{sid}: {action} without the permissions boundary"
         if "iam:PassRole" in actions:
             assert actions == ["iam:PassRole"], sid
             assert statement["Resource"] == "arn:aws:iam::*:role/leaseq-*", sid
@@ -1650,12 +1901,12 @@ def test_the_deployer_policy_grants_no_wildcard_service_and_no_unbounded_role_wr
         assert denied_outright(policy, action), action
     (guard,) = [s for s in policy["Statement"] if s["Effect"] == "Deny" and "Condition" in s]
     assert set(guard["Action"]) == {"iam:CreateRole", "iam:PutRolePermissionsBoundary"}
-    assert guard["Condition"] == {"StringNotLike": {"iam:PermissionsBoundary": BOUNDARY_ARN}}
-    # The boundary policy itself is outside what the deployer may create or change.
+    assert guard["Condition"] == {"StringNotLike": {"iam:PermissionsBoundary": BOUNDARY_ARNS}}
+    # The boundary policies themselves are outside what the deployer may create or change.
     for statement in policy["Statement"]:
         if statement["Effect"] == "Allow" and matches("iam:CreatePolicy", statement["Action"]):
-            assert not [r for r in as_list(statement["Resource"])
-                        if fnmatch.fnmatchcase(BOUNDARY_ARN, r)], statement["Sid"]
+            assert not [r for r in as_list(statement["Resource"]) for boundary in BOUNDARY_ARNS
+                        if fnmatch.fnmatchcase(boundary, r)], statement["Sid"]
 
 
 _DESTRUCTIVE = re.compile(
@@ -1668,7 +1919,7 @@ _OWN_RESOURCES = re.compile(
     r"event-bus/leaseq-\*|rule/leaseq-\*(/\*)?|schedule/default/leaseq-\*|alarm:leaseq-\*|"
     r"dashboard/leaseq-\*|log-group:/aws/lambda/leaseq-\*(:\*)?|leaseq-\*|parameter/leaseq/\*|"
     r"stack/leaseq-\*/\*|stack/aws-sam-cli-managed-default/\*|transform/Serverless-2016-10-31|"
-    r"secret:rds!\*|role/\*|policy/boundaries/leaseq-permissions-boundary)$"
+    r"secret:rds!\*|role/\*|policy/boundaries/leaseq-(permissions|handlers)-boundary)$"
     r"|^arn:aws:s3:::aws-sam-cli-managed-default-\*(/\*)?$"
     r"|^arn:aws:iam::\*:role/aws-service-role/rds\.amazonaws\.com/AWSServiceRoleForRDS$")
 #: The one statement that changes resources neither a name nor a tag ties to the stack: a

@@ -45,6 +45,14 @@ DEPLOYMENT_DEFAULTS: dict[str, tuple[Any, str]] = {
     "WorkerTimeoutSeconds": (
         60.0, "the worker function's Lambda timeout, which the library cannot know: "
               "without the variable it reads the time left at the first invocation"),
+    "WorkerConcurrency": (
+        10.0, "a deployed worker runs async handlers ten at a time while they wait on I/O "
+              "(one connection either way); def handlers keep one at a time through "
+              "SyncHandlerConcurrency. The library alone runs one job at a time unless asked"),
+    "SyncHandlerConcurrency": (
+        1.0, "def handlers one at a time, interrupted at their budget, as before the event "
+             "loop; the library's default (unset) lets them share every slot of "
+             "LEASEQ_WORKER_CONCURRENCY, as they did"),
     "SlowJobTimeoutSeconds": (
         600.0, "the slow worker exists for kinds that need longer than the main worker's "
                "30 s budget"),
@@ -84,6 +92,7 @@ EXPECTED = {
     "SlowJobTimeoutSeconds": "LEASEQ_JOB_TIMEOUT_SECONDS",
     "WorkerTimeoutSeconds": "LEASEQ_WORKER_TIMEOUT_SECONDS",
     "WorkerConcurrency": "LEASEQ_WORKER_CONCURRENCY",
+    "SyncHandlerConcurrency": "LEASEQ_SYNC_CONCURRENCY",
     "RecordIntervalSeconds": "LEASEQ_RECORD_INTERVAL_SECONDS",
     "WorkerPollIdleSeconds": "LEASEQ_POLL_IDLE_SECONDS",
     "ReaperLimit": "LEASEQ_REAPER_LIMIT",

@@ -231,3 +231,40 @@ def test_worker_config_keeps_a_kind_list_as_a_tuple() -> None:
     assert config.exclude_kinds == ("a", "b")
     assert (config.claims("a"), config.claims("c")) == (False, True)
     assert WorkerConfig(owner="w").claims("anything")
+
+
+def test_a_hostaddr_is_an_ip_address_for_the_configured_host_with_an_optional_port_of_its_own(
+) -> None:
+    base = {"LEASEQ_DB_HOST": "leaseq.proxy-abc.eu-west-1.rds.amazonaws.com",
+            "LEASEQ_DB_USER": "u", "LEASEQ_DB_NAME": "leaseq", "LEASEQ_DB_IAM_AUTH": "true"}
+    db = LeaseqSettings.from_env({**base, "LEASEQ_DB_HOSTADDR": "127.0.0.1",
+                                  "LEASEQ_DB_HOSTADDR_PORT": "15432"}).database
+
+    assert db.address_of(base["LEASEQ_DB_HOST"], db.port) == {
+        "host": base["LEASEQ_DB_HOST"], "hostaddr": "127.0.0.1", "port": 15432}
+    # Another host (one a secret names) is reached as it is.
+    assert db.address_of("other.example", 5432) == {"host": "other.example", "port": 5432}
+    plain = LeaseqSettings.from_env(base).database
+    assert plain.address_of(base["LEASEQ_DB_HOST"], 5432) == {
+        "host": base["LEASEQ_DB_HOST"], "port": 5432}
+    for bad, named in [
+        ({**base, "LEASEQ_DB_HOSTADDR": "localhost"}, "LEASEQ_DB_HOSTADDR"),
+        ({**base, "LEASEQ_DB_HOSTADDR_PORT": "15432"}, "set LEASEQ_DB_HOSTADDR too"),
+        ({"DATABASE_URL": "postgresql://u@h/d", "LEASEQ_DB_HOSTADDR": "127.0.0.1"},
+         "put hostaddr in the URL"),
+    ]:
+        with pytest.raises(ConfigurationError, match=named):
+            LeaseqSettings.from_env(bad)
+
+
+def test_the_sync_limit_is_read_from_its_variable_and_checked_against_the_concurrency() -> None:
+    from leaseq.settings import WorkerSettings
+
+    values = WorkerSettings.model_validate({"LEASEQ_WORKER_CONCURRENCY": "10",
+                                            "LEASEQ_SYNC_CONCURRENCY": "1"}).config_values()
+    assert (values["concurrency"], values["sync_concurrency"]) == (10, 1)
+    assert WorkerSettings.model_validate({}).config_values()["sync_concurrency"] is None
+    with pytest.raises(ConfigurationError, match="LEASEQ_SYNC_CONCURRENCY"):
+        LeaseqSettings.from_env({"DATABASE_URL": "postgresql://u@h/d",
+                                 "LEASEQ_WORKER_CONCURRENCY": "2",
+                                 "LEASEQ_SYNC_CONCURRENCY": "3"})

@@ -405,3 +405,134 @@ def test_a_kind_no_invocation_can_fit_is_refused_when_the_worker_knows_its_timeo
         refused.value.message)
     assert "the worker's invocation leaves 60 s" in refused.value.message
     make_worker(client, registry)  # not known: given back and counted instead
+
+
+# Sync handlers' own limit (sync_concurrency) ----------------------------------------------
+
+
+def test_sync_handlers_only_with_a_sync_limit_of_one_run_in_turn_whatever_the_concurrency(
+        client: QueueClient, owner: Conn) -> None:
+    flight = InFlight()
+    registry = Registry()
+
+    @registry.handler("echo")
+    def work(payload: Any, ctx: JobContext) -> None:
+        flight.enter()
+        try:
+            time.sleep(0.01)
+        finally:
+            flight.leave()
+
+    enqueue(client, uuid.uuid4(), 12)
+    worker = make_worker(client, registry, concurrency=10, sync_concurrency=1)
+
+    # The way sync handlers ran before: this thread, interrupted by SIGALRM at the budget.
+    assert not worker.uses_event_loop
+    report = worker.drain(FakeDeadline(60))
+    assert report.succeeded == 12
+    assert flight.most == 1
+    assert states(owner) == {"succeeded": 12}
+
+
+def test_a_mixed_registry_runs_async_jobs_up_to_concurrency_and_sync_ones_up_to_their_limit(
+        client: QueueClient, owner: Conn) -> None:
+    sync_flight, async_flight, every = InFlight(), InFlight(), InFlight()
+    registry = Registry()
+
+    @registry.handler("blocking")
+    def blocking(payload: Any, ctx: JobContext) -> None:
+        sync_flight.enter()
+        every.enter()
+        try:
+            time.sleep(0.05)
+        finally:
+            every.leave()
+            sync_flight.leave()
+
+    @registry.handler("echo")
+    async def waiting(payload: Any, ctx: JobContext) -> None:
+        async_flight.enter()
+        every.enter()
+        try:
+            await asyncio.sleep(0.05)
+        finally:
+            every.leave()
+            async_flight.leave()
+
+    tenant = uuid.uuid4()
+    enqueue(client, tenant, 12, kind="blocking", prefix="b")
+    enqueue(client, tenant, 30)
+    worker = make_worker(client, registry, concurrency=6, sync_concurrency=2, batch_size=10)
+
+    assert worker.uses_event_loop
+    report = worker.drain(FakeDeadline(60))
+
+    assert report.succeeded == 42
+    assert sync_flight.most == 2  # never more sync jobs than their limit, and both used
+    assert every.most == 6
+    assert async_flight.most >= 4  # the async jobs took the slots the sync ones left
+    assert states(owner) == {"succeeded": 42}
+
+
+def test_without_a_sync_limit_sync_handlers_share_every_slot_as_before(
+        client: QueueClient) -> None:
+    flight = InFlight()
+    registry = Registry()
+
+    @registry.handler("echo")
+    def work(payload: Any, ctx: JobContext) -> None:
+        flight.enter()
+        try:
+            time.sleep(0.03)
+        finally:
+            flight.leave()
+
+    enqueue(client, uuid.uuid4(), 20)
+    worker = make_worker(client, registry, concurrency=4)
+
+    assert worker.config.sync_limit == 4
+    assert worker.drain(FakeDeadline(60)).succeeded == 20
+    assert flight.most == 4
+
+
+def test_a_sync_limit_above_the_concurrency_is_refused_naming_both() -> None:
+    with pytest.raises(ConfigurationError, match=r"sync_concurrency \(3\) is more than "
+                                                 r"concurrency \(2\)"):
+        WorkerConfig(owner="w", concurrency=2, sync_concurrency=3)
+
+
+def test_a_sync_job_waiting_behind_a_hung_sync_thread_is_given_back_and_the_drain_ends(
+        client: QueueClient, owner: Conn) -> None:
+    """The only sync slot is held by a thread past its budget that will not return in this
+    invocation: the sync job behind it must not wait for it until Lambda kills the
+    invocation, but go back to the queue once its budget no longer fits the time left."""
+    registry = Registry()
+    release = threading.Event()
+
+    @registry.handler("hang", timeout=1)
+    def hang(payload: Any, ctx: JobContext) -> None:
+        release.wait(30)
+
+    @registry.handler("blocking", timeout=3)
+    def blocking(payload: Any, ctx: JobContext) -> None:
+        return None
+
+    @registry.handler("echo")
+    async def unused(payload: Any, ctx: JobContext) -> None:
+        return None
+
+    tenant = uuid.uuid4()
+    enqueue(client, tenant, kind="hang", prefix="h")
+    enqueue(client, tenant, kind="blocking", prefix="b")
+    worker = make_worker(client, registry, concurrency=4, sync_concurrency=1, job_timeout=3)
+    started = time.monotonic()
+    try:
+        # 3 s budget + 5 s margin + 1 s to record: it fits only in the first 2 seconds.
+        report = worker.drain(MonotonicDeadline(11))
+        elapsed = time.monotonic() - started
+    finally:
+        release.set()
+
+    assert (report.retried, report.given_back) == (1, 1)  # the hung one: JOB_TIMEOUT
+    assert elapsed < 8
+    assert states(owner) == {"pending": 1, "retry_wait": 1}

@@ -1,15 +1,16 @@
 """A throwaway PostgreSQL that speaks TLS only, with certificates made for the test.
 
-The CA signs a server certificate for ``localhost``, ``127.0.0.1`` and
+The CA signs a server certificate for ``localhost``, ``127.0.0.1``,
 :data:`INSTANCE_HOST`, a name shaped like an RDS instance's endpoint (the test CA plays
-the RDS CA); a second CA signs nothing, so a client that trusts only it must refuse the
-server. The server listens on 127.0.0.1 and 127.0.0.2 (Linux answers the whole 127/8 on
-loopback), so a client can reach it under a name its certificate does not hold; a client
-that names a remote host reaches it with libpq's ``hostaddr`` (the name is what the
-certificate is checked against, the address is where libpq connects). It accepts only TLS
-connections with a password (scram-sha-256) and has no Unix socket. It runs the
-installed PostgreSQL's binaries (the embedded server's wheel has no SSL) as the
-account the embedded server uses, so it works as root too.
+the RDS CA), and :data:`PROXY_HOST`, an RDS Proxy endpoint's; a second CA signs nothing,
+so a client that trusts only it must refuse the server. The server listens on 127.0.0.1
+and 127.0.0.2 (Linux answers the whole 127/8 on loopback), so a client can reach it
+under a name its certificate does not hold; a client that names a remote host reaches it
+with libpq's ``hostaddr`` (the name is what the certificate is checked against, the
+address is where libpq connects). It accepts only TLS connections with a password
+(scram-sha-256) and has no Unix socket. It runs the installed PostgreSQL's binaries (the
+embedded server's wheel has no SSL) as the account the embedded server uses, so it works
+as root too.
 """
 
 from __future__ import annotations
@@ -35,7 +36,11 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 INSTANCE_HOST = "leaseq-test.c1a2b3c4d5e6.eu-west-1.rds.amazonaws.com"
 #: An endpoint of the same shape that the certificate does not hold.
 OTHER_INSTANCE_HOST = "other-db.c1a2b3c4d5e6.eu-west-1.rds.amazonaws.com"
-SERVER_NAMES = ("localhost", "127.0.0.1", INSTANCE_HOST)
+#: An RDS Proxy endpoint's name, held by the certificate too (the test CA then plays the
+#: public Amazon roots that verify a proxy's certificate), and one it does not hold.
+PROXY_HOST = "leaseq-test-proxy.proxy-c1a2b3c4d5e6.eu-west-1.rds.amazonaws.com"
+OTHER_PROXY_HOST = "other-proxy.proxy-c1a2b3c4d5e6.eu-west-1.rds.amazonaws.com"
+SERVER_NAMES = ("localhost", "127.0.0.1", INSTANCE_HOST, PROXY_HOST)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from leaseq.client import QueueClient
 
 from leaseq_cli import demo, embedded
 from leaseq_cli.aws import AwsClients
+from leaseq_cli.failures import UsageError
 from leaseq_cli.render import Ui
 from leaseq_cli.target import Target, configured_url, resolve
 
@@ -35,9 +36,13 @@ AWS_CLIENTS: Callable[[str | None], AwsClients] = lambda region: AwsClients(regi
 
 def target_for(args: argparse.Namespace, ui: Ui) -> Target:
     stack = getattr(args, "stack", None)
+    tunnel = getattr(args, "tunnel", None)
     if stack:
         return resolve(args.database_url, stack=stack, clients=aws_clients(args),
-                       sslrootcert=getattr(args, "sslrootcert", None) or "system")
+                       sslrootcert=getattr(args, "sslrootcert", None) or "system",
+                       tunnel=tunnel)
+    if tunnel is not None:
+        raise UsageError("--tunnel reaches a deployed stack's database: give --stack NAME too")
     home = local_home()
     was_running = embedded.state(home).running if configured_url(args.database_url) is None \
         else True
