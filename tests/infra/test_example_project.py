@@ -1,7 +1,9 @@
 """examples/handler-project: a team's handlers on leaseq without editing leaseq's template.
 
-It is built with `sam build` here (its two handlers layers, one per architecture because
-msgpack is compiled, and the leaseq stack nested in it), linted, and its handlers module
+It is copied outside the checkout with the release's sdist unpacked into its ``leaseq/``,
+as its README tells a user, and built there with `sam build` (its two handlers layers,
+one per architecture because msgpack is compiled, and the leaseq stack of the release
+nested in it), linted, and its handlers module
 is loaded by leaseq's own registry loader on Python 3.13 from the built layers of this
 machine's architecture, as the worker would load it; the other architecture's layer is
 checked by its wheels' tags and the ELF headers of its shared objects. What the project
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -40,6 +43,7 @@ from tests.infra.test_sam_build import (
     tag_problem,
     wheel_tags,
 )
+from tests.support.release import built_release
 
 PROJECT = ROOT / "examples" / "handler-project"
 #: What leaseq's layer carries; a handlers layer that shipped them would shadow leaseq's.
@@ -54,9 +58,21 @@ SECRET = f"arn:aws:secretsmanager:eu-west-1:{ACCOUNT}:secret:invoices/signing-ke
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return sam_build(PROJECT / "template.yaml", tmp_path_factory.mktemp("example-build"),
-                     PROJECT)
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The example as a user has it: a copy of its own, far from leaseq's checkout, with
+    the release's sdist unpacked into leaseq/ (its README's two commands)."""
+    release = built_release(tmp_path_factory.mktemp("dist"))
+    copy = tmp_path_factory.mktemp("user") / "handler-project"
+    assert not copy.resolve().is_relative_to(ROOT)
+    shutil.copytree(PROJECT, copy, ignore=shutil.ignore_patterns("leaseq", ".aws-sam"))
+    release.unpack_sdist(copy / "leaseq")
+    return copy
+
+
+@pytest.fixture(scope="module")
+def built(project: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return sam_build(project / "template.yaml", tmp_path_factory.mktemp("example-build"),
+                     project)
 
 
 def application() -> dict[str, Any]:
@@ -302,7 +318,7 @@ def test_the_example_gives_the_stack_parameters_it_has_with_values_it_accepts(
             "HandlersPolicy": f"arn:aws:iam::{ACCOUNT}:policy/"
                               "leaseq-example-HandlersPolicy-1A2B3C4D5E6F"}
 
-    assert application()["Properties"]["Location"] == "../../template.yaml"
+    assert application()["Properties"]["Location"] == "leaseq/template.yaml"
     assert set(resolved) <= set(leaseq)
     for name, value in resolved.items():
         text = made[value["Ref"]] if isinstance(value, dict) else value
@@ -358,11 +374,31 @@ def test_what_the_example_grants_fits_the_workers_boundary_made_with_the_same_va
                       request("s3:PutObject", f"arn:aws:s3:::{BUCKET}/other/x"))
 
 
-def test_cfn_lint_finds_nothing_in_the_example() -> None:
+def test_the_example_names_no_file_outside_its_own_folder() -> None:
+    """A user copies the project anywhere: no path of its template leaves the folder."""
+    paths = [value for value in _strings(load_sam_template(PROJECT / "template.yaml"))
+             if len(value) > 1 and not any(c.isspace() for c in value)
+             and (value.startswith((".", "/")) or value.endswith((".yaml", "/")))]
+
+    assert "leaseq/template.yaml" in paths
+    assert [p for p in paths if ".." in Path(p).parts or Path(p).is_absolute()] == []
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for item in value.values() for s in _strings(item)]
+    if isinstance(value, list):
+        return [s for item in value for s in _strings(item)]
+    return []
+
+
+def test_cfn_lint_finds_nothing_in_the_example(project: Path) -> None:
     lint = subprocess.run(
         [sys.executable, "-c", "import sys; from cfnlint.runner import main; sys.exit(main())",
          "template.yaml", "--include-checks", "I", "--append-rules",
          "cfn_lint_serverless.rules"],
-        cwd=PROJECT, capture_output=True, text=True, env=sam_environment(), timeout=180)
+        cwd=project, capture_output=True, text=True, env=sam_environment(), timeout=180)
 
     assert lint.returncode == 0, lint.stdout + lint.stderr

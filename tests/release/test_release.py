@@ -4,8 +4,7 @@ its dependencies from the package index by name, with nothing of the checkout on
 path. From that install the command line and the worker Lambda handler drain a job on
 the test PostgreSQL.
 
-``LEASEQ_RELEASE_DIST`` names a folder scripts/build-release already filled (CI builds
-once and tests what it built); otherwise the artifacts are built here.
+The artifacts come from ``tests.support.release`` (``LEASEQ_RELEASE_DIST`` or a build).
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ from packaging.requirements import Requirement
 from tests.conftest import Database
 from tests.support import postgres
 from tests.support.postgres import Cluster
+from tests.support.release import Release, built_release
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
@@ -39,25 +39,9 @@ VERSION = PROJECT["project"]["version"]
 TYPED_PACKAGES = PROJECT["tool"]["mypy"]["packages"]
 
 
-@dataclass(frozen=True)
-class Release:
-    wheel: Path
-    sdist: Path
-
-
 @pytest.fixture(scope="module")
 def release(tmp_path_factory: pytest.TempPathFactory) -> Release:
-    prebuilt = os.environ.get("LEASEQ_RELEASE_DIST")
-    folder = Path(prebuilt) if prebuilt else tmp_path_factory.mktemp("dist")
-    if not prebuilt:
-        done = subprocess.run([str(ROOT / "scripts" / "build-release"), str(folder)],
-                              capture_output=True, text=True, timeout=600, check=False)
-        assert done.returncode == 0, done.stderr[-4000:]
-    found = Release(folder / f"leaseq-{VERSION}-py3-none-any.whl",
-                    folder / f"leaseq-{VERSION}.tar.gz")
-    assert found.wheel.is_file(), f"no wheel of version {VERSION} in {folder}"
-    assert found.sdist.is_file(), f"no sdist of version {VERSION} in {folder}"
-    return found
+    return built_release(tmp_path_factory.mktemp("dist"))
 
 
 def sql_files() -> dict[str, bytes]:
@@ -117,7 +101,8 @@ def test_the_sdist_is_the_deployable_project_with_the_sql_as_files(release: Rele
                  "layer/requirements.txt", "layer/requirements-x86_64.lock",
                  "layer/requirements-aarch64.lock", "functions/worker/app.py",
                  "functions/migrations/app.py", "infra/permissions-boundary.json",
-                 "docs/deploy.md", "layer/leaseq/py.typed"):
+                 "docs/deploy.md", "layer/leaseq/py.typed", "certificates/Makefile",
+                 "certificates/build_layer.py", "examples/handler-project/template.yaml"):
         assert path in members, path
     for relative in sql_files():
         for path in (f"sql/{relative}", f"layer/leaseq/_sql/{relative}"):
@@ -169,9 +154,7 @@ def install(release: Release, tmp_path_factory: pytest.TempPathFactory) -> Insta
     venv.EnvBuilder(with_pip=True).create(found.venv)
     done = found.run("pip", "install", "--quiet", f"{release.wheel}[local]", timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    with tarfile.open(release.sdist) as sdist:
-        sdist.extractall(where, filter="data")
-    (where / f"leaseq-{VERSION}").rename(found.source)
+    release.unpack_sdist(found.source)
     return found
 
 
