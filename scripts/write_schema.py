@@ -27,6 +27,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import textwrap
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -49,15 +50,21 @@ _FUNCTION_TYPES = ("FUNCTION", "PROCEDURE", "AGGREGATE")
 #: Objects that name their table first (``jobs jobs_pkey``).
 _OF_A_TABLE = ("TABLE", "VIEW", "CONSTRAINT", "FK CONSTRAINT", "DEFAULT", "ROW SECURITY",
                "POLICY", "TRIGGER", "RULE")
-#: The order of a table's pieces: the table, then what is built on it.
+#: The order of a table's pieces: the table and what its columns mean, then what is
+#: built on it.
 _RANK = {kind: rank for rank, kind in enumerate((
-    "TABLE", "VIEW", "SEQUENCE", "SEQUENCE OWNED BY", "DEFAULT", "CONSTRAINT", "FK CONSTRAINT",
-    "INDEX", "TRIGGER", "RULE", "ROW SECURITY", "POLICY", "COMMENT", "ACL"))}
+    "TABLE", "VIEW", "COMMENT", "SEQUENCE", "SEQUENCE OWNED BY", "DEFAULT", "CONSTRAINT",
+    "FK CONSTRAINT", "INDEX", "TRIGGER", "RULE", "ROW SECURITY", "POLICY", "ACL"))}
 #: The table an index or an identity's sequence is on, from its statement.
 _ON_TABLE = re.compile(r"\b(?:ON|ALTER TABLE|OWNED BY)(?: ONLY)? app\.(\w+)")
 #: Session settings of the preamble, and the version banner: the server's, not the schema's.
 _SERVER_LINES = re.compile(
     r"^(SET |SELECT pg_catalog\.set_config|\\restrict |\\unrestrict |-- Dumped (from|by) )")
+#: A comment on a table or a column, as pg_dump prints it.
+_COMMENT = re.compile(r"^COMMENT ON (?:TABLE|COLUMN) (?P<target>\S+) IS '(?P<text>.*)';$",
+                      re.DOTALL)
+#: A column's line in CREATE TABLE.
+_COLUMN_LINE = re.compile(r"^    (\w+) ")
 #: Some builds of PostgreSQL stamp every column with an attribute option of their own.
 _BUILD_STAMP = re.compile(r"^ALTER TABLE ONLY \S+ ALTER COLUMN \S+ SET \(pg_attver=\d+\);$")
 #: PostgreSQL 15 prints ``x AT TIME ZONE y`` in an index with one more pair of parentheses
@@ -116,6 +123,38 @@ def _wanted(block: Block) -> bool:
     return not (block.type in ("ACL", "COMMENT") and kind in _FUNCTION_TYPES)
 
 
+def _comment_lines(text: str, indent: str) -> list[str]:
+    return [f"{indent}-- {line}" for paragraph in text.splitlines()
+            for line in textwrap.wrap(paragraph, 88 - len(indent)) or [""]]
+
+
+def _comments_inline(blocks: list[Block]) -> list[Block]:
+    """The comments on a table and its columns as SQL comments above the table and above
+    each column, where a reader looks, instead of COMMENT statements after the table."""
+    table = next((block for block in blocks if block.type == "TABLE"), None)
+    comments: dict[str, str] = {}
+    rest = []
+    for block in blocks:
+        found = _COMMENT.match(block.body) if block.type == "COMMENT" else None
+        if found is None or table is None:
+            rest.append(block)
+            continue
+        target = found["target"].removeprefix(f"app.{table.name}").removeprefix(".")
+        comments[target] = found["text"].replace("''", "'")
+    if table is None or not comments:
+        return blocks
+    lines = _comment_lines(comments.pop(""), "") if "" in comments else []
+    for line in table.body.splitlines():
+        column = _COLUMN_LINE.match(line)
+        if column is not None and column[1] in comments:
+            lines.extend(_comment_lines(comments.pop(column[1]), "    "))
+        lines.append(line)
+    if comments:
+        raise SystemExit(f"no column {sorted(comments)[0]} in app.{table.name} for its comment")
+    inlined = Block(table.name, table.type, "\n".join(lines))
+    return [inlined if block is table else block for block in rest]
+
+
 def _column_grants_together(blocks: list[Block]) -> list[Block]:
     """One block for the grants on a table's columns, instead of one per column."""
     columns = [block for block in blocks if block.type == "ACL"
@@ -148,7 +187,8 @@ def _header(last: str, tables: list[str]) -> str:
 -- sql/migrations (sql/README.md, "Migrations"). Functions and their grants are in
 -- sql/functions.
 --
--- Each table is followed by its keys, indexes, row-level security, policies and grants.
+-- Each table, with what it and its columns are for (their comments in the catalog), is
+-- followed by its keys, indexes, row-level security, policies and grants.
 -- Tables:
 {listing}
 """
@@ -171,8 +211,8 @@ def render(dsn: str, pg_dump: Path | None = None) -> str:
     sections = [[block for block in blocks if block.table() is None]]
     for table in tables:
         mine = [block for block in blocks if block.table() == table]
-        sections.append(_column_grants_together(
-            sorted(mine, key=lambda block: _RANK.get(block.type, len(_RANK)))))
+        sections.append(_column_grants_together(_comments_inline(
+            sorted(mine, key=lambda block: _RANK.get(block.type, len(_RANK))))))
     parts = [_header(_last_migration(dsn), tables)]
     for section in sections:
         if section is not sections[0]:

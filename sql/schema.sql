@@ -1,4 +1,4 @@
--- The tables of schema app as the migrations leave them (after 0018_pool_limits_of_the_owner).
+-- The tables of schema app as the migrations leave them (after 0019_table_comments).
 --
 -- Generated from a freshly migrated database by scripts/write-schema: do not edit. After adding
 -- a migration, run scripts/write-schema and commit this file with it;
@@ -6,7 +6,8 @@
 -- sql/migrations (sql/README.md, "Migrations"). Functions and their grants are in
 -- sql/functions.
 --
--- Each table is followed by its keys, indexes, row-level security, policies and grants.
+-- Each table, with what it and its columns are for (their comments in the catalog), is
+-- followed by its keys, indexes, row-level security, policies and grants.
 -- Tables:
 --   app.job_events
 --   app.jobs
@@ -56,15 +57,25 @@ GRANT USAGE ON SCHEMA app TO leaseq_dashboard;
 -- ======================================================================================
 
 -- TABLE: job_events
+-- The audit trail: one row per job transition, written in the same statement as the
+-- transition; pruned with its job.
 CREATE TABLE app.job_events (
+    -- Order of the events (identity): a job's timeline is its events by sequence.
     sequence bigint NOT NULL,
     id uuid DEFAULT gen_random_uuid() NOT NULL,
     tenant_id uuid NOT NULL,
     job_id uuid NOT NULL,
+    -- The transition: created, claimed, retry_scheduled, succeeded, dead, lease_expired,
+    -- released, cancelled or redriven.
     event_type text NOT NULL,
+    -- Who made the transition: enqueue, the worker's owner id, watchdog (the reaper), or
+    -- the name an operator gave.
     actor text NOT NULL,
+    -- The transition's facts (a JSON object); sql/README.md lists the keys of each type.
     details jsonb DEFAULT '{}'::jsonb NOT NULL,
     created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    -- The lease the transition happened under (a claim's new one); NULL for enqueue,
+    -- cancel and redrive.
     lease_token uuid,
     CONSTRAINT job_events_actor_shape CHECK (((length(actor) >= 1) AND (length(actor) <= 200))),
     CONSTRAINT job_events_details_check CHECK ((jsonb_typeof(details) = 'object'::text)),
@@ -111,24 +122,47 @@ GRANT SELECT(created_at) ON TABLE app.job_events TO authenticated;
 -- ======================================================================================
 
 -- TABLE: jobs
+-- One row per job: what to run (kind, payload), for which tenant, its state and lease.
+-- Written only by the app functions, each transition with its app.job_events row.
 CREATE TABLE app.jobs (
     id uuid DEFAULT gen_random_uuid() NOT NULL,
     tenant_id uuid NOT NULL,
+    -- The producer's idempotency key: one job per (tenant_id, operation_key); enqueueing
+    -- the same job again returns it, a different job under the key is refused.
     operation_key text NOT NULL,
+    -- Which registered handler runs the job; claims may take or leave kinds.
     kind text NOT NULL,
+    -- The job's input, a JSON object, handed to the handler as stored.
     payload app.job_payload NOT NULL,
+    -- pending, running (leased), retry_wait, or one of the final states succeeded, dead,
+    -- cancelled.
     state app.job_state DEFAULT 'pending'::app.job_state NOT NULL,
+    -- Claims so far: each claim adds one, a job given back unstarted gets its claim back,
+    -- a redrive starts again at 0.
     attempts integer DEFAULT 0 NOT NULL,
+    -- Claims allowed (1..20): a last attempt that fails or whose lease expires makes the
+    -- job dead.
     max_attempts integer DEFAULT 6 NOT NULL,
+    -- Earliest time a pending or retry_wait job may be claimed (a retry's backoff moves
+    -- it).
     available_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    -- Owner id of the worker invocation holding the lease; set exactly while running.
     lease_owner text,
+    -- Fences the lease: finishing or renewing needs it, so a worker whose lease expired
+    -- cannot finish the next holder's attempt. Never granted to tenant readers.
     lease_token uuid,
+    -- When the lease ends; after it the reaper makes the job retry_wait again, or dead at
+    -- its last attempt.
     lease_expires_at timestamp with time zone,
+    -- Error document of the last failed attempt, NULL until one failed.
     last_error jsonb,
+    -- The handler's result document once the job succeeded.
     result jsonb,
     created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     updated_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    -- When the job reached a final state; retention counts from it. NULL while not final.
     completed_at timestamp with time zone,
+    -- The producer's own reference for tracing (1..200 characters), stored as given.
     correlation_id text,
     CONSTRAINT jobs_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT jobs_available_at_finite CHECK (isfinite(available_at)),
@@ -202,6 +236,7 @@ GRANT SELECT(correlation_id) ON TABLE app.jobs TO authenticated;
 -- ======================================================================================
 
 -- TABLE: kind_turns
+-- The same turns per kind of each tenant, for claims that take or leave kinds.
 CREATE TABLE app.kind_turns (
     tenant_id uuid NOT NULL,
     kind text NOT NULL,
@@ -223,6 +258,8 @@ ALTER TABLE app.kind_turns ENABLE ROW LEVEL SECURITY;
 -- ======================================================================================
 
 -- TABLE: schema_functions
+-- The function files applied, each with the SHA-256 of its text: re-applied when it
+-- changes.
 CREATE TABLE app.schema_functions (
     file text NOT NULL,
     checksum text NOT NULL,
@@ -239,6 +276,7 @@ ALTER TABLE ONLY app.schema_functions
 -- ======================================================================================
 
 -- TABLE: schema_migrations
+-- The migrations applied (leaseq.migrate), each with the SHA-256 of its file.
 CREATE TABLE app.schema_migrations (
     version integer NOT NULL,
     name text NOT NULL,
@@ -256,12 +294,18 @@ ALTER TABLE ONLY app.schema_migrations
 -- ======================================================================================
 
 -- TABLE: settings
+-- The schema owner's settings, one row: the retention floor and the worker pool's limits.
+-- Only the owner writes it.
 CREATE TABLE app.settings (
     singleton boolean DEFAULT true NOT NULL,
+    -- The reaper never prunes a finished job younger than this.
     min_retention interval DEFAULT '1 day'::interval NOT NULL,
     updated_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    -- Most worker pool places at once; 0: no fan-out and no wake.
     max_workers integer DEFAULT 4 NOT NULL,
+    -- How long a reserved place or a wake's ticket waits for its invocation.
     start_hold interval DEFAULT '00:01:30'::interval NOT NULL,
+    -- Each login wakes a worker at most once per this long.
     wake_debounce interval DEFAULT '00:00:01'::interval NOT NULL,
     CONSTRAINT settings_max_workers_range CHECK (((max_workers >= 0) AND (max_workers <= 1000))),
     CONSTRAINT settings_min_retention_range CHECK (((min_retention >= '00:00:00'::interval) AND (min_retention <= '3650 days'::interval))),
@@ -279,6 +323,8 @@ ALTER TABLE ONLY app.settings
 -- ======================================================================================
 
 -- TABLE: tenant_producers
+-- Binds a member of leaseq_tenant_producer to a tenant it may enqueue for and read results
+-- of.
 CREATE TABLE app.tenant_producers (
     role_name regrole NOT NULL,
     tenant_id uuid NOT NULL,
@@ -294,6 +340,8 @@ ALTER TABLE ONLY app.tenant_producers
 -- ======================================================================================
 
 -- TABLE: tenant_readers
+-- Binds a reader login (a member of authenticated) to the tenant whose jobs and events
+-- row-level security lets it see.
 CREATE TABLE app.tenant_readers (
     role_name regrole NOT NULL,
     tenant_id uuid NOT NULL,
@@ -320,6 +368,7 @@ GRANT SELECT ON TABLE app.tenant_readers TO authenticated;
 -- ======================================================================================
 
 -- TABLE: tenant_turn_sweep
+-- One row: the cursor of app.repair_tenant_turns, which rebuilds missing or late turns.
 CREATE TABLE app.tenant_turn_sweep (
     only_row boolean DEFAULT true NOT NULL,
     next_tenant_id uuid,
@@ -339,6 +388,8 @@ ALTER TABLE app.tenant_turn_sweep ENABLE ROW LEVEL SECURITY;
 -- ======================================================================================
 
 -- TABLE: tenant_turns
+-- When each tenant is next due a turn of the fair claim; NULL when it has nothing
+-- claimable.
 CREATE TABLE app.tenant_turns (
     tenant_id uuid NOT NULL,
     turn_at timestamp with time zone
@@ -359,6 +410,8 @@ ALTER TABLE app.tenant_turns ENABLE ROW LEVEL SECURITY;
 -- ======================================================================================
 
 -- TABLE: worker_pool
+-- The places of worker invocations: reserved (owner NULL) for one on its way, or held by a
+-- running one; each expires by itself.
 CREATE TABLE app.worker_pool (
     id uuid DEFAULT gen_random_uuid() NOT NULL,
     owner text,
@@ -393,6 +446,8 @@ ALTER TABLE app.worker_pool ENABLE ROW LEVEL SECURITY;
 -- ======================================================================================
 
 -- TABLE: worker_pool_state
+-- One row whose lock serialises every change of the worker pool, so it never passes its
+-- maximum.
 CREATE TABLE app.worker_pool_state (
     only_row boolean DEFAULT true NOT NULL,
     changed_at timestamp with time zone,
@@ -411,6 +466,7 @@ ALTER TABLE app.worker_pool_state ENABLE ROW LEVEL SECURITY;
 -- ======================================================================================
 
 -- TABLE: worker_wakes
+-- Each login's last wake and the ticket it handed out, for the wake's debounce.
 CREATE TABLE app.worker_wakes (
     waker regrole NOT NULL,
     woken_at timestamp with time zone NOT NULL,

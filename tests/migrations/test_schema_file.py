@@ -77,7 +77,7 @@ def test_a_schema_change_the_file_does_not_follow_fails_with_the_difference_and_
     assert "\n+CREATE INDEX jobs_priority_idx ON app.jobs USING btree (priority);\n" in problem
 
 
-def test_each_table_is_read_in_one_place_with_its_keys_indexes_policies_and_grants(
+def test_each_table_is_read_in_one_place_with_its_comments_keys_indexes_policies_and_grants(
     migrated_database: Database,
 ) -> None:
     text = (ROOT / "sql" / "schema.sql").read_text(encoding="utf-8")
@@ -100,6 +100,11 @@ def test_each_table_is_read_in_one_place_with_its_keys_indexes_policies_and_gran
         table = piece["table"].removeprefix("app.")
         assert re.search(rf"\b{piece['name']}\b", sections[table]), (
             f"{piece['name']} is not in the section of app.{table}")
+    jobs = sections["jobs"].splitlines()
+    lease_token = jobs.index("    lease_token uuid,")
+    assert jobs[lease_token - 2:lease_token] == [
+        "    -- Fences the lease: finishing or renewing needs it, so a worker whose lease expired",
+        "    -- cannot finish the next holder's attempt. Never granted to tenant readers."]
     assert "GRANT SELECT(tenant_id) ON TABLE app.jobs TO authenticated;" in sections["jobs"]
     assert "lease_token" not in "".join(
         line for line in sections["jobs"].splitlines() if line.startswith("GRANT"))
