@@ -2,7 +2,8 @@
 
 The migrations are the only source of the schema, and each table is the sum of several of
 them. This file answers "what does the jobs table look like?" in one place: for each
-table its columns and checks, then its keys, indexes, row-level security, policies and
+table its columns and checks, with the catalog's comments on what the table and each
+column are for above them, then its keys, indexes, row-level security, policies and
 grants, beside each other; the schema, its types and its grants first. Functions are
 left out: ``sql/functions/*.sql`` already hold the one current definition of each.
 
