@@ -35,6 +35,7 @@ from pydantic import (
 )
 
 from leaseq import config
+from leaseq.client import DEFAULT_MAX_IDLE_SECONDS
 from leaseq.errors import ConfigurationError, one_line
 from leaseq.reaper import REAPER_LIMIT, RETENTION_DAYS
 from leaseq.tls import SslSetting, TlsOptions, choose_tls, libpq_mode
@@ -72,7 +73,10 @@ class DatabaseSettings(BaseModel):
     secret_arn: str | None = Field(default=None, alias="LEASEQ_DATABASE_SECRET_ARN")
     secret_max_age_seconds: int = Field(default=300, ge=0, le=86_400,
                                         alias="LEASEQ_SECRET_MAX_AGE_SECONDS")
-    max_idle_seconds: float = Field(default=240.0, gt=0, alias="LEASEQ_DB_MAX_IDLE_SECONDS")
+    #: A connection unused for longer is pinged before its next use, and replaced if the
+    #: network dropped it while the execution environment was frozen.
+    max_idle_seconds: float = Field(default=DEFAULT_MAX_IDLE_SECONDS, gt=0,
+                                    alias="LEASEQ_DB_MAX_IDLE_SECONDS")
 
     _tls: TlsOptions | None = PrivateAttr(default=None)
     _tls_by_host: dict[str, TlsOptions] = PrivateAttr(default_factory=dict)

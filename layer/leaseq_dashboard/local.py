@@ -30,7 +30,7 @@ from urllib.parse import parse_qsl, urlsplit
 from uuid import UUID
 
 from aws_lambda_powertools.event_handler import LambdaFunctionUrlResolver
-from leaseq.client import QueueClient
+from leaseq.client import DEFAULT_MAX_IDLE_SECONDS, QueueClient
 from leaseq.db import Connection
 from leaseq.views import OperatorViews, TenantViews
 
@@ -54,7 +54,7 @@ class ConnectionViewSource:
 
     def __init__(self, operator_connect: Callable[[], Connection],
                  reader_connect: Callable[[], Connection] | None = None, *,
-                 max_idle_seconds: float = 240.0) -> None:
+                 max_idle_seconds: float = DEFAULT_MAX_IDLE_SECONDS) -> None:
         # A connection idle for long may have been cut while a Lambda environment was
         # frozen: each client pings it after max_idle_seconds and reconnects if it must.
         self._operator = QueueClient(operator_connect, max_idle_seconds=max_idle_seconds)

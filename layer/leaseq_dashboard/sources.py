@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Final
 from uuid import UUID
 
-from leaseq.client import QueueClient
+from leaseq.client import DEFAULT_MAX_IDLE_SECONDS, QueueClient
 from leaseq.db import Connection
 from leaseq.views import OperatorViews, TenantViews
 
@@ -48,7 +48,8 @@ class DashboardViewSource:
 
     def __init__(self, operator_connect: Callable[[], Connection],
                  reader_connect: Callable[[UUID], Connection] | None = None, *,
-                 max_readers: int = 1, max_idle_seconds: float = 240.0) -> None:
+                 max_readers: int = 1,
+                 max_idle_seconds: float = DEFAULT_MAX_IDLE_SECONDS) -> None:
         if max_readers < 1:
             raise ValueError(f"max_readers must be at least 1 (got {max_readers})")
         self._operator = QueueClient(operator_connect, max_idle_seconds=max_idle_seconds)

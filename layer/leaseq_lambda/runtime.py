@@ -60,6 +60,12 @@ from leaseq.worker import ClaimHook
 Connection = Any  # leaseq.db.Connection; kept loose so tests may pass any connect function
 ConnectFunction = Callable[..., Connection]
 
+#: The template's parameters behind some worker settings, added to their environment
+#: names (WorkerSettings') in the messages of the rules they break, so that a deployer
+#: knows which parameter to change.
+_TEMPLATE_PARAMETERS = {"job_timeout": "JobTimeoutSeconds", "lease_margin": "LeaseMarginSeconds",
+                        "kinds": "SlowKinds", "exclude_kinds": "SlowKinds"}
+
 
 def _secrets_client() -> Any:
     import boto3
@@ -257,17 +263,14 @@ class Runtime:
         values = {**ws.config_values(), "worker_timeout": self._worker_timeout}
         retry = RetryPolicy(base_delay=values.pop("retry_base"),
                             max_delay=values.pop("retry_max"))
-        names = {**WorkerSettings.setting_names(),
-                 "worker_timeout": "the function timeout (WorkerTimeoutSeconds, "
-                                   "LEASEQ_WORKER_TIMEOUT_SECONDS)",
-                 "job_timeout": "LEASEQ_JOB_TIMEOUT_SECONDS (JobTimeoutSeconds)",
-                 "lease_margin": "LEASEQ_LEASE_MARGIN_SECONDS (LeaseMarginSeconds)",
-                 "kinds": "LEASEQ_KINDS (SlowKinds)",
-                 "exclude_kinds": "LEASEQ_EXCLUDE_KINDS (SlowKinds)"}
+        names = WorkerSettings.setting_names()
+        for key, parameter in _TEMPLATE_PARAMETERS.items():
+            names[key] = f"{names[key]} ({parameter})"
+        names["worker_timeout"] = (f"the function timeout (WorkerTimeoutSeconds, "
+                                   f"{names['worker_timeout']})")
         if poll_idle is not None:
             values["poll_idle"] = poll_idle
-            names["poll_idle"] = ("this invocation's poll_idle (in place of "
-                                  "LEASEQ_POLL_IDLE_SECONDS)")
+            names["poll_idle"] = f"this invocation's poll_idle (in place of {names['poll_idle']})"
         config = WorkerConfig(owner=owner, retry=retry, setting_names=names, **values)
         return Worker(self.client, self.registry(), config, on_job=on_job, on_claim=on_claim)
 

@@ -4,6 +4,7 @@ where their handlers come from, and what an execution environment keeps."""
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -282,6 +283,25 @@ def test_reset_closes_the_cached_connection_and_the_next_get_builds_anew(
 
     assert conn.closed
     assert runtime.get() is not rt
+
+
+def test_the_functions_client_replaces_a_connection_idle_past_leaseq_db_max_idle_seconds(
+        lambda_env: pytest.MonkeyPatch, admin: Conn) -> None:
+    """The variable reaches the client the functions use: a connection unused for longer
+    is pinged before its next use, and one the server has cut is replaced."""
+    lambda_env.setenv("LEASEQ_DB_MAX_IDLE_SECONDS", "0.05")
+    rt = runtime.get()
+    rt.check()
+    first_pid = rt.client.connection.info.backend_pid
+    cut = admin.execute("select pg_terminate_backend(%s) as done", (first_pid,)).fetchone()
+    assert cut is not None
+    assert cut["done"]
+    time.sleep(0.1)  # idle past the setting
+
+    rt.check()
+
+    assert rt.client.reconnects == 2
+    assert rt.client.connection.info.backend_pid != first_pid
 
 
 def test_the_worker_owner_is_the_function_or_worker_id_and_the_request_id() -> None:

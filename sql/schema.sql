@@ -1,0 +1,487 @@
+-- The tables of schema app as the migrations leave them (after 0019_table_comments).
+--
+-- Generated from a freshly migrated database by scripts/write-schema: do not edit. After adding
+-- a migration, run scripts/write-schema and commit this file with it;
+-- tests/migrations/test_schema_file.py fails while it is stale. Read here, change in
+-- sql/migrations (sql/README.md, "Migrations"). Functions and their grants are in
+-- sql/functions.
+--
+-- Each table, with what it and its columns are for (their comments in the catalog), is
+-- followed by its keys, indexes, row-level security, policies and grants.
+-- Tables:
+--   app.job_events
+--   app.jobs
+--   app.kind_turns
+--   app.schema_functions
+--   app.schema_migrations
+--   app.settings
+--   app.tenant_producers
+--   app.tenant_readers
+--   app.tenant_turn_sweep
+--   app.tenant_turns
+--   app.worker_pool
+--   app.worker_pool_state
+--   app.worker_wakes
+
+-- SCHEMA: app
+CREATE SCHEMA app;
+
+-- DOMAIN: job_payload
+CREATE DOMAIN app.job_payload AS jsonb;
+
+-- TYPE: job_state
+CREATE TYPE app.job_state AS ENUM (
+    'pending',
+    'running',
+    'retry_wait',
+    'succeeded',
+    'dead',
+    'cancelled'
+);
+
+-- CHECK CONSTRAINT: job_payload job_payload_is_object
+ALTER DOMAIN app.job_payload
+    ADD CONSTRAINT job_payload_is_object CHECK ((jsonb_typeof(VALUE) = 'object'::text)) NOT VALID;
+
+-- ACL: SCHEMA app
+GRANT USAGE ON SCHEMA app TO authenticated;
+GRANT USAGE ON SCHEMA app TO leaseq_producer;
+GRANT USAGE ON SCHEMA app TO leaseq_tenant_producer;
+GRANT USAGE ON SCHEMA app TO leaseq_worker;
+GRANT USAGE ON SCHEMA app TO leaseq_reaper;
+GRANT USAGE ON SCHEMA app TO leaseq_operator;
+GRANT USAGE ON SCHEMA app TO leaseq_dashboard;
+
+-- ======================================================================================
+-- app.job_events
+-- ======================================================================================
+
+-- TABLE: job_events
+-- The audit trail: one row per job transition, written in the same statement as the
+-- transition; pruned with its job.
+CREATE TABLE app.job_events (
+    -- Order of the events (identity): a job's timeline is its events by sequence.
+    sequence bigint NOT NULL,
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    tenant_id uuid NOT NULL,
+    job_id uuid NOT NULL,
+    -- The transition: created, claimed, retry_scheduled, succeeded, dead, lease_expired,
+    -- released, cancelled or redriven.
+    event_type text NOT NULL,
+    -- Who made the transition: enqueue, the worker's owner id, watchdog (the reaper), or
+    -- the name an operator gave.
+    actor text NOT NULL,
+    -- The transition's facts (a JSON object); sql/README.md lists the keys of each type.
+    details jsonb DEFAULT '{}'::jsonb NOT NULL,
+    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    -- The lease the transition happened under (a claim's new one); NULL for enqueue,
+    -- cancel and redrive.
+    lease_token uuid,
+    CONSTRAINT job_events_actor_shape CHECK (((length(actor) >= 1) AND (length(actor) <= 200))),
+    CONSTRAINT job_events_details_check CHECK ((jsonb_typeof(details) = 'object'::text)),
+    CONSTRAINT job_events_event_type_check CHECK ((event_type = ANY (ARRAY['created'::text, 'claimed'::text, 'retry_scheduled'::text, 'succeeded'::text, 'dead'::text, 'lease_expired'::text, 'released'::text, 'cancelled'::text, 'redriven'::text])))
+)
+WITH (autovacuum_vacuum_insert_scale_factor='0.05', autovacuum_vacuum_insert_threshold='10000', autovacuum_analyze_scale_factor='0.05');
+
+-- SEQUENCE: job_events_sequence_seq
+ALTER TABLE app.job_events ALTER COLUMN sequence ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME app.job_events_sequence_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+-- CONSTRAINT: job_events job_events_pkey
+ALTER TABLE ONLY app.job_events
+    ADD CONSTRAINT job_events_pkey PRIMARY KEY (tenant_id, job_id, sequence);
+
+-- FK CONSTRAINT: job_events job_events_job_fkey
+ALTER TABLE ONLY app.job_events
+    ADD CONSTRAINT job_events_job_fkey FOREIGN KEY (tenant_id, job_id) REFERENCES app.jobs(tenant_id, id) ON DELETE CASCADE;
+
+-- ROW SECURITY: job_events
+ALTER TABLE app.job_events ENABLE ROW LEVEL SECURITY;
+
+-- POLICY: job_events job_events_tenant_select
+CREATE POLICY job_events_tenant_select ON app.job_events FOR SELECT TO authenticated USING ((tenant_id = ( SELECT app.current_tenant_id() AS current_tenant_id)));
+
+-- ACL: columns of job_events
+GRANT SELECT(sequence) ON TABLE app.job_events TO authenticated;
+GRANT SELECT(id) ON TABLE app.job_events TO authenticated;
+GRANT SELECT(tenant_id) ON TABLE app.job_events TO authenticated;
+GRANT SELECT(job_id) ON TABLE app.job_events TO authenticated;
+GRANT SELECT(event_type) ON TABLE app.job_events TO authenticated;
+GRANT SELECT(actor) ON TABLE app.job_events TO authenticated;
+GRANT SELECT(details) ON TABLE app.job_events TO authenticated;
+GRANT SELECT(created_at) ON TABLE app.job_events TO authenticated;
+
+-- ======================================================================================
+-- app.jobs
+-- ======================================================================================
+
+-- TABLE: jobs
+-- One row per job: what to run (kind, payload), for which tenant, its state and lease.
+-- Written only by the app functions, each transition with its app.job_events row.
+CREATE TABLE app.jobs (
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    tenant_id uuid NOT NULL,
+    -- The producer's idempotency key: one job per (tenant_id, operation_key); enqueueing
+    -- the same job again returns it, a different job under the key is refused.
+    operation_key text NOT NULL,
+    -- Which registered handler runs the job; claims may take or leave kinds.
+    kind text NOT NULL,
+    -- The job's input, a JSON object, handed to the handler as stored.
+    payload app.job_payload NOT NULL,
+    -- pending, running (leased), retry_wait, or one of the final states succeeded, dead,
+    -- cancelled.
+    state app.job_state DEFAULT 'pending'::app.job_state NOT NULL,
+    -- Claims so far: each claim adds one, a job given back unstarted gets its claim back,
+    -- a redrive starts again at 0.
+    attempts integer DEFAULT 0 NOT NULL,
+    -- Claims allowed (1..20): a last attempt that fails or whose lease expires makes the
+    -- job dead.
+    max_attempts integer DEFAULT 6 NOT NULL,
+    -- Earliest time a pending or retry_wait job may be claimed (a retry's backoff moves
+    -- it).
+    available_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    -- Owner id of the worker invocation holding the lease; set exactly while running.
+    lease_owner text,
+    -- Fences the lease: finishing or renewing needs it, so a worker whose lease expired
+    -- cannot finish the next holder's attempt. Never granted to tenant readers.
+    lease_token uuid,
+    -- When the lease ends; after it the reaper makes the job retry_wait again, or dead at
+    -- its last attempt.
+    lease_expires_at timestamp with time zone,
+    -- Error document of the last failed attempt, NULL until one failed.
+    last_error jsonb,
+    -- The handler's result document once the job succeeded.
+    result jsonb,
+    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    updated_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    -- When the job reached a final state; retention counts from it. NULL while not final.
+    completed_at timestamp with time zone,
+    -- The producer's own reference for tracing (1..200 characters), stored as given.
+    correlation_id text,
+    CONSTRAINT jobs_attempts_check CHECK ((attempts >= 0)),
+    CONSTRAINT jobs_available_at_finite CHECK (isfinite(available_at)),
+    CONSTRAINT jobs_correlation_id_shape CHECK (((correlation_id IS NULL) OR ((length(correlation_id) >= 1) AND (length(correlation_id) <= 200)))),
+    CONSTRAINT jobs_kind_shape CHECK ((((length(kind) >= 1) AND (length(kind) <= 128)) AND (kind !~ '^\s*$'::text))),
+    CONSTRAINT jobs_lease_shape CHECK ((((state = 'running'::app.job_state) AND (lease_owner IS NOT NULL) AND (lease_token IS NOT NULL) AND (lease_expires_at IS NOT NULL)) OR ((state <> 'running'::app.job_state) AND (lease_owner IS NULL) AND (lease_token IS NULL) AND (lease_expires_at IS NULL)))),
+    CONSTRAINT jobs_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 20))),
+    CONSTRAINT jobs_operation_key_shape CHECK ((((length(operation_key) >= 1) AND (length(operation_key) <= 255)) AND (operation_key !~ '^\s*$'::text)))
+)
+WITH (fillfactor='80', autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000', autovacuum_analyze_scale_factor='0.02', autovacuum_vacuum_cost_delay='0');
+
+-- CONSTRAINT: jobs jobs_operation_key_unique
+ALTER TABLE ONLY app.jobs
+    ADD CONSTRAINT jobs_operation_key_unique UNIQUE (tenant_id, operation_key);
+
+-- CONSTRAINT: jobs jobs_pkey
+ALTER TABLE ONLY app.jobs
+    ADD CONSTRAINT jobs_pkey PRIMARY KEY (id, tenant_id);
+
+-- INDEX: jobs_claimable_idx
+CREATE INDEX jobs_claimable_idx ON app.jobs USING btree (tenant_id, available_at, created_at, id) WHERE (state = ANY (ARRAY['pending'::app.job_state, 'retry_wait'::app.job_state]));
+
+-- INDEX: jobs_completed_idx
+CREATE INDEX jobs_completed_idx ON app.jobs USING btree (completed_at) WHERE (completed_at IS NOT NULL);
+
+-- INDEX: jobs_dead_tenant_idx
+CREATE INDEX jobs_dead_tenant_idx ON app.jobs USING btree (tenant_id, completed_at, id) INCLUDE (kind) WHERE (state = 'dead'::app.job_state);
+
+-- INDEX: jobs_kind_claimable_idx
+CREATE INDEX jobs_kind_claimable_idx ON app.jobs USING btree (tenant_id, kind, available_at, created_at, id) WHERE (state = ANY (ARRAY['pending'::app.job_state, 'retry_wait'::app.job_state]));
+
+-- INDEX: jobs_lease_expiry_idx
+CREATE INDEX jobs_lease_expiry_idx ON app.jobs USING btree (lease_expires_at) WHERE (state = 'running'::app.job_state);
+
+-- INDEX: jobs_ready_at_idx
+CREATE INDEX jobs_ready_at_idx ON app.jobs USING btree ((available_at AT TIME ZONE 'UTC'::text)) WHERE (state = ANY (ARRAY['pending'::app.job_state, 'retry_wait'::app.job_state]));
+
+-- INDEX: jobs_unsuccessful_idx
+CREATE INDEX jobs_unsuccessful_idx ON app.jobs USING btree (state, completed_at, id) INCLUDE (tenant_id, kind) WHERE (state = ANY (ARRAY['dead'::app.job_state, 'cancelled'::app.job_state]));
+
+-- INDEX: jobs_waiting_idx
+CREATE INDEX jobs_waiting_idx ON app.jobs USING btree (state, available_at, id) INCLUDE (tenant_id, kind) WHERE (state = ANY (ARRAY['pending'::app.job_state, 'retry_wait'::app.job_state]));
+
+-- ROW SECURITY: jobs
+ALTER TABLE app.jobs ENABLE ROW LEVEL SECURITY;
+
+-- POLICY: jobs jobs_tenant_select
+CREATE POLICY jobs_tenant_select ON app.jobs FOR SELECT TO authenticated USING ((tenant_id = ( SELECT app.current_tenant_id() AS current_tenant_id)));
+
+-- ACL: columns of jobs
+GRANT SELECT(id) ON TABLE app.jobs TO authenticated;
+GRANT SELECT(tenant_id) ON TABLE app.jobs TO authenticated;
+GRANT SELECT(operation_key) ON TABLE app.jobs TO authenticated;
+GRANT SELECT(kind) ON TABLE app.jobs TO authenticated;
+GRANT SELECT(payload) ON TABLE app.jobs TO authenticated;
+GRANT SELECT(state) ON TABLE app.jobs TO authenticated;
+GRANT SELECT(attempts) ON TABLE app.jobs TO authenticated;
+GRANT SELECT(max_attempts) ON TABLE app.jobs TO authenticated;
+GRANT SELECT(available_at) ON TABLE app.jobs TO authenticated;
+GRANT SELECT(lease_owner) ON TABLE app.jobs TO authenticated;
+GRANT SELECT(lease_expires_at) ON TABLE app.jobs TO authenticated;
+GRANT SELECT(last_error) ON TABLE app.jobs TO authenticated;
+GRANT SELECT(result) ON TABLE app.jobs TO authenticated;
+GRANT SELECT(created_at) ON TABLE app.jobs TO authenticated;
+GRANT SELECT(updated_at) ON TABLE app.jobs TO authenticated;
+GRANT SELECT(completed_at) ON TABLE app.jobs TO authenticated;
+GRANT SELECT(correlation_id) ON TABLE app.jobs TO authenticated;
+
+-- ======================================================================================
+-- app.kind_turns
+-- ======================================================================================
+
+-- TABLE: kind_turns
+-- The same turns per kind of each tenant, for claims that take or leave kinds.
+CREATE TABLE app.kind_turns (
+    tenant_id uuid NOT NULL,
+    kind text NOT NULL,
+    turn_at timestamp with time zone
+);
+
+-- CONSTRAINT: kind_turns kind_turns_pkey
+ALTER TABLE ONLY app.kind_turns
+    ADD CONSTRAINT kind_turns_pkey PRIMARY KEY (tenant_id, kind);
+
+-- INDEX: kind_turns_due_idx
+CREATE INDEX kind_turns_due_idx ON app.kind_turns USING btree (kind, turn_at, tenant_id) WHERE (turn_at IS NOT NULL);
+
+-- ROW SECURITY: kind_turns
+ALTER TABLE app.kind_turns ENABLE ROW LEVEL SECURITY;
+
+-- ======================================================================================
+-- app.schema_functions
+-- ======================================================================================
+
+-- TABLE: schema_functions
+-- The function files applied, each with the SHA-256 of its text: re-applied when it
+-- changes.
+CREATE TABLE app.schema_functions (
+    file text NOT NULL,
+    checksum text NOT NULL,
+    applied_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    applied_by text DEFAULT CURRENT_USER NOT NULL
+);
+
+-- CONSTRAINT: schema_functions schema_functions_pkey
+ALTER TABLE ONLY app.schema_functions
+    ADD CONSTRAINT schema_functions_pkey PRIMARY KEY (file);
+
+-- ======================================================================================
+-- app.schema_migrations
+-- ======================================================================================
+
+-- TABLE: schema_migrations
+-- The migrations applied (leaseq.migrate), each with the SHA-256 of its file.
+CREATE TABLE app.schema_migrations (
+    version integer NOT NULL,
+    name text NOT NULL,
+    checksum text NOT NULL,
+    applied_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    applied_by text DEFAULT CURRENT_USER NOT NULL
+);
+
+-- CONSTRAINT: schema_migrations schema_migrations_pkey
+ALTER TABLE ONLY app.schema_migrations
+    ADD CONSTRAINT schema_migrations_pkey PRIMARY KEY (version);
+
+-- ======================================================================================
+-- app.settings
+-- ======================================================================================
+
+-- TABLE: settings
+-- The schema owner's settings, one row: the retention floor and the worker pool's limits.
+-- Only the owner writes it.
+CREATE TABLE app.settings (
+    singleton boolean DEFAULT true NOT NULL,
+    -- The reaper never prunes a finished job younger than this.
+    min_retention interval DEFAULT '1 day'::interval NOT NULL,
+    updated_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    -- Most worker pool places at once; 0: no fan-out and no wake.
+    max_workers integer DEFAULT 4 NOT NULL,
+    -- How long a reserved place or a wake's ticket waits for its invocation.
+    start_hold interval DEFAULT '00:01:30'::interval NOT NULL,
+    -- Each login wakes a worker at most once per this long.
+    wake_debounce interval DEFAULT '00:00:01'::interval NOT NULL,
+    CONSTRAINT settings_max_workers_range CHECK (((max_workers >= 0) AND (max_workers <= 1000))),
+    CONSTRAINT settings_min_retention_range CHECK (((min_retention >= '00:00:00'::interval) AND (min_retention <= '3650 days'::interval))),
+    CONSTRAINT settings_one_row CHECK (singleton),
+    CONSTRAINT settings_start_hold_range CHECK (((start_hold >= '00:00:01'::interval) AND (start_hold <= '00:15:00'::interval))),
+    CONSTRAINT settings_wake_debounce_range CHECK (((wake_debounce >= '00:00:00'::interval) AND (wake_debounce <= '01:00:00'::interval)))
+);
+
+-- CONSTRAINT: settings settings_pkey
+ALTER TABLE ONLY app.settings
+    ADD CONSTRAINT settings_pkey PRIMARY KEY (singleton);
+
+-- ======================================================================================
+-- app.tenant_producers
+-- ======================================================================================
+
+-- TABLE: tenant_producers
+-- Binds a member of leaseq_tenant_producer to a tenant it may enqueue for and read results
+-- of.
+CREATE TABLE app.tenant_producers (
+    role_name regrole NOT NULL,
+    tenant_id uuid NOT NULL,
+    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL
+);
+
+-- CONSTRAINT: tenant_producers tenant_producers_pkey
+ALTER TABLE ONLY app.tenant_producers
+    ADD CONSTRAINT tenant_producers_pkey PRIMARY KEY (role_name, tenant_id);
+
+-- ======================================================================================
+-- app.tenant_readers
+-- ======================================================================================
+
+-- TABLE: tenant_readers
+-- Binds a reader login (a member of authenticated) to the tenant whose jobs and events
+-- row-level security lets it see.
+CREATE TABLE app.tenant_readers (
+    role_name regrole NOT NULL,
+    tenant_id uuid NOT NULL,
+    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL
+);
+
+-- CONSTRAINT: tenant_readers tenant_readers_pkey
+ALTER TABLE ONLY app.tenant_readers
+    ADD CONSTRAINT tenant_readers_pkey PRIMARY KEY (role_name, tenant_id);
+
+-- ROW SECURITY: tenant_readers
+ALTER TABLE app.tenant_readers ENABLE ROW LEVEL SECURITY;
+
+-- POLICY: tenant_readers tenant_readers_self
+CREATE POLICY tenant_readers_self ON app.tenant_readers FOR SELECT TO authenticated USING (((role_name)::oid = ( SELECT r.oid
+   FROM pg_roles r
+  WHERE (r.rolname = CURRENT_USER))));
+
+-- ACL: TABLE tenant_readers
+GRANT SELECT ON TABLE app.tenant_readers TO authenticated;
+
+-- ======================================================================================
+-- app.tenant_turn_sweep
+-- ======================================================================================
+
+-- TABLE: tenant_turn_sweep
+-- One row: the cursor of app.repair_tenant_turns, which rebuilds missing or late turns.
+CREATE TABLE app.tenant_turn_sweep (
+    only_row boolean DEFAULT true NOT NULL,
+    next_tenant_id uuid,
+    swept_at timestamp with time zone,
+    CONSTRAINT tenant_turn_sweep_only_row_check CHECK (only_row)
+);
+
+-- CONSTRAINT: tenant_turn_sweep tenant_turn_sweep_pkey
+ALTER TABLE ONLY app.tenant_turn_sweep
+    ADD CONSTRAINT tenant_turn_sweep_pkey PRIMARY KEY (only_row);
+
+-- ROW SECURITY: tenant_turn_sweep
+ALTER TABLE app.tenant_turn_sweep ENABLE ROW LEVEL SECURITY;
+
+-- ======================================================================================
+-- app.tenant_turns
+-- ======================================================================================
+
+-- TABLE: tenant_turns
+-- When each tenant is next due a turn of the fair claim; NULL when it has nothing
+-- claimable.
+CREATE TABLE app.tenant_turns (
+    tenant_id uuid NOT NULL,
+    turn_at timestamp with time zone
+);
+
+-- CONSTRAINT: tenant_turns tenant_turns_pkey
+ALTER TABLE ONLY app.tenant_turns
+    ADD CONSTRAINT tenant_turns_pkey PRIMARY KEY (tenant_id);
+
+-- INDEX: tenant_turns_due_idx
+CREATE INDEX tenant_turns_due_idx ON app.tenant_turns USING btree (turn_at, tenant_id) WHERE (turn_at IS NOT NULL);
+
+-- ROW SECURITY: tenant_turns
+ALTER TABLE app.tenant_turns ENABLE ROW LEVEL SECURITY;
+
+-- ======================================================================================
+-- app.worker_pool
+-- ======================================================================================
+
+-- TABLE: worker_pool
+-- The places of worker invocations: reserved (owner NULL) for one on its way, or held by a
+-- running one; each expires by itself.
+CREATE TABLE app.worker_pool (
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    owner text,
+    reason text NOT NULL,
+    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    extra boolean DEFAULT false NOT NULL,
+    CONSTRAINT worker_pool_extra_check CHECK (((NOT extra) OR ((owner IS NOT NULL) AND (reason = ANY (ARRAY['schedule'::text, 'manual'::text]))))),
+    CONSTRAINT worker_pool_owner_check CHECK (((owner IS NULL) OR ((length(owner) >= 1) AND (length(owner) <= 200)))),
+    CONSTRAINT worker_pool_reason_check CHECK ((reason = ANY (ARRAY['schedule'::text, 'manual'::text, 'fanout'::text, 'wake'::text])))
+);
+
+-- CONSTRAINT: worker_pool worker_pool_owner_key
+ALTER TABLE ONLY app.worker_pool
+    ADD CONSTRAINT worker_pool_owner_key UNIQUE (owner);
+
+-- CONSTRAINT: worker_pool worker_pool_pkey
+ALTER TABLE ONLY app.worker_pool
+    ADD CONSTRAINT worker_pool_pkey PRIMARY KEY (id);
+
+-- INDEX: worker_pool_expires_idx
+CREATE INDEX worker_pool_expires_idx ON app.worker_pool USING btree (expires_at);
+
+-- INDEX: worker_pool_one_extra_idx
+CREATE UNIQUE INDEX worker_pool_one_extra_idx ON app.worker_pool USING btree (extra) WHERE extra;
+
+-- ROW SECURITY: worker_pool
+ALTER TABLE app.worker_pool ENABLE ROW LEVEL SECURITY;
+
+-- ======================================================================================
+-- app.worker_pool_state
+-- ======================================================================================
+
+-- TABLE: worker_pool_state
+-- One row whose lock serialises every change of the worker pool, so it never passes its
+-- maximum.
+CREATE TABLE app.worker_pool_state (
+    only_row boolean DEFAULT true NOT NULL,
+    changed_at timestamp with time zone,
+    CONSTRAINT worker_pool_state_only_row_check CHECK (only_row)
+);
+
+-- CONSTRAINT: worker_pool_state worker_pool_state_pkey
+ALTER TABLE ONLY app.worker_pool_state
+    ADD CONSTRAINT worker_pool_state_pkey PRIMARY KEY (only_row);
+
+-- ROW SECURITY: worker_pool_state
+ALTER TABLE app.worker_pool_state ENABLE ROW LEVEL SECURITY;
+
+-- ======================================================================================
+-- app.worker_wakes
+-- ======================================================================================
+
+-- TABLE: worker_wakes
+-- Each login's last wake and the ticket it handed out, for the wake's debounce.
+CREATE TABLE app.worker_wakes (
+    waker regrole NOT NULL,
+    woken_at timestamp with time zone NOT NULL,
+    ticket uuid,
+    ticket_expires_at timestamp with time zone,
+    CONSTRAINT worker_wakes_ticket_check CHECK (((ticket IS NULL) = (ticket_expires_at IS NULL)))
+);
+
+-- CONSTRAINT: worker_wakes worker_wakes_pkey
+ALTER TABLE ONLY app.worker_wakes
+    ADD CONSTRAINT worker_wakes_pkey PRIMARY KEY (waker);
+
+-- CONSTRAINT: worker_wakes worker_wakes_ticket_key
+ALTER TABLE ONLY app.worker_wakes
+    ADD CONSTRAINT worker_wakes_ticket_key UNIQUE (ticket);
+
+-- ROW SECURITY: worker_wakes
+ALTER TABLE app.worker_wakes ENABLE ROW LEVEL SECURITY;
