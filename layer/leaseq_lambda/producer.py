@@ -28,8 +28,17 @@ import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
+from uuid import UUID
 
-from leaseq import EnqueueRequest, LeaseqError
+from leaseq import (
+    EnqueueRequest,
+    EnqueueResult,
+    IdempotencyConflictError,
+    InvalidRequestError,
+    JobState,
+    LeaseqError,
+    PermissionDeniedError,
+)
 from leaseq.limits import MAX_ENQUEUE
 
 __all__ = [
@@ -290,6 +299,22 @@ class EnqueueFunction:
         if raise_on_rejected and result.rejected:
             raise JobsRejected(result)
         return result
+
+    def enqueue_job(self, request: EnqueueRequest) -> EnqueueResult:
+        """Enqueue one job, answered as :func:`leaseq.enqueue_job` answers on a connection
+        (so that ``DeclaredKind.defer`` works through the function as in a transaction):
+        an idempotency conflict raises IdempotencyConflictError, a tenant this door is not
+        bound to PermissionDeniedError, any other rejection InvalidRequestError."""
+        (item,) = self.enqueue([request], raise_on_rejected=False).items
+        if item.status == "rejected":
+            reason = item.reason or "the enqueue function rejected the job"
+            error = {"23505": IdempotencyConflictError,
+                     "42501": PermissionDeniedError}.get(item.sqlstate or "",
+                                                         InvalidRequestError)
+            raise error(reason, sqlstate=item.sqlstate)
+        assert item.job_id is not None
+        state = JobState.PENDING if item.status == "created" else None
+        return EnqueueResult(0, UUID(item.job_id), item.status, state)
 
     def invoke(self, event: Mapping[str, Any], *,
                answered: EnqueueAnswer | None = None) -> EnqueueAnswer:
