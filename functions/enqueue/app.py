@@ -23,7 +23,7 @@ from typing import Any
 from uuid import UUID
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
-from leaseq import LeaseqError, QueueClient
+from leaseq import LeaseqError, QueueClient, Registry
 from leaseq_lambda import runtime, telemetry
 from leaseq_lambda.enqueue import ready_now, rejection_error, response, submit
 from leaseq_lambda.events import parse_enqueue
@@ -44,6 +44,10 @@ def _tenants() -> frozenset[UUID]:
     return runtime.get().settings.enqueue.tenants
 
 
+def _registry() -> Registry | None:
+    return runtime.get().enqueue_registry()
+
+
 @metrics.log_metrics(capture_cold_start_metric=True)
 @tracer.capture_lambda_handler(capture_response=False)  # up to 1000 items: too big to trace
 @logger.inject_lambda_context(clear_state=True)
@@ -57,7 +61,7 @@ def lambda_handler(event: Any, context: LambdaContext) -> dict[str, Any]:
         str(event.get("id")) if batch.origin == "eventbridge" and isinstance(event, dict)
         and event.get("id") else context.aws_request_id)
     try:
-        results = submit(_client, batch, _tenants)
+        results = submit(_client, batch, _tenants, _registry)
     except LeaseqError as exc:
         logger.exception("enqueue failed", extra={"error": exc.message, "sqlstate": exc.sqlstate})
         raise

@@ -50,6 +50,36 @@ class InvalidRequestError(LeaseqError):
     same input will not help."""
 
 
+class UnknownKindError(InvalidRequestError):
+    """A job's kind has no handler in the registry a door checks jobs against (the
+    enqueue function with LEASEQ_ENQUEUE_HANDLERS, ``leaseq enqueue --handlers``): a worker
+    would record it dead, so it is refused before anything is stored."""
+
+    def __init__(self, kind: str, known: list[str]) -> None:
+        shown = ", ".join(known[:20]) + (f" and {len(known) - 20} more" if len(known) > 20
+                                         else "")
+        super().__init__(f"unknown kind {kind!r}: the handlers register {shown}; enqueue one "
+                         "of these kinds, or deploy the handler for this one first")
+        self.kind = kind
+
+
+class PayloadRejectedError(InvalidRequestError):
+    """A job's payload does not fit its kind's payload model: the worker would record the
+    job dead at once, so it is refused before anything is stored. ``errors`` holds the
+    model's errors field by field (``(field, pydantic error type, message)``, fields
+    under ``payload``), without the input."""
+
+    def __init__(self, kind: str, exc: ValidationError) -> None:
+        self.errors: tuple[tuple[str, str, str], ...] = tuple(
+            ("payload" + "".join(f".{part}" for part in error["loc"]), error["type"],
+             error["msg"])
+            for error in exc.errors(include_url=False, include_input=False))
+        super().__init__(f"the payload does not fit the model of kind {kind!r} "
+                         f"({exc.title}): " + "; ".join(f"{field}: {message}"
+                                                         for field, _, message in self.errors))
+        self.kind = kind
+
+
 class IdempotencyConflictError(InvalidRequestError):
     """The operation key already names a job with a different kind or payload (23505)."""
 

@@ -8,6 +8,18 @@ handler style").
 A registration may name a pydantic model for the payload: the worker validates the
 payload before calling the handler, and a payload that does not fit makes the job
 dead at once (retrying cannot fix it), with the validation errors as its last_error.
+A door that enqueues can refuse such a job before it is stored (:meth:`Registry.check`).
+
+The decorator form returns a :class:`DeclaredKind`: still the handler (the worker and a
+test call it as before), and the typed way to enqueue its kind. Its ``defer`` takes the
+payload as the handler's first parameter is annotated, so mypy checks a producer's
+payload against the handler's model::
+
+    @registry.handler("send_welcome_email", payload=Welcome)
+    def send_welcome_email(welcome: Welcome, ctx: JobContext) -> None: ...
+
+    with conn.transaction():                      # in the producer's transaction
+        send_welcome_email.defer(conn, tenant, f"welcome-{user.id}", Welcome(user=user.id))
 """
 
 from __future__ import annotations
@@ -16,11 +28,15 @@ import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from uuid import UUID
 
-from pydantic import BaseModel
+import psycopg
+from pydantic import BaseModel, ValidationError
 
-from leaseq.errors import ConfigurationError
+from leaseq.errors import ConfigurationError, PayloadRejectedError, UnknownKindError
+from leaseq.jobs import EnqueueRequest, EnqueueResult
 from leaseq.retry import RetryPolicy
 from leaseq.storable import character_problem, is_blank
 
@@ -28,7 +44,8 @@ if TYPE_CHECKING:
     from leaseq.job_context import JobContext
 
 JobHandler = Callable[[Any, "JobContext"], Any]
-F = TypeVar("F", bound=Callable[..., Any])
+P = TypeVar("P")
+R = TypeVar("R")
 
 
 def is_async_handler(handler: JobHandler) -> bool:
@@ -50,6 +67,73 @@ class Registration:
     timeout: float | None = None
     retry: RetryPolicy | None = None
     is_async: bool = field(default=False)
+
+    def check(self, payload: Any) -> None:
+        """Refuse ``payload`` if it does not fit the payload model
+        (:class:`PayloadRejectedError`, the model's errors field by field)."""
+        if self.payload_model is None:
+            return
+        try:
+            self.payload_model.model_validate(payload)
+        except ValidationError as exc:
+            raise PayloadRejectedError(self.kind, exc) from None
+
+
+class JobSink(Protocol):
+    """Where :meth:`DeclaredKind.defer` can enqueue besides a connection: a
+    :class:`leaseq.QueueClient`, or ``leaseq_lambda.producer.EnqueueFunction``."""
+
+    def enqueue_job(self, request: EnqueueRequest) -> EnqueueResult:
+        """Enqueue one job; a conflict or a rejection raises."""
+        ...
+
+
+class DeclaredKind(Generic[P, R]):
+    """A registered handler, callable as the handler itself, that enqueues its own kind
+    with a payload of the type its first parameter declares (checked by mypy)."""
+
+    def __init__(self, registration: Registration, handler: Callable[[P, JobContext], R]
+                 ) -> None:
+        self.registration = registration
+        self._handler = handler
+        functools.update_wrapper(self, handler)
+
+    def __call__(self, payload: P, ctx: JobContext) -> R:
+        return self._handler(payload, ctx)
+
+    @property
+    def kind(self) -> str:
+        """The job kind this handler is registered for."""
+        return self.registration.kind
+
+    def request(self, tenant_id: UUID, operation_key: str, payload: P, *,
+                available_at: datetime | None = None, max_attempts: int | None = None,
+                correlation_id: str | None = None) -> EnqueueRequest:
+        """The :class:`EnqueueRequest` of this kind for ``payload`` (a model is stored as
+        its JSON form); a payload its model refuses raises :class:`PayloadRejectedError`."""
+        if isinstance(payload, BaseModel):
+            document: Any = payload.model_dump(mode="json")
+        else:
+            document = payload
+        self.registration.check(document)
+        return EnqueueRequest(tenant_id=tenant_id, operation_key=operation_key,
+                              kind=self.kind, payload=document, available_at=available_at,
+                              max_attempts=max_attempts, correlation_id=correlation_id)
+
+    def defer(self, to: psycopg.Connection[Any] | JobSink, tenant_id: UUID,
+              operation_key: str, payload: P, *, available_at: datetime | None = None,
+              max_attempts: int | None = None,
+              correlation_id: str | None = None) -> EnqueueResult:
+        """Enqueue one job of this kind: on a connection (inside the caller's open
+        transaction, if any), or through ``to.enqueue_job`` (a QueueClient, the enqueue
+        function). A conflict or a rejection raises, as :func:`leaseq.enqueue_job` does."""
+        request = self.request(tenant_id, operation_key, payload, available_at=available_at,
+                               max_attempts=max_attempts, correlation_id=correlation_id)
+        if isinstance(to, psycopg.Connection):
+            from leaseq.client import enqueue_job
+
+            return enqueue_job(to, request)
+        return to.enqueue_job(request)
 
 
 class Registry:
@@ -113,14 +197,25 @@ class Registry:
         payload: type[BaseModel] | None = None,
         timeout: float | None = None,
         retry: RetryPolicy | None = None,
-    ) -> Callable[[F], F]:
-        """Decorator form of :meth:`register`, for ``def`` and ``async def`` handlers."""
+    ) -> Callable[[Callable[[P, JobContext], R]], DeclaredKind[P, R]]:
+        """Decorator form of :meth:`register`, for ``def`` and ``async def`` handlers: the
+        handler becomes a :class:`DeclaredKind` (callable as before, with ``defer``)."""
 
-        def decorate(func: F) -> F:
-            self.register(kind, func, payload=payload, timeout=timeout, retry=retry)
-            return func
+        def decorate(func: Callable[[P, JobContext], R]) -> DeclaredKind[P, R]:
+            registration = self.register(kind, func, payload=payload, timeout=timeout,
+                                         retry=retry)
+            return DeclaredKind(registration, func)
 
         return decorate
+
+    def check(self, kind: str, payload: Any) -> None:
+        """Refuse a job the worker would record dead without running it: a kind with no
+        handler here (:class:`UnknownKindError`) or a payload its model refuses
+        (:class:`PayloadRejectedError`). Both are InvalidRequestError."""
+        registration = self._by_kind.get(kind)
+        if registration is None:
+            raise UnknownKindError(kind, self.kinds)
+        registration.check(payload)
 
     def get(self, kind: str) -> Registration | None:
         """The registration of ``kind``, or None (the worker records a job of a kind it

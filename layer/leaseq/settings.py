@@ -342,6 +342,10 @@ class EnqueueSettings(BaseModel):
 
     #: Empty: every tenant. Otherwise the only tenants this door enqueues for.
     tenants: frozenset[UUID] = Field(default=frozenset(), alias="LEASEQ_ENQUEUE_TENANTS")
+    #: The handlers module (as LEASEQ_HANDLERS names it) whose registry the door checks
+    #: every job against: an unknown kind, or a payload its model refuses, is rejected
+    #: before anything is stored. Unset: kinds and payloads are not checked here.
+    handlers_module: str | None = Field(default=None, alias="LEASEQ_ENQUEUE_HANDLERS")
 
     @field_validator("tenants", mode="before")
     @classmethod

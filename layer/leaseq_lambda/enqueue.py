@@ -14,6 +14,11 @@ deployment fault, never an item's).
 A rejection the database decided carries its SQLSTATE (``sqlstate`` in the answer):
 22023 for an item it refused, 23505 for an idempotency conflict, whose answer names no
 job: the id of an existing job is only ever returned to a request that repeats it.
+
+With a handlers registry (``LEASEQ_ENQUEUE_HANDLERS``), a job of a kind it does not
+register, or whose payload its kind's model refuses, is rejected before anything is
+sent, with the model's errors field by field (``errors``, no ``sqlstate``, as for a job
+that did not validate): a worker would record it dead without running it.
 """
 
 from __future__ import annotations
@@ -24,7 +29,15 @@ from datetime import UTC, datetime
 from typing import Any, Final, Literal
 from uuid import UUID
 
-from leaseq import EnqueueRequest, EnqueueResult, InvalidRequestError, LeaseqError, QueueClient
+from leaseq import (
+    EnqueueRequest,
+    EnqueueResult,
+    InvalidRequestError,
+    LeaseqError,
+    QueueClient,
+    Registry,
+)
+from leaseq.errors import PayloadRejectedError, UnknownKindError
 
 from leaseq_lambda.events import EnqueueBatch, FieldProblem, Rejection
 
@@ -107,18 +120,45 @@ def _no_tenants() -> Collection[UUID]:
     return ()
 
 
+def _no_registry() -> Registry | None:
+    return None
+
+
+def registry_problem(registry: Registry, request: EnqueueRequest) -> Rejection | None:
+    """Why ``registry`` refuses ``request`` (an unknown kind, a payload its model refuses),
+    field by field; None when it accepts it."""
+    try:
+        registry.check(request.kind, request.payload)
+    except UnknownKindError as exc:
+        return Rejection(exc.message, (FieldProblem("kind", "unknown_kind", exc.message),))
+    except PayloadRejectedError as exc:
+        return Rejection(exc.message, tuple(FieldProblem(*error) for error in exc.errors))
+    return None
+
+
 def submit(connect: Callable[[], QueueClient], batch: EnqueueBatch,
-           tenants: Callable[[], Collection[UUID]] = _no_tenants) -> list[ItemResult]:
+           tenants: Callable[[], Collection[UUID]] = _no_tenants,
+           registry: Callable[[], Registry | None] = _no_registry) -> list[ItemResult]:
     """Enqueue ``batch``'s valid requests; one result per item, in the event's order.
 
     ``connect`` is only called when there is something to send, so an event that is
-    rejected as a whole is answered without touching the database; so is ``tenants``,
-    the tenants this door is bound to (none: any tenant). A request for another tenant
-    is rejected without being sent.
+    rejected as a whole is answered without touching the database; so are ``tenants``,
+    the tenants this door is bound to (none: any tenant), and ``registry``, the handlers
+    registry jobs are checked against (None: no check). A request for another tenant, of
+    a kind the registry does not know, or with a payload its model refuses, is rejected
+    without being sent.
     """
     results = {i: ItemResult(i, "rejected", reason=item.reason, errors=item.errors)
                for i, item in enumerate(batch.items) if isinstance(item, Rejection)}
     pending = batch.requests
+    checked = registry() if pending else None
+    if checked is not None:
+        refused = {i: problem for i, request in pending
+                   if (problem := registry_problem(checked, request)) is not None}
+        results.update((i, ItemResult(i, "rejected", reason=problem.reason,
+                                      errors=problem.errors, request=request))
+                       for i, request in pending if (problem := refused.get(i)) is not None)
+        pending = [(i, request) for i, request in pending if i not in refused]
     bound = tenants() if pending else ()
     if bound:
         results.update((i, ItemResult(i, "rejected", reason=_not_bound(request),

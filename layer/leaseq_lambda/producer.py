@@ -11,6 +11,12 @@ Both AWS calls can fail without raising, which is why a client of its own exists
   ``FailedEntryCount`` says so. :class:`EnqueueEventBus` raises :class:`EventsNotAccepted`
   naming them, after the accepted ones are on the bus.
 
+Both clients retry a throttled or failed call the way botocore's ``standard`` retry mode
+does (exponential backoff with jitter, a retry quota per client, :data:`MAX_ATTEMPTS`
+attempts in all). A call still throttled after that raises :class:`EnqueueThrottledError`
+with what was enqueued before it, instead of botocore's ``ClientError``; any other
+``ClientError`` (a missing permission, a wrong name) is raised as botocore's.
+
 Jobs are :class:`leaseq.EnqueueRequest` objects or plain dicts of the same fields. The
 calls are split to fit the services' limits (1,000 jobs and about 6 MB per invoke,
 10 entries and 256 KB per PutEvents) so a caller never has to.
@@ -22,21 +28,33 @@ import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
+from uuid import UUID
 
-from leaseq import EnqueueRequest
+from leaseq import (
+    EnqueueRequest,
+    EnqueueResult,
+    IdempotencyConflictError,
+    InvalidRequestError,
+    JobState,
+    LeaseqError,
+    PermissionDeniedError,
+)
 from leaseq.limits import MAX_ENQUEUE
 
 __all__ = [
     "ENQUEUE_DETAIL_TYPE",
+    "MAX_ATTEMPTS",
     "EnqueueAnswer",
     "EnqueueError",
     "EnqueueEventBus",
     "EnqueueFunction",
     "EnqueueFunctionError",
+    "EnqueueThrottledError",
     "EventsNotAccepted",
     "ItemAnswer",
     "JobsRejected",
     "job_document",
+    "producer_config",
 ]
 
 #: The detail-type the stack's rule routes to the enqueue function.
@@ -49,10 +67,20 @@ MAX_INVOKE_BYTES = 5_500_000
 MAX_ENTRIES_PER_PUT = 10
 MAX_PUT_BYTES = 250_000
 
+#: Attempts per call in botocore's standard retry mode (the first and two retries), the
+#: mode's own default; a client passed in keeps its own retry configuration.
+MAX_ATTEMPTS = 3
+#: The error codes AWS answers a throttled call with (Lambda's TooManyRequestsException,
+#: EventBridge's ThrottlingException, and the generic ones botocore's standard mode retries).
+THROTTLING_CODES = frozenset({
+    "TooManyRequestsException", "ThrottlingException", "Throttling", "ThrottledException",
+    "RequestThrottledException", "RequestLimitExceeded", "EC2ThrottledException", "SlowDown",
+})
+
 Job = EnqueueRequest | Mapping[str, Any]
 
 
-class EnqueueError(Exception):
+class EnqueueError(LeaseqError):
     """Jobs were not (all) enqueued; the subclass says how far it got."""
 
 
@@ -117,15 +145,72 @@ class JobsRejected(EnqueueError):
         self.answer = answer
 
 
+class EnqueueThrottledError(EnqueueError):
+    """AWS throttled the call (the enqueue function's concurrency, Lambda's or EventBridge's
+    request rate) on every attempt botocore's standard retry mode made: this call's jobs
+    are not enqueued; those of earlier calls are (``answered``, ``accepted``).
+
+    Retrying the same jobs later is safe (enqueue is idempotent on tenant and operation
+    key)."""
+
+    def __init__(self, service: str, target: str, code: str, attempts: int, *,
+                 reason: str | None = None, answered: EnqueueAnswer | None = None,
+                 accepted: Sequence[str] = ()) -> None:
+        why = f"{code}{': ' + reason if reason else ''}"
+        remedy = ("raise the function's reserved concurrency (EnqueueReservedConcurrency) or "
+                  "the account's concurrency quota, or enqueue asynchronously "
+                  "(enqueue_async, the event bus)" if service == "lambda" else
+                  "spread the puts over time, or ask for a higher PutEvents quota")
+        super().__init__(
+            f"{'the enqueue function ' if service == 'lambda' else 'the enqueue bus '}{target} "
+            f"was throttled ({why}) on all {attempts} attempts: the jobs of this call are not "
+            f"enqueued; send them again later (enqueue is idempotent), or {remedy}")
+        self.service = service
+        self.target = target
+        #: AWS's error code (TooManyRequestsException, ThrottlingException, ...).
+        self.code = code
+        #: Lambda's reason for a throttle (ReservedFunctionConcurrentInvocationLimitExceeded,
+        #: ConcurrentInvocationLimitExceeded, ...), when it gave one.
+        self.reason = reason
+        self.attempts = attempts
+        #: Answers of the function's invocations that succeeded before this one.
+        self.answered = answered or EnqueueAnswer()
+        #: Event ids of the entries the bus accepted before this call.
+        self.accepted = list(accepted)
+
+
+def _throttled(exc: Exception, service: str, target: str, *,
+               answered: EnqueueAnswer | None = None,
+               accepted: Sequence[str] = ()) -> EnqueueThrottledError | None:
+    """The leaseq error for botocore's ``ClientError`` ``exc`` when AWS throttled the call
+    (its code, or HTTP 429), else None."""
+    response = getattr(exc, "response", None)
+    if not isinstance(response, dict):
+        return None
+    error = response.get("Error") or {}
+    metadata = response.get("ResponseMetadata") or {}
+    code = str(error.get("Code") or "")
+    if code not in THROTTLING_CODES and metadata.get("HTTPStatusCode") != 429:
+        return None
+    reason = response.get("Reason") or error.get("Reason")
+    attempts = int(metadata.get("RetryAttempts", 0)) + 1
+    return EnqueueThrottledError(service, target, code or "HTTP 429", attempts,
+                                 reason=str(reason) if reason else None, answered=answered,
+                                 accepted=accepted)
+
+
 class EventsNotAccepted(EnqueueError):
     """PutEvents accepted some entries and not others (FailedEntryCount)."""
 
     def __init__(self, failed: list[dict[str, Any]], accepted: list[str]) -> None:
         first = failed[0]
+        throttled = sum(1 for entry in failed if entry.get("ErrorCode") in THROTTLING_CODES)
         super().__init__(
             f"EventBridge did not accept {len(failed)} of {len(failed) + len(accepted)} "
             f"events (first: {first.get('ErrorCode')}: {first.get('ErrorMessage')}); their "
-            "jobs are not enqueued, the accepted events' jobs will be")
+            "jobs are not enqueued, the accepted events' jobs will be"
+            + (f"; {throttled} of them were throttled: put them again later" if throttled
+               else ""))
         #: The failed entries as PutEvents answered them, plus the jobs each one carried.
         self.failed = failed
         #: Event ids of the accepted entries.
@@ -158,22 +243,38 @@ def _chunks(documents: list[dict[str, Any]], max_bytes: int) -> Iterator[list[di
         yield chunk
 
 
+def producer_config(max_attempts: int = MAX_ATTEMPTS, **options: Any) -> Any:
+    """The botocore ``Config`` of the producers' clients: the standard retry mode with
+    ``max_attempts`` attempts per call, and ``options`` (timeouts...)."""
+    from botocore.config import Config
+
+    # total_max_attempts counts the first attempt; botocore's "max_attempts" counts retries.
+    return Config(retries={"mode": "standard", "total_max_attempts": max_attempts}, **options)
+
+
 def _lambda_client() -> Any:
     import boto3
 
-    return boto3.client("lambda")
+    from leaseq_lambda.invoker import CONNECT_TIMEOUT_SECONDS, READ_TIMEOUT_SECONDS
+
+    # A synchronous invoke may last as long as the function's timeout: botocore's 60 s
+    # read timeout would cut it off and retry a call that is still running.
+    return boto3.client("lambda", config=producer_config(
+        read_timeout=READ_TIMEOUT_SECONDS, connect_timeout=CONNECT_TIMEOUT_SECONDS))
 
 
 def _events_client() -> Any:
     import boto3
 
-    return boto3.client("events")
+    return boto3.client("events", config=producer_config())
 
 
 class EnqueueFunction:
     """The stack's enqueue function (output EnqueueFunctionArn), invoked synchronously.
 
     Needs ``lambda:InvokeFunction`` on it (the stack's EnqueueProducerPolicy grants it).
+    Without ``client``, a Lambda client in botocore's standard retry mode
+    (:func:`producer_config`); a client passed in should be configured the same way.
     """
 
     def __init__(self, function: str, *, client: Any = None) -> None:
@@ -199,13 +300,29 @@ class EnqueueFunction:
             raise JobsRejected(result)
         return result
 
+    def enqueue_job(self, request: EnqueueRequest) -> EnqueueResult:
+        """Enqueue one job, answered as :func:`leaseq.enqueue_job` answers on a connection
+        (so that ``DeclaredKind.defer`` works through the function as in a transaction):
+        an idempotency conflict raises IdempotencyConflictError, a tenant this door is not
+        bound to PermissionDeniedError, any other rejection InvalidRequestError."""
+        (item,) = self.enqueue([request], raise_on_rejected=False).items
+        if item.status == "rejected":
+            reason = item.reason or "the enqueue function rejected the job"
+            error = {"23505": IdempotencyConflictError,
+                     "42501": PermissionDeniedError}.get(item.sqlstate or "",
+                                                         InvalidRequestError)
+            raise error(reason, sqlstate=item.sqlstate)
+        assert item.job_id is not None
+        state = JobState.PENDING if item.status == "created" else None
+        return EnqueueResult(0, UUID(item.job_id), item.status, state)
+
     def invoke(self, event: Mapping[str, Any], *,
                answered: EnqueueAnswer | None = None) -> EnqueueAnswer:
         """One synchronous invocation with ``event`` as it is (a job, a batch or an
         EventBridge envelope); raises :class:`EnqueueFunctionError` on a function error."""
-        response = self._client.invoke(FunctionName=self.function,
-                                       InvocationType="RequestResponse",
-                                       Payload=json.dumps(event).encode("utf-8"))
+        response = self._call(answered, FunctionName=self.function,
+                              InvocationType="RequestResponse",
+                              Payload=json.dumps(event).encode("utf-8"))
         raw = response["Payload"].read()
         try:
             document: Any = json.loads(raw) if raw else None
@@ -223,15 +340,26 @@ class EnqueueFunction:
                        r.get("sqlstate"))
             for r in document["results"]])
 
+    def _call(self, answered: EnqueueAnswer | None, **params: Any) -> Any:
+        """``lambda:Invoke`` with ``params``; a throttle that outlasted botocore's retries
+        raises :class:`EnqueueThrottledError`."""
+        try:
+            return self._client.invoke(**params)
+        except Exception as exc:
+            throttled = _throttled(exc, "lambda", self.function, answered=answered)
+            if throttled is not None:
+                raise throttled from exc
+            raise
+
     def enqueue_async(self, jobs: Iterable[Job]) -> int:
         """Hand ``jobs`` to Lambda's asynchronous queue (InvocationType Event) and return
         the number of invocations. Nothing comes back: failures after Lambda's retries land
         in the stack's dead-letter queue (see ``leaseq enqueue resubmit``)."""
         calls = 0
         for chunk in _chunks([job_document(job) for job in jobs], 250_000):
-            response = self._client.invoke(FunctionName=self.function, InvocationType="Event",
-                                           Payload=json.dumps({"jobs": chunk, "asynchronous": True}
-                                                              ).encode("utf-8"))
+            response = self._call(None, FunctionName=self.function, InvocationType="Event",
+                                  Payload=json.dumps({"jobs": chunk, "asynchronous": True}
+                                                     ).encode("utf-8"))
             if response.get("StatusCode") != 202:
                 raise EnqueueError(f"Lambda did not queue the invocation of {self.function} "
                                    f"(HTTP {response.get('StatusCode')})")
@@ -242,7 +370,8 @@ class EnqueueFunction:
 class EnqueueEventBus:
     """The stack's enqueue bus (output EnqueueEventBusName), one PutEvents call per batch.
 
-    Needs ``events:PutEvents`` on the bus (EnqueueProducerPolicy grants it).
+    Needs ``events:PutEvents`` on the bus (EnqueueProducerPolicy grants it). Without
+    ``client``, an EventBridge client in botocore's standard retry mode.
     """
 
     def __init__(self, bus: str, source: str, *, client: Any = None) -> None:
@@ -270,7 +399,13 @@ class EnqueueEventBus:
             size = 0 if entry is None else _size(entry)
             if batch and (entry is None or len(batch) == MAX_ENTRIES_PER_PUT
                           or used + size > MAX_PUT_BYTES):
-                response = self._client.put_events(Entries=batch)
+                try:
+                    response = self._client.put_events(Entries=batch)
+                except Exception as exc:
+                    throttled = _throttled(exc, "events", self.bus, accepted=accepted)
+                    if throttled is not None:
+                        raise throttled from exc
+                    raise
                 for sent, result in zip(batch, response["Entries"], strict=True):
                     if result.get("EventId") and not result.get("ErrorCode"):
                         accepted.append(str(result["EventId"]))

@@ -184,11 +184,11 @@ def _iam_factory(db: DatabaseSettings, deps: Dependencies,
 
 
 def load_registry(name: str | None, import_module: Callable[[str], ModuleType]
-                  = importlib.import_module) -> Registry:
-    """The Registry of the handlers module named by LEASEQ_HANDLERS."""
+                  = importlib.import_module, variable: str = "LEASEQ_HANDLERS") -> Registry:
+    """The Registry of the handlers module named by ``variable`` (LEASEQ_HANDLERS)."""
     if not name:
         raise ConfigurationError(
-            "LEASEQ_HANDLERS is not set: name the Python module that registers your job "
+            f"{variable} is not set: name the Python module that registers your job "
             "handlers; it must define a module-level `registry = leaseq.Registry()`")
     module_name, _, attribute = name.partition(":")
     attribute = attribute or "registry"
@@ -196,7 +196,7 @@ def load_registry(name: str | None, import_module: Callable[[str], ModuleType]
         module = import_module(module_name)
     except ImportError as exc:
         raise ConfigurationError(
-            f"LEASEQ_HANDLERS={name!r} cannot be imported ({exc}); ship the module with the "
+            f"{variable}={name!r} cannot be imported ({exc}); ship the module with the "
             "function's code or in a layer, and check its spelling") from exc
     except Exception as exc:
         raise ConfigurationError(
@@ -223,6 +223,7 @@ class Runtime:
     client: QueueClient
     deps: Dependencies = field(default_factory=Dependencies)
     _registry: Registry | None = None
+    _enqueue_registry: Registry | None = None
     #: Seconds every invocation starts with, fixed at the first invocation.
     _worker_timeout: float | None = None
 
@@ -231,12 +232,24 @@ class Runtime:
         self.client.check()
 
     def registry(self) -> Registry:
-        """The handlers' registry, imported on first use (a worker's; the reaper and the
-        enqueue function never import the handlers module)."""
+        """The handlers' registry, imported on first use (a worker's; the reaper never
+        imports the handlers module, the enqueue function only through
+        :meth:`enqueue_registry`)."""
         if self._registry is None:
             self._registry = load_registry(self.settings.worker.handlers_module,
                                            self.deps.import_module)
         return self._registry
+
+    def enqueue_registry(self) -> Registry | None:
+        """The registry the enqueue function checks jobs against, imported on first use
+        from LEASEQ_ENQUEUE_HANDLERS; None when it is unset (no check)."""
+        name = self.settings.enqueue.handlers_module
+        if name is None:
+            return None
+        if self._enqueue_registry is None:
+            self._enqueue_registry = load_registry(name, self.deps.import_module,
+                                                   "LEASEQ_ENQUEUE_HANDLERS")
+        return self._enqueue_registry
 
     def worker(self, owner: str, *,
                on_job: Callable[[JobRecord], None] | None = None,

@@ -126,6 +126,10 @@ def build_parser() -> Parser:
     enqueue.add_argument("--max-attempts", type=arguments.positive_int)
     enqueue.add_argument("--correlation-id")
     enqueue.add_argument("--file", metavar="JOBS.jsonl", help="a JSON-lines file, or - for stdin")
+    enqueue.add_argument("--handlers", metavar="MODULE",
+                         help="check every job against this handlers module's registry (as "
+                         "LEASEQ_HANDLERS names it) first: an unknown kind or a payload its "
+                         "model refuses fails the command, nothing enqueued (default: no check)")
     enqueue_sub = enqueue.add_subparsers(title="commands", metavar="COMMAND",
                                          parser_class=Parser)
     resubmit = _command(enqueue_sub, "resubmit", c.cmd_enqueue_resubmit,

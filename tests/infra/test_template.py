@@ -896,9 +896,11 @@ def test_your_handlers_layer_policies_and_settings_reach_the_workers_and_only_th
         assert variables[ENVIRONMENT_VARIABLE] == {"Ref": "HandlersEnvironment"}
     for name in ("ReaperFunction", "EnqueueFunction", "MigrationsFunction"):
         properties = function_properties(cfn, name)
+        assert "WorkerManagedPolicyArns" not in json.dumps(cfn["Resources"][f"{name}Role"])
+        if name == "EnqueueFunction":
+            continue  # only with EnqueueChecksJobs (the next test)
         assert len(properties["Layers"]) == 2, name  # leaseq's and the CA bundles'
         assert ENVIRONMENT_VARIABLE not in properties["Environment"]["Variables"], name
-        assert "WorkerManagedPolicyArns" not in json.dumps(cfn["Resources"][f"{name}Role"])
     for n in range(3):
         condition = sam["Conditions"][f"HasWorkerPolicy{n + 1}"]
         assert condition == {"Fn::Not": [{"Fn::Equals": [handler_policies()[n]["Fn::If"][1], ""]}]}
@@ -1165,6 +1167,33 @@ def test_tenant_producer_logins_are_at_most_five_leaseq_names(sam: dict[str, Any
     for refused in (",".join(logins), "acme_producer", "leaseq_acme,", "leaseq_a, leaseq_b",
                     "leaseq_Acme"):
         assert not pattern.match(refused), refused
+
+
+def test_the_enqueue_function_gets_the_handlers_only_when_it_checks_jobs(
+    sam: dict[str, Any], cfn: dict[str, Any],
+) -> None:
+    """EnqueueChecksJobs (off by default) gives the enqueue function the handlers module as
+    LEASEQ_ENQUEUE_HANDLERS, their layer and their settings; never their policies."""
+    assert sam["Parameters"]["EnqueueChecksJobs"]["Default"] == "false"
+    assert sam["Conditions"]["EnqueueChecksJobsOn"] == {"Fn::And": [
+        {"Fn::Equals": [{"Ref": "EnqueueChecksJobs"}, "true"]},
+        {"Condition": "HasHandlersModule"}]}
+    assert sam["Conditions"]["EnqueueHasHandlersLayer"] == {"Fn::And": [
+        {"Condition": "EnqueueChecksJobsOn"}, {"Condition": "HasHandlersLayer"}]}
+    properties = function_properties(cfn, "EnqueueFunction")
+    assert properties["Layers"][2:] == [{"Fn::If": [
+        "EnqueueHasHandlersLayer", {"Ref": "HandlersLayerArn"}, {"Ref": "AWS::NoValue"}]}]
+    variables = properties["Environment"]["Variables"]
+    assert variables["LEASEQ_ENQUEUE_HANDLERS"] == {
+        "Fn::If": ["EnqueueChecksJobsOn", {"Ref": "HandlersModule"}, {"Ref": "AWS::NoValue"}]}
+    assert variables[ENVIRONMENT_VARIABLE] == {
+        "Fn::If": ["EnqueueChecksJobsOn", {"Ref": "HandlersEnvironment"},
+                   {"Ref": "AWS::NoValue"}]}
+    assert "LEASEQ_HANDLERS" not in variables  # it checks, it never runs a handler
+    holders = [name for name in resources_of_type(cfn, "AWS::Lambda::Function")
+               if "LEASEQ_ENQUEUE_HANDLERS" in function_properties(cfn, name).get(
+                   "Environment", {}).get("Variables", {})]
+    assert holders == ["EnqueueFunction"]
 
 
 def test_enqueue_tenants_reach_the_migrations_and_the_enqueue_function_and_nothing_else(

@@ -13,11 +13,14 @@ def handler(payload: Any, ctx: JobContext) -> None:
     return None
 
 
-def test_the_decorator_registers_and_returns_the_function_unchanged() -> None:
+def test_the_decorator_registers_the_function_and_returns_it_declared() -> None:
     registry = Registry()
     policy = RetryPolicy(max_attempts=2)
     decorated = registry.handler("email.send", timeout=5, retry=policy)(handler)
-    assert decorated is handler
+    # Callable as the function itself, which is what the worker gets.
+    assert decorated.__wrapped__ is handler  # type: ignore[attr-defined]
+    assert decorated.kind == "email.send"
+    assert decorated({}, None) is None  # type: ignore[arg-type]
     registration = registry.get("email.send")
     assert registration is not None
     assert (registration.handler, registration.timeout, registration.retry) == (handler, 5, policy)

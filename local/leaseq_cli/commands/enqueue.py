@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 from typing import Any, TextIO
 
+from leaseq.errors import InvalidRequestError
 from leaseq.jobs import EnqueueRequest
 from leaseq.limits import MAX_ENQUEUE, MAX_ENQUEUE_BYTES
 from leaseq.storable import json_size
@@ -102,8 +103,30 @@ def _read_requests(args: argparse.Namespace) -> list[EnqueueRequest]:
         correlation_id=args.correlation_id)]
 
 
+def _check_with_handlers(module: str, requests: list[EnqueueRequest]) -> None:
+    """Refuse the whole command, naming each job at fault, when the handlers module's
+    registry refuses a kind or a payload (as a bad line refuses it: nothing is sent)."""
+    from leaseq_lambda.runtime import load_registry
+
+    registry = load_registry(module, variable="--handlers")
+    problems: list[str] = []
+    for number, request in enumerate(requests, start=1):
+        try:
+            registry.check(request.kind, request.payload)
+        except InvalidRequestError as exc:
+            problems.append(f"job {number} (operation key {request.operation_key!r}): "
+                            f"{exc.message}")
+    if problems:
+        shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more"
+                                            if len(problems) > 5 else "")
+        raise UsageError(f"{len(problems)} of {len(requests)} jobs do not fit the handlers of "
+                         f"{module} and nothing was enqueued: {shown}")
+
+
 def cmd_enqueue(args: argparse.Namespace, ui: Ui) -> int:
     requests = _read_requests(args)
+    if args.handlers:
+        _check_with_handlers(args.handlers, requests)
     with client_for(args, ui) as client:
         results = []
         for start, chunk in _chunks(requests):
