@@ -215,3 +215,15 @@ def test_a_worker_login_cannot_cancel_a_job(db: Database, client: QueueClient) -
             worker_only.request_job_cancel(ACTOR, [job_id])
     finally:
         worker_only.close()
+
+
+def test_the_grace_is_an_owner_setting_with_a_documented_default_and_bounds() -> None:
+    from leaseq import ConfigurationError, LeaseqSettings, WorkerSettings
+
+    assert WorkerConfig(owner="w").cancel_grace == 10.0
+    worker = LeaseqSettings.from_env({"DATABASE_URL": "postgresql://u@h/db",
+                                      "LEASEQ_CANCEL_GRACE_SECONDS": "2.5"}).worker
+    assert worker.config_values()["cancel_grace"] == 2.5
+    with pytest.raises(ConfigurationError, match="LEASEQ_CANCEL_GRACE_SECONDS"):
+        WorkerConfig(owner="w", cancel_grace=601,
+                     setting_names=WorkerSettings.setting_names())
