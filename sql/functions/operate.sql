@@ -220,8 +220,8 @@ grant execute on function app.cancel_jobs_by_id(text, uuid[], text) to leaseq_op
 -- finds its lease expired (app.release_expired_jobs), never retried. A request made
 -- twice keeps the first (no second event). Finished jobs and unknown ids give no row.
 -- Each job is locked first, waiting for (never skipping) a claim, an outcome or the
--- reaper that holds it, in id order, so a cancel racing any of them acts on the state
--- they leave: a job the reaper just put back in retry_wait is cancelled at once, one
+-- reaper that holds it (up to 5 s, then 55P03 and nothing changed), so a cancel racing
+-- any of them acts on the state they leave: a job the reaper just put back in retry_wait is cancelled at once, one
 -- a claimer just took gets the request. Rows: every job acted on, with its state after
 -- the call (cancelled, or running with the request).
 create or replace function app.request_job_cancel(
@@ -243,8 +243,9 @@ set search_path = pg_catalog, pg_temp
 as $$
 #variable_conflict use_column
 declare
-  v_now timestamptz := clock_timestamp();
+  v_now timestamptz;
   v_login text := session_user;
+  v_tries integer := 0;
 begin
   perform app.check_actor(p_actor);
   perform app.check_required('p_job_ids', p_job_ids);
@@ -253,12 +254,31 @@ begin
 
   -- Wait for whoever holds the rows, then read them afresh: in READ COMMITTED each
   -- statement below sees the versions committed before it began, and these locks keep
-  -- them until this transaction ends.
-  perform 1 from app.jobs j
-  where j.id = any (p_job_ids)
-  order by j.id
-  for update;
+  -- them until this transaction ends. The locks are taken all at once or not at all
+  -- (NOWAIT in a block of its own, whose failure releases what it took), and tried
+  -- again every 10 ms for up to 5 s: this call never holds a job while it waits for
+  -- another, so it cannot deadlock with a worker finishing a batch in another order.
+  loop
+    begin
+      perform 1 from app.jobs j
+      where j.id = any (p_job_ids)
+      order by j.id
+      for update nowait;
+      exit;
+    exception when lock_not_available then
+      v_tries := v_tries + 1;
+      if v_tries >= 500 then
+        raise exception using
+          errcode = '55P03',
+          message = 'the jobs to cancel stayed locked for 5 seconds (a claim, an outcome '
+                    'or the reaper holds one of them)',
+          hint = 'Nothing was changed; try again.';
+      end if;
+      perform pg_sleep(0.01);
+    end;
+  end loop;
 
+  v_now := clock_timestamp();
   -- Every part of the statement reads the same snapshot: "before" is each job as the
   -- locks left it, and neither update's rows are seen changed by the other parts.
   return query

@@ -325,11 +325,13 @@ def test_an_outcome_committed_while_the_cancel_waits_wins_and_the_cancel_gives_n
 
 
 def _wait_until_blocked(admin: Conn, login: str) -> None:
-    """Until a session of ``login`` waits for a lock (the race's second party)."""
+    """Until a session of ``login`` waits for a row another holds (the race's second
+    party: the cancel tries its locks again every 10 ms, sleeping in between)."""
     for _ in range(200):
         row = admin.execute(
             "select count(*) as n from pg_stat_activity"
-            " where usename = %s and wait_event_type = 'Lock'", (login,)).fetchone()
+            " where usename = %s and (wait_event_type = 'Lock' or wait_event = 'PgSleep')",
+            (login,)).fetchone()
         if row is not None and row["n"]:
             return
         time.sleep(0.02)
@@ -414,3 +416,39 @@ def test_job_reads_and_status_show_the_request(
     assert seen is not None
     assert seen["cancel_requested_by"] == ACTOR
     assert "lease_token" not in seen
+
+
+def test_a_cancel_holds_no_job_while_it_waits_so_a_batch_finish_never_deadlocks_with_it(
+    worker: Conn, owner: Conn, operator: Conn, admin: Conn
+) -> None:
+    tenant = new_tenant()
+    enqueue(worker, tenant, "a")
+    enqueue(worker, tenant, "b")
+    first, second = claim(worker, tenant, limit=2)
+    result: dict[str, Any] = {}
+    with worker.transaction():
+        _finish(worker, second, "succeeded", {"n": 2})  # the worker holds the second job
+        thread = threading.Thread(target=lambda: result.update(
+            rows=_request(operator, [first["id"], second["id"]])))
+        thread.start()
+        _wait_until_blocked(admin, postgres.OPERATOR)
+        # The first job is free to the worker: the waiting cancel took no lock.
+        started = time.monotonic()
+        _finish(worker, first, "succeeded", {"n": 1})
+        assert time.monotonic() - started < 1
+    thread.join(10)
+
+    assert result["rows"] == []  # both finished before the cancel could act
+    assert {job(owner, j["id"])["state"] for j in (first, second)} == {"succeeded"}
+
+
+def test_a_cancel_that_cannot_lock_its_jobs_for_5_seconds_is_refused_and_changes_nothing(
+    db: Database, worker: Conn, owner: Conn, operator: Conn
+) -> None:
+    lease = _running(worker)
+    before = snapshot(owner)
+    with db.connect(postgres.OWNER) as holder, holder.transaction():
+        holder.execute("select 1 from app.jobs where id = %s for update", (lease["id"],))
+        with raises_sqlstate("55P03", "stayed locked for 5 seconds"):
+            _request(operator, [lease["id"]])
+    assert snapshot(owner) == before
