@@ -1,4 +1,4 @@
--- The tables of schema app as the migrations leave them (after 0019_table_comments).
+-- The tables of schema app as the migrations leave them (after 0020_cancel_running_jobs).
 --
 -- Generated from a freshly migrated database by scripts/write-schema: do not edit. After adding
 -- a migration, run scripts/write-schema and commit this file with it;
@@ -39,9 +39,17 @@ CREATE TYPE app.job_state AS ENUM (
     'cancelled'
 );
 
+-- CHECK CONSTRAINT: job_events job_events_event_type_check
+ALTER TABLE app.job_events
+    ADD CONSTRAINT job_events_event_type_check CHECK ((event_type = ANY (ARRAY['created'::text, 'claimed'::text, 'retry_scheduled'::text, 'succeeded'::text, 'dead'::text, 'lease_expired'::text, 'released'::text, 'cancelled'::text, 'redriven'::text, 'cancel_requested'::text]))) NOT VALID;
+
 -- CHECK CONSTRAINT: job_payload job_payload_is_object
 ALTER DOMAIN app.job_payload
     ADD CONSTRAINT job_payload_is_object CHECK ((jsonb_typeof(VALUE) = 'object'::text)) NOT VALID;
+
+-- CHECK CONSTRAINT: jobs jobs_cancel_request_shape
+ALTER TABLE app.jobs
+    ADD CONSTRAINT jobs_cancel_request_shape CHECK ((((cancel_requested_at IS NULL) = (cancel_requested_by IS NULL)) AND ((cancel_requested_by IS NULL) OR ((length(cancel_requested_by) >= 1) AND (length(cancel_requested_by) <= 200))) AND ((cancel_requested_at IS NULL) OR (state = ANY (ARRAY['running'::app.job_state, 'cancelled'::app.job_state]))))) NOT VALID;
 
 -- ACL: SCHEMA app
 GRANT USAGE ON SCHEMA app TO authenticated;
@@ -78,8 +86,7 @@ CREATE TABLE app.job_events (
     -- cancel and redrive.
     lease_token uuid,
     CONSTRAINT job_events_actor_shape CHECK (((length(actor) >= 1) AND (length(actor) <= 200))),
-    CONSTRAINT job_events_details_check CHECK ((jsonb_typeof(details) = 'object'::text)),
-    CONSTRAINT job_events_event_type_check CHECK ((event_type = ANY (ARRAY['created'::text, 'claimed'::text, 'retry_scheduled'::text, 'succeeded'::text, 'dead'::text, 'lease_expired'::text, 'released'::text, 'cancelled'::text, 'redriven'::text])))
+    CONSTRAINT job_events_details_check CHECK ((jsonb_typeof(details) = 'object'::text))
 )
 WITH (autovacuum_vacuum_insert_scale_factor='0.05', autovacuum_vacuum_insert_threshold='10000', autovacuum_analyze_scale_factor='0.05');
 
@@ -164,6 +171,8 @@ CREATE TABLE app.jobs (
     completed_at timestamp with time zone,
     -- The producer's own reference for tracing (1..200 characters), stored as given.
     correlation_id text,
+    cancel_requested_at timestamp with time zone,
+    cancel_requested_by text,
     CONSTRAINT jobs_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT jobs_available_at_finite CHECK (isfinite(available_at)),
     CONSTRAINT jobs_correlation_id_shape CHECK (((correlation_id IS NULL) OR ((length(correlation_id) >= 1) AND (length(correlation_id) <= 200)))),
@@ -230,6 +239,8 @@ GRANT SELECT(created_at) ON TABLE app.jobs TO authenticated;
 GRANT SELECT(updated_at) ON TABLE app.jobs TO authenticated;
 GRANT SELECT(completed_at) ON TABLE app.jobs TO authenticated;
 GRANT SELECT(correlation_id) ON TABLE app.jobs TO authenticated;
+GRANT SELECT(cancel_requested_at) ON TABLE app.jobs TO authenticated;
+GRANT SELECT(cancel_requested_by) ON TABLE app.jobs TO authenticated;
 
 -- ======================================================================================
 -- app.kind_turns

@@ -40,6 +40,7 @@ from leaseq.jobs import (
     EnqueueResult,
     JobOutcome,
     JobState,
+    LeaseRenewal,
     Selection,
     enqueue_call_problem,
 )
@@ -340,6 +341,19 @@ class QueueClient:
         )
         return bool(rows[0]["renewed"])
 
+    def renew_job_lease_status(self, job: ClaimedJob, lease: timedelta) -> LeaseRenewal:
+        """:meth:`renew_job_lease`, answering in the same round trip whether an operator
+        asked to cancel the job (app.renew_job_lease_status). The lease is renewed either
+        way: the handler may use its grace to stop cleanly, and whatever is recorded for
+        the job then ends it cancelled."""
+        rows = self._query(
+            queries.RENEW_JOB_LEASE_STATUS,
+            {"tenant_id": job.tenant_id, "job_id": job.id, "owner": job.lease_owner,
+             "token": job.lease_token, "lease": lease},
+        )
+        row = rows[0]
+        return LeaseRenewal(bool(row["renewed"]), bool(row["cancel_requested"]))
+
     # Finish -------------------------------------------------------------------------
 
     def finish_jobs(self, owner: str, outcomes: Sequence[JobOutcome]) -> dict[UUID, JobState]:
@@ -532,6 +546,17 @@ class QueueClient:
         """The pending and retry_wait jobs among ``job_ids`` become cancelled, as
         :meth:`redrive_jobs_by_id` (app.cancel_jobs_by_id)."""
         return self._query(queries.CANCEL_JOBS_BY_ID,
+                           {"actor": actor, "job_ids": list(job_ids), "reason": reason})
+
+    def request_job_cancel(self, actor: str, job_ids: Sequence[UUID], *,
+                           reason: str | None = None) -> list[dict[str, Any]]:
+        """Cancel the named jobs (1 to MAX_OPERATOR_BATCH ids) whatever they are doing
+        (app.request_job_cancel): pending and retry_wait ones at once, running ones by a
+        cancel request naming ``actor``, which their worker learns at its next lease
+        renewal or outcome; the job then ends cancelled. One row per job acted on, with
+        its ``state`` after the call (``cancelled``, or ``running`` with
+        ``cancel_requested_at`` and ``cancel_requested_by``); finished jobs give none."""
+        return self._query(queries.REQUEST_JOB_CANCEL,
                            {"actor": actor, "job_ids": list(job_ids), "reason": reason})
 
     def _in_batches(self, query: LiteralString, actor: str, selection: Selection,

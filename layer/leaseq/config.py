@@ -53,6 +53,10 @@ POLL_IDLE = Bounds(10.0, 0, 86_400)
 WORKER_TIMEOUT = Bounds(None, 1, 86_400)
 #: Seconds the event loop may be held by one handler before it is reported.
 LOOP_STALL = Bounds(0.5, 0, 60, above=True)
+#: Seconds a running handler has to stop by itself once its worker learns that an
+#: operator asked to cancel its job (``ctx.cancelled``): past them an ``async def``
+#: handler's task is cancelled (0: at once).
+CANCEL_GRACE = Bounds(10.0, 0, 600)
 #: Retry backoff: the first delay and the cap (RETRY_BASE, RETRY_MAX, imported above) are
 #: RetryPolicy's own, in leaseq.retry.
 
@@ -97,6 +101,7 @@ BOUNDS: dict[str, Bounds] = {
     "poll_idle": POLL_IDLE,
     "worker_timeout": WORKER_TIMEOUT,
     "loop_stall": LOOP_STALL,
+    "cancel_grace": CANCEL_GRACE,
 }
 
 
@@ -194,6 +199,9 @@ class WorkerConfig:
     with a filter keep their own round robin across tenants (sql/README.md, "Kinds'
     turns"). A worker with ``kinds`` must have a handler for each of them
     (:func:`leaseq.budget.check_registry`).
+    ``cancel_grace`` is how long a handler whose job an operator cancelled may go on
+    after its worker learns of it (at a lease renewal): it sees ``ctx.cancelled`` at
+    once, and an ``async def`` handler's task is cancelled when the grace is over.
     ``setting_names`` only names the settings in error messages (the Lambda runtime passes
     its environment variables).
 
@@ -221,6 +229,7 @@ class WorkerConfig:
     poll_idle: float = POLL_IDLE.default
     worker_timeout: float | None = WORKER_TIMEOUT.default
     loop_stall: float = LOOP_STALL.default
+    cancel_grace: float = CANCEL_GRACE.default
     kinds: tuple[str, ...] | None = None
     exclude_kinds: tuple[str, ...] | None = None
     setting_names: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)

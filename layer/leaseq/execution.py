@@ -28,7 +28,8 @@ from leaseq.registry import Registration
 from leaseq.signals import JobTimeout
 
 #: How an overrun was stopped, for the log line and the error message.
-STOPPED_BY = {"alarm": "interrupted", "cancel": "cancelled", "thread": "abandoned"}
+STOPPED_BY = {"alarm": "interrupted", "cancel": "cancelled", "thread": "abandoned",
+              "cancel_request": "cancelled at an operator's request"}
 
 
 class Execution(NamedTuple):
@@ -42,7 +43,8 @@ class Execution(NamedTuple):
     value: Any = None
     error: Exception | None = None
     overran: bool = False
-    #: How an overrun was stopped: ``alarm``, ``cancel`` or ``thread`` (see STOPPED_BY).
+    #: How an overrun was stopped: ``alarm``, ``cancel`` or ``thread`` (see STOPPED_BY);
+    #: ``cancel_request`` for a task cancelled after an operator cancelled its job.
     stopped_by: str = "alarm"
 
 
@@ -113,8 +115,10 @@ class Attempt:
         try:
             return Execution(budget, value=self._future.result())
         except asyncio.CancelledError:
-            # Cancelled by the worker (a lost lease) or by the handler itself: no result.
-            return Execution(budget, overran=True, stopped_by="cancel")
+            # Cancelled by the worker (a lost lease, an operator's cancel once its grace
+            # was over) or by the handler itself: no result.
+            return Execution(budget, overran=True, stopped_by=(
+                "cancel_request" if self._context.cancelled else "cancel"))
         except Exception as exc:
             return Execution(budget, error=exc)
 

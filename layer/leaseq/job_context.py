@@ -59,6 +59,7 @@ class JobContext:
     # built per job, and an Event (a lock and a condition) costs more than the rest.
     _stopped: bool = field(default=False, repr=False)
     _stop: threading.Event | None = field(default=None, repr=False)
+    _cancelled: bool = field(default=False, repr=False)
 
     @property
     def attempt(self) -> int:
@@ -93,9 +94,30 @@ class JobContext:
     @property
     def stop_requested(self) -> bool:
         """True once the handler should stop: its budget is spent (it is being cancelled,
-        or, in a thread, abandoned), its lease was lost, or the invocation is ending.
-        ``stop_reason`` says which (``budget``, ``lease_lost``, ``invocation_ending``)."""
+        or, in a thread, abandoned), its lease was lost, the invocation is ending, or an
+        operator cancelled the job. ``stop_reason`` says which (``budget``,
+        ``lease_lost``, ``invocation_ending``, ``cancelled``)."""
         return self._stopped
+
+    @property
+    def cancelled(self) -> bool:
+        """True once an operator asked to cancel this job and the worker learned of it,
+        at a lease renewal (the worker's own, or this handler's :meth:`renew_lease`).
+
+        The job ends ``cancelled`` whatever the handler does next, never retried: what
+        it returns is kept as the job's result, but nothing runs it again. A handler
+        should stop soon, after its cleanup: an ``async def`` handler's task is
+        cancelled (``asyncio.CancelledError``, which it may catch to clean up) once the
+        worker's ``cancel_grace`` has passed; a sync handler is never interrupted for
+        it, and one that does not look runs on to its budget.
+        """
+        return self._cancelled
+
+    def cancel_requested(self) -> None:
+        """Mark the job as cancelled by an operator and ask the handler to stop (the
+        worker calls this, as :meth:`request_stop`)."""
+        self._cancelled = True
+        self.request_stop("cancelled")
 
     def _thread_event(self) -> threading.Event:
         if self._stop is None:

@@ -309,6 +309,16 @@ class JobOutcome:
 
 
 @dataclass(frozen=True)
+class LeaseRenewal:
+    """What a lease renewal answers: whether the lease is still this worker's
+    (``renewed``), and whether an operator asked to cancel the job
+    (``cancel_requested``; False when the lease was lost, which says nothing of it)."""
+
+    renewed: bool
+    cancel_requested: bool = False
+
+
+@dataclass(frozen=True)
 class Selection:
     """Which jobs an operator's redrive or cancel acts on: explicit ids, or filters
     (None = any). With neither it is every job the call applies to, of every tenant and

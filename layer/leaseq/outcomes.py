@@ -121,6 +121,10 @@ class Judge:
         exc = execution.error
         if exc is None and not execution.overran:
             return self._success(job, execution.value)
+        if execution.stopped_by == "cancel_request":
+            logger.info("job stopped after an operator cancelled it",
+                        extra=job_log_fields(job))
+            return self.cancelled(job)
         policy = self.policy(registration)
         if execution.overran:
             how = STOPPED_BY.get(execution.stopped_by, execution.stopped_by)
@@ -141,6 +145,13 @@ class Judge:
                        exc_info=exc)
         return self._retry(job, policy, None, error_document(
             "HANDLER_ERROR", str(exc) or type(exc).__name__, type=type(exc).__qualname__))
+
+    def cancelled(self, job: ClaimedJob) -> JobOutcome:
+        """The outcome of a job an operator cancelled while it ran, recorded when its
+        handler was stopped (or before it started): never retried, and recorded as
+        ``cancelled`` by the database, which holds the request."""
+        return JobOutcome(job, "dead", error_document(
+            "CANCELLED", "an operator cancelled the job while it was running"))
 
     def _success(self, job: ClaimedJob, result: Any) -> JobOutcome:
         if result is None:  # most handlers return nothing: nothing to check

@@ -38,6 +38,11 @@ RENEW_JOB_LEASE: Final[LiteralString] = (
     "select app.renew_job_lease(%(tenant_id)s, %(job_id)s, %(owner)s, %(token)s,"
     " %(lease)s::interval) as renewed"
 )
+# The worker's renewal: the lease and, in the same row, whether a cancel was requested.
+RENEW_JOB_LEASE_STATUS: Final[LiteralString] = (
+    "select renewed, cancel_requested from app.renew_job_lease_status(%(tenant_id)s,"
+    " %(job_id)s, %(owner)s, %(token)s, %(lease)s::interval)"
+)
 
 # The per-job arrays of a batch's outcomes travel in binary (%b): a worker sends them for
 # every batch, and the text form costs the client a quoting scan of every element.
@@ -103,7 +108,7 @@ WORKER_POOL_SIZE: Final[LiteralString] = "select live, reserved from app.worker_
 
 QUEUE_STATUS: Final[LiteralString] = (
     "select tenant_id, state::text as state, jobs, ready_jobs, oldest_ready_age,"
-    " next_ready_in from app.queue_status(%(tenant_id)s)"
+    " next_ready_in, cancel_requested from app.queue_status(%(tenant_id)s)"
 )
 GET_JOB: Final[LiteralString] = "select * from app.get_job(%(job_id)s)"
 JOB_TIMELINE: Final[LiteralString] = (
@@ -129,6 +134,12 @@ REDRIVE_JOBS_BY_ID: Final[LiteralString] = (
 CANCEL_JOBS_BY_ID: Final[LiteralString] = (
     "select job_id, tenant_id, kind from app.cancel_jobs_by_id(%(actor)s,"
     " %(job_ids)s::uuid[], %(reason)s)"
+)
+# Cancel named jobs whatever their state: pending ones at once, running ones by request.
+REQUEST_JOB_CANCEL: Final[LiteralString] = (
+    "select job_id, tenant_id, kind, state::text as state, cancel_requested_at,"
+    " cancel_requested_by from app.request_job_cancel(%(actor)s, %(job_ids)s::uuid[],"
+    " %(reason)s)"
 )
 PRUNE_JOBS: Final[LiteralString] = (
     "select jobs_deleted, events_deleted from app.prune_jobs(%(older_than)s::interval,"

@@ -218,6 +218,8 @@ class Recorder:
                     report.succeeded += 1
                 elif state is JobState.DEAD:
                     report.dead += 1
+                elif state is JobState.CANCELLED:
+                    report.cancelled += 1
                 else:
                     report.retried += 1
                 if self._on_job is not None:

@@ -35,6 +35,8 @@ class DrainReport:
     succeeded: int = 0
     retried: int = 0
     dead: int = 0
+    #: Jobs recorded as cancelled: an operator cancelled them while they ran.
+    cancelled: int = 0
     lost_leases: int = 0
     given_back: int = 0
     #: Claims that found work; claims that found nothing (polls of an empty queue).

@@ -185,6 +185,8 @@ class WorkerSettings(BaseModel):
                                                  **config.WORKER_TIMEOUT.field())
     loop_stall_seconds: float = Field(alias="LEASEQ_LOOP_STALL_SECONDS",
                                       **config.LOOP_STALL.field())
+    cancel_grace_seconds: float = Field(alias="LEASEQ_CANCEL_GRACE_SECONDS",
+                                        **config.CANCEL_GRACE.field())
     #: How many registered kinds (the first, by name) get a metric dimension value of
     #: their own; the others share ``other``. Each one is a few billed metrics.
     metric_kinds: int = Field(default=10, ge=0, le=100, alias="LEASEQ_METRIC_KINDS")
@@ -201,7 +203,8 @@ class WorkerSettings(BaseModel):
         "record_interval": "record_interval_seconds",
         "poll_min": "poll_min_seconds", "poll_max": "poll_max_seconds",
         "poll_idle": "poll_idle_seconds", "worker_timeout": "worker_timeout_seconds",
-        "loop_stall": "loop_stall_seconds", "retry_base": "retry_base_seconds",
+        "loop_stall": "loop_stall_seconds", "cancel_grace": "cancel_grace_seconds",
+        "retry_base": "retry_base_seconds",
         "retry_max": "retry_max_seconds",
         "kinds": "kinds", "exclude_kinds": "exclude_kinds",
     }

@@ -18,6 +18,9 @@ returns keeps its slot, in later drains of the process too.
 
 Leases are sized to the invocation's time left (``lease_for``) and renewed, without the
 handler's help, when a capped lease (``max_lease``) would end before the job's budget.
+A renewal also says whether an operator cancelled the job: its handler then sees
+``ctx.cancelled``, and an ``async def`` handler's task is cancelled ``cancel_grace``
+seconds later.
 All database calls of the loop run in one thread of their own, so the loop never waits
 for the network, and a stalled loop can only be a handler's doing (:mod:`leaseq.watchdog`).
 """
@@ -95,6 +98,9 @@ class LoopWorker(Protocol):
     def renew(self, job: ClaimedJob, deadline: Deadline) -> float | None:
         """Extend ``job``'s lease; its new end (in time-left units), or None if lost."""
 
+    def renew_status(self, job: ClaimedJob, deadline: Deadline) -> tuple[float | None, bool]:
+        """:meth:`renew`, and whether an operator asked to cancel the job."""
+
 
 #: Handler threads of this process that overran their budget and still run: each keeps
 #: its slot until it returns, in whichever drain it started (Lambda reuses the process).
@@ -170,6 +176,8 @@ class Slot:
     #: Its outcome is recorded; it only waits for its handler to end.
     overran: bool = False
     renewing: bool = False
+    #: A renewal said an operator cancelled the job.
+    cancel_seen: bool = False
 
     @property
     def lease_too_short(self) -> bool:
@@ -422,6 +430,9 @@ class SlotDrain:
         if slot.lease_too_short and not await self._renew(slot):
             self.recorder.report_job(job, "lease_lost", None)
             return
+        if slot.cancel_seen:  # cancelled before it started: it does not run
+            self._add(slot, worker.judge.cancelled(job), worker.timer() - started, lag)
+            return
         begun = time.monotonic()
         budget = slot.budget
         context = JobContext(
@@ -485,23 +496,30 @@ class SlotDrain:
     async def _renew(self, slot: Slot) -> bool:
         slot.renewing = True
         try:
-            renewed = await self._db_call(self.worker.renew, slot.job, self.deadline)
+            renewed, cancel = await self._db_call(self.worker.renew_status, slot.job,
+                                                  self.deadline)
         finally:
             slot.renewing = False
-        return self._renewed(slot, renewed)
+        return self._renewed(slot, renewed, cancel)
 
     def _renew_in_thread(self, slot: Slot) -> bool:
         """ctx.renew_lease() from a handler's own thread (the client is thread-safe)."""
-        renewed = self.worker.renew(slot.job, self.deadline)
+        renewed, cancel = self.worker.renew_status(slot.job, self.deadline)
+        if renewed is None or cancel:
+            self.loop.call_soon_threadsafe(self._renewed, slot, renewed, cancel)
+            if cancel and slot.context is not None:
+                # Seen by the handler as soon as its renewal returns, in its own thread.
+                slot.context._cancelled = True
         if renewed is None:
-            self.loop.call_soon_threadsafe(self._renewed, slot, renewed)
             return False
         slot.lease_end = renewed
         return True
 
-    def _renewed(self, slot: Slot, renewed: float | None) -> bool:
+    def _renewed(self, slot: Slot, renewed: float | None, cancel: bool = False) -> bool:
         if renewed is not None:
             slot.lease_end = renewed
+            if cancel:
+                self._cancel_seen(slot)
             return True
         if not slot.lost:
             slot.lost = True
@@ -514,3 +532,19 @@ class SlotDrain:
             if task is not None:
                 task.cancel()
         return False
+
+    def _cancel_seen(self, slot: Slot) -> None:
+        """An operator cancelled the slot's job: tell its handler (``ctx.cancelled``), and
+        cancel an ``async def`` handler's task once ``cancel_grace`` has passed. A sync
+        handler's thread cannot be interrupted: it may look at ``ctx.cancelled``."""
+        if slot.cancel_seen:
+            return
+        slot.cancel_seen = True
+        grace = self.config.cancel_grace
+        logger.info("an operator cancelled the running job; its handler is asked to stop",
+                    extra={**job_log_fields(slot.job), "grace": grace})
+        if slot.context is not None:
+            slot.context.cancel_requested()
+        task = slot.attempt.task if slot.attempt is not None else None
+        if task is not None and not task.done():
+            self.loop.call_later(grace, task.cancel)

@@ -5,7 +5,7 @@ Two implementations of one protocol, so a page never knows who is looking:
 * :class:`OperatorViews`, on the client of a ``leaseq_dashboard`` login (or an
   operator's): the operator forms of the reads (every tenant) and the two actions,
   redrive and cancel, by job id only (``app.redrive_jobs_by_id``,
-  ``app.cancel_jobs_by_id``: a dashboard login may not act by filter);
+  ``app.request_job_cancel``: a dashboard login may not act by filter);
 * :class:`TenantViews`, on the client of a tenant reader (a member of
   ``authenticated`` bound in ``app.tenant_readers``): the reader forms, each one short
   transaction that first selects the tenant, so row-level security decides which rows
@@ -129,11 +129,14 @@ class OperatorViews:
 
     def cancel_jobs(self, actor: str, job_ids: Sequence[UUID],
                     reason: str | None = None) -> list[Row]:
-        """Pending or retry_wait jobs among ``job_ids`` become cancelled, each with a
-        'cancelled' event naming ``actor``; returns the jobs it changed."""
+        """Jobs among ``job_ids`` cancelled whatever they are doing, naming ``actor``
+        (``app.request_job_cancel``): pending or retry_wait ones at once, running ones
+        by a cancel request their worker learns at its next lease renewal or outcome.
+        Returns the jobs acted on, each with its ``state`` after the call
+        (``cancelled``, or ``running`` with the request)."""
         if not job_ids:
             return []
-        return self.client.cancel_jobs_by_id(actor, job_ids, reason=reason)
+        return self.client.request_job_cancel(actor, job_ids, reason=reason)
 
 
 class TenantViews:

@@ -237,12 +237,16 @@ class Worker:
                 pending_lease_end = 0.0
             lease_end = lease_ends_at
             if lease_end > recorded_by:
-                renewed = self.renew(job, deadline)
+                renewed, cancel = self.renew_status(job, deadline)
                 if renewed is None:
                     recorder.count(lost_leases=1)
                     recorder.report_job(job, "lease_lost", None)
                     continue
                 lease_end = renewed
+                if cancel:  # cancelled before it started: it does not run
+                    recorder.add(JobRun(self.judge.cancelled(job), 0.0, self.queue_lag(job)))
+                    pending_lease_end = max(pending_lease_end, lease_end)
+                    continue
             lag = max(0.0, (self.now() - job.available_at).total_seconds())  # queue_lag
             started = self.timer()
             with running(job):
@@ -279,10 +283,19 @@ class Worker:
             payload = prepared.payload
         assert registration is not None
         started = deadline.remaining()
+
+        def renew() -> bool:
+            renewed, cancel = self.renew_status(job, deadline)
+            if cancel and not context.cancelled:
+                logger.info("an operator cancelled the running job; its handler is asked "
+                            "to stop", extra=job_log_fields(job))
+                context.cancel_requested()
+            return renewed is not None
+
         context = JobContext(
             job,
             _remaining=lambda: max(0.0, budget - (started - deadline.remaining())),
-            _renew=lambda: self.renew(job, deadline) is not None,
+            _renew=renew,
             budget=budget,
         )
         if level <= logging.INFO:
@@ -295,9 +308,17 @@ class Worker:
     def renew(self, job: ClaimedJob, deadline: Deadline) -> float | None:
         """Extend ``job``'s lease as far as allowed; its new end (in time-left units),
         or None if the lease was lost."""
+        return self.renew_status(job, deadline)[0]
+
+    def renew_status(self, job: ClaimedJob, deadline: Deadline) -> tuple[float | None, bool]:
+        """:meth:`renew`, and whether an operator asked to cancel the job: the renewal's
+        own answer (app.renew_job_lease_status), no extra round trip."""
         time_left = deadline.remaining()
         lease = lease_for(time_left, margin=self.config.lease_margin, cap=self.config.max_lease)
-        if lease is None or not self.client.renew_job_lease(job, lease):
-            return None
-        return time_left - lease.total_seconds()
+        if lease is None:
+            return None, False
+        renewal = self.client.renew_job_lease_status(job, lease)
+        if not renewal.renewed:
+            return None, False
+        return time_left - lease.total_seconds(), renewal.cancel_requested
 

@@ -45,7 +45,7 @@ WINDOWS: dict[str, tuple[timedelta, int]] = {
     "6h": (timedelta(hours=6), 24),
     "24h": (timedelta(hours=24), 24),
 }
-ACTIONS = {"redrive": "dead", "cancel": "pending or retry_wait"}
+ACTIONS = {"redrive": "dead", "cancel": "pending, retry_wait or running"}
 MAX_SELECTED = 500
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
@@ -312,7 +312,8 @@ def build(source: ViewSource, policy: AccessPolicy, *, secure_cookies: bool = Tr
             next_link = "/jobs?" + urlencode({
                 **params, "after": f"{last['sort_at'].isoformat()}~{last['id']}"})
         first_link = "/jobs?" + urlencode(params) if after else None
-        action = {"dead": "redrive", "pending": "cancel", "retry_wait": "cancel"}.get(state)
+        action = {"dead": "redrive", "pending": "cancel", "retry_wait": "cancel",
+                  "running": "cancel"}.get(state)
         return html("jobs.html", who=who, rows=rows, state=state, where=where,
                     params=params, next_link=next_link, first_link=first_link,
                     action=action if who.may_act else None, notice=query("done"))
@@ -330,8 +331,10 @@ def build(source: ViewSource, policy: AccessPolicy, *, secure_cookies: bool = Tr
         events = v.job_timeline(wanted)
         action = None
         if who.may_act:
-            action = {"dead": "redrive", "pending": "cancel",
-                      "retry_wait": "cancel"}.get(job["state"])
+            action = {"dead": "redrive", "pending": "cancel", "retry_wait": "cancel",
+                      "running": "cancel"}.get(job["state"])
+            if job["state"] == "running" and job.get("cancel_requested_at") is not None:
+                action = None  # asked already: the job ends at its worker's next step
         return html("job.html", who=who, job=job, events=events, action=action,
                     notice=query("done"))
 
@@ -369,7 +372,10 @@ def build(source: ViewSource, policy: AccessPolicy, *, secure_cookies: bool = Tr
         call = operator.redrive_jobs if name == "redrive" else operator.cancel_jobs
         done = call(who.actor, ids, reason)
         skipped = len(ids) - len(done)
-        notice = f"{name}: {len(done)} job(s)" + (
+        requested = sum(1 for row in done if row.get("state") == "running")
+        notice = f"{name}: {len(done) - requested} job(s)" + (
+            f", cancel requested for {requested} running job(s): each ends cancelled at "
+            "its worker's next lease renewal or outcome" if requested else "") + (
             f", {skipped} skipped (no longer {ACTIONS[name]})" if skipped else "")
         separator = "&" if "?" in back else "?"
         return redirect(f"{back}{separator}{urlencode({'done': notice})}")

@@ -73,9 +73,10 @@ def _command(subparsers: Any, name: str, run: Command, help_text: str,
     return parser
 
 
-def _selection_options(parser: argparse.ArgumentParser, what: str) -> None:
+def _selection_options(parser: argparse.ArgumentParser, what: str,
+                       named: str | None = None) -> None:
     parser.add_argument("job_ids", nargs="*", type=arguments.uuid_value, metavar="JOB_ID",
-                        help=f"the {what} to act on")
+                        help=f"the {named or what} to act on")
     parser.add_argument("--tenant", type=arguments.uuid_value, help="only this tenant's jobs")
     parser.add_argument("--kind", help="only jobs of this kind")
     parser.add_argument("--all", action="store_true",
@@ -203,9 +204,11 @@ def build_parser() -> Parser:
                      "with a fresh set of attempts and a 'redriven' audit event")
     _selection_options(retry, "dead jobs")
 
-    cancel = _command(sub, "cancel", c.cmd_cancel, "cancel pending or retry_wait jobs, with a "
-                      "'cancelled' audit event")
-    _selection_options(cancel, "pending jobs")
+    cancel = _command(sub, "cancel", c.cmd_cancel, "cancel jobs, with a 'cancelled' audit "
+                      "event: pending and retry_wait ones at once; a running one (by id "
+                      "only) gets a cancel request its worker learns at its next lease "
+                      "renewal, and it ends cancelled")
+    _selection_options(cancel, "pending jobs", named="jobs (pending, retry_wait or running)")
 
     prune = _command(sub, "prune", c.cmd_prune, "delete finished jobs and their events older "
                      "than an age, in bounded batches")

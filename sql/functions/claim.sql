@@ -1015,6 +1015,59 @@ $$;
 revoke all on function app.repair_tenant_turns(integer) from public;
 grant execute on function app.repair_tenant_turns(integer) to leaseq_reaper, leaseq_operator;
 
+-- Extend a running job's lease to p_lease from now, fenced by owner + token + an
+-- unexpired lease, and answer in the same statement whether an operator asked to
+-- cancel the job (app.request_job_cancel): the worker learns of a request from the
+-- renewal it sends anyway, never from a call of its own. The lease is renewed either
+-- way, so that the handler can use the worker's grace to stop cleanly; whatever it
+-- records then ends the job 'cancelled' (app.finish_jobs). No row when the lease was
+-- lost (renewed is then false, cancel_requested NULL); one row otherwise.
+create or replace function app.renew_job_lease_status(
+  p_tenant_id uuid,
+  p_job_id uuid,
+  p_owner text,
+  p_token uuid,
+  p_lease interval default interval '30 seconds'
+)
+returns table (renewed boolean, cancel_requested boolean)
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+#variable_conflict use_column
+declare
+  v_now timestamptz := clock_timestamp();
+  v_requested boolean;
+begin
+  perform app.check_required('p_tenant_id', p_tenant_id);
+  perform app.check_required('p_job_id', p_job_id);
+  perform app.check_owner(p_owner);
+  perform app.check_required('p_token', p_token);
+  perform app.check_lease(p_lease);
+
+  update app.jobs j
+  set lease_expires_at = v_now + p_lease,
+      updated_at = v_now
+  where j.tenant_id = p_tenant_id
+    and j.id = p_job_id
+    and j.state = 'running'
+    and j.lease_owner = p_owner
+    and j.lease_token = p_token
+    and j.lease_expires_at > v_now
+  returning j.cancel_requested_at is not null into v_requested;
+
+  if found then
+    return query select true, v_requested;
+  else
+    return query select false, null::boolean;
+  end if;
+end;
+$$;
+revoke all on function app.renew_job_lease_status(uuid, uuid, text, uuid, interval) from public;
+grant execute on function app.renew_job_lease_status(uuid, uuid, text, uuid, interval) to leaseq_worker;
+
+-- The renewal alone, for callers of the earlier contract: app.renew_job_lease_status
+-- without the cancel request.
 create or replace function app.renew_job_lease(
   p_tenant_id uuid,
   p_job_id uuid,
@@ -1023,33 +1076,12 @@ create or replace function app.renew_job_lease(
   p_lease interval default interval '30 seconds'
 )
 returns boolean
-language plpgsql
+language sql
 security definer
 set search_path = pg_catalog, pg_temp
 as $$
-declare
-  v_now timestamptz := clock_timestamp();
-  v_renewed boolean;
-begin
-  perform app.check_required('p_tenant_id', p_tenant_id);
-  perform app.check_required('p_job_id', p_job_id);
-  perform app.check_owner(p_owner);
-  perform app.check_required('p_token', p_token);
-  perform app.check_lease(p_lease);
-
-  update app.jobs
-  set lease_expires_at = v_now + p_lease,
-      updated_at = v_now
-  where tenant_id = p_tenant_id
-    and id = p_job_id
-    and state = 'running'
-    and lease_owner = p_owner
-    and lease_token = p_token
-    and lease_expires_at > v_now
-  returning true into v_renewed;
-
-  return coalesce(v_renewed, false);
-end;
+  select r.renewed
+  from app.renew_job_lease_status(p_tenant_id, p_job_id, p_owner, p_token, p_lease) r
 $$;
 revoke all on function app.renew_job_lease(uuid, uuid, text, uuid, interval) from public;
 grant execute on function app.renew_job_lease(uuid, uuid, text, uuid, interval) to leaseq_worker;

@@ -4,8 +4,9 @@
 -- retry_wait (available now) or, at max_attempts, to dead. Limits: 1 .. 1000 per tenant,
 -- 1 .. 10000 across tenants per call.
 
--- Expired leases go back to retry_wait (available now) or, at max_attempts, to dead.
--- One statement updates the rows and writes their audit rows; the old owner and token
+-- Expired leases go back to retry_wait (available now) or, at max_attempts, to dead; a
+-- job whose cancel was requested (app.request_job_cancel) ends 'cancelled' instead,
+-- never retried, its event naming the operator who asked. One statement updates the rows and writes their audit rows; the old owner and token
 -- are kept in the event. p_tenant_id NULL means every tenant (internal use only).
 create or replace function app.release_expired(p_tenant_id uuid, p_limit integer)
 returns integer
@@ -19,7 +20,7 @@ declare
   v_retrying_kinds text[];
 begin
   with expired as materialized (
-    select j.id, j.lease_owner, j.lease_token
+    select j.id, j.lease_owner, j.lease_token, j.cancel_requested_at is not null as cancelling
     from app.jobs j
     where j.state = 'running'
       and j.lease_expires_at <= v_now
@@ -29,29 +30,41 @@ begin
     limit p_limit
   ), released as (
     update app.jobs j
-    set state = case when j.attempts >= j.max_attempts then 'dead'::app.job_state
+    set state = case when e.cancelling then 'cancelled'::app.job_state
+                     when j.attempts >= j.max_attempts then 'dead'::app.job_state
                      else 'retry_wait'::app.job_state end,
-        available_at = case when j.attempts >= j.max_attempts then j.available_at else v_now end,
+        available_at = case when j.attempts >= j.max_attempts or e.cancelling
+                            then j.available_at else v_now end,
         last_error = jsonb_build_object('code', 'LEASE_EXPIRED',
-                                        'retryable', j.attempts < j.max_attempts,
+                                        'retryable', j.attempts < j.max_attempts
+                                                     and not e.cancelling,
                                         'leaseOwner', e.lease_owner),
         lease_owner = null,
         lease_token = null,
         lease_expires_at = null,
-        completed_at = case when j.attempts >= j.max_attempts then v_now else null end,
+        completed_at = case when j.attempts >= j.max_attempts or e.cancelling
+                            then v_now else null end,
         updated_at = v_now
     from expired e
     where j.id = e.id
-    returning j.id, j.tenant_id, j.kind, j.state, j.attempts, e.lease_owner, e.lease_token
+    returning j.id, j.tenant_id, j.kind, j.state, j.attempts, e.lease_owner, e.lease_token,
+              j.cancel_requested_by, j.cancel_requested_at
   ), audit as (
     insert into app.job_events (tenant_id, job_id, event_type, actor, lease_token, details, created_at)
     select r.tenant_id, r.id,
-           case when r.state = 'dead' then 'dead' else 'lease_expired' end,
-           'watchdog', r.lease_token,
-           jsonb_build_object('attempt', r.attempts, 'leaseOwner', r.lease_owner,
+           case r.state when 'dead' then 'dead' when 'cancelled' then 'cancelled'
+                        else 'lease_expired' end,
+           case when r.state = 'cancelled' then r.cancel_requested_by else 'watchdog' end,
+           r.lease_token,
+           case when r.state = 'cancelled'
+                then jsonb_build_object('attempt', r.attempts, 'previousState', 'running',
+                                        'leaseOwner', r.lease_owner,
+                                        'requestedAt', r.cancel_requested_at,
+                                        'reason', 'lease_expired_after_cancel_request')
+                else jsonb_build_object('attempt', r.attempts, 'leaseOwner', r.lease_owner,
                               'recoveredState', r.state,
                               'reason', case when r.state = 'dead' then 'lease_expired_at_max_attempts'
-                                             else 'lease_expired' end),
+                                             else 'lease_expired' end) end,
            v_now
     from released r
   )

@@ -57,6 +57,11 @@ revoke all on function app.explain_invalid_outcome(bigint, uuid, uuid, uuid, tex
 -- The fences are in the UPDATE's WHERE, which PostgreSQL re-checks on a row updated
 -- concurrently (by the reaper, say), so the rows need no lock beforehand.
 -- Returns one row per outcome that was applied; a stale token simply returns no row.
+-- A job with a cancel request (app.request_job_cancel) ends 'cancelled' whatever the
+-- outcome, never retried: its 'cancelled' event names the operator who asked (actor),
+-- the worker (leaseOwner) and the outcome it reported. A success's result is kept in
+-- result (the handler did the work; a producer reading it sees the state cancelled), a
+-- failure's error in last_error.
 create or replace function app.finish_jobs(
   p_owner text,
   p_tenant_ids uuid[],
@@ -155,6 +160,7 @@ begin
   ), finished as (
     update app.jobs j
     set state = case
+                  when j.cancel_requested_at is not null then 'cancelled'
                   when i.outcome = 'succeeded' then 'succeeded'
                   when i.outcome = 'retry' and j.attempts < j.max_attempts then 'retry_wait'
                   else 'dead'
@@ -162,11 +168,13 @@ begin
         result = case when i.outcome = 'succeeded' then i.detail else j.result end,
         last_error = case when i.outcome = 'succeeded' then j.last_error else i.detail end,
         available_at = case when i.outcome = 'retry' and j.attempts < j.max_attempts
+                                 and j.cancel_requested_at is null
                             then v_now + i.delay else j.available_at end,
         lease_owner = null,
         lease_token = null,
         lease_expires_at = null,
         completed_at = case when i.outcome = 'retry' and j.attempts < j.max_attempts
+                                 and j.cancel_requested_at is null
                             then null else v_now end,
         updated_at = v_now
     from input i
@@ -176,14 +184,20 @@ begin
       and j.lease_owner = p_owner
       and j.lease_token = i.token
       and j.lease_expires_at > v_now
-    returning j.id, j.tenant_id, j.state, j.attempts, j.available_at, i.token, i.outcome, i.detail
+    returning j.id, j.tenant_id, j.state, j.attempts, j.available_at, i.token, i.outcome, i.detail,
+              j.cancel_requested_by, j.cancel_requested_at
   ), audit as (
     insert into app.job_events (tenant_id, job_id, event_type, actor, lease_token, details, created_at)
     select f.tenant_id, f.id,
-           case f.state when 'succeeded' then 'succeeded' when 'dead' then 'dead' else 'retry_scheduled' end,
-           p_owner, f.token,
+           case f.state when 'succeeded' then 'succeeded' when 'dead' then 'dead'
+                        when 'cancelled' then 'cancelled' else 'retry_scheduled' end,
+           case f.state when 'cancelled' then f.cancel_requested_by else p_owner end, f.token,
            case f.state
              when 'succeeded' then jsonb_build_object('attempt', f.attempts)
+             when 'cancelled' then jsonb_build_object(
+               'attempt', f.attempts, 'previousState', 'running', 'leaseOwner', p_owner,
+               'outcome', f.outcome, 'requestedAt', f.cancel_requested_at,
+               'reason', 'cancel_requested')
              when 'dead' then jsonb_build_object(
                'attempt', f.attempts,
                'reason', case when f.outcome = 'dead' then 'discarded' else 'max_attempts' end,
@@ -270,6 +284,8 @@ grant execute on function app.discard_job(uuid, uuid, text, uuid, jsonb) to leas
 -- it dead instead, reason given_back_too_often, with the attempt of that claim counted
 -- (claims minus give-backs stay equal to attempts): a kind whose timeout no invocation
 -- leaves room for would otherwise be handed round for ever.
+-- A job given back after a cancel was requested is not handed round: it ends
+-- 'cancelled' (its attempt counted, as it was claimed), never claimable again.
 create or replace function app.release_jobs(
   p_owner text,
   p_tenant_ids uuid[],
@@ -324,13 +340,18 @@ begin
     from unnest(p_tenant_ids, p_job_ids, p_tokens) as u(tenant_id, job_id, token)
   ), given_back as (
     update app.jobs j
-    set state = case when i.too_often then 'dead'::app.job_state
+    set state = case when j.cancel_requested_at is not null then 'cancelled'::app.job_state
+                     when i.too_often then 'dead'::app.job_state
                      when j.attempts <= 1 then 'pending'::app.job_state
                      else 'retry_wait'::app.job_state end,
-        attempts = case when i.too_often then j.attempts else j.attempts - 1 end,
-        available_at = v_now,
-        completed_at = case when i.too_often then v_now else j.completed_at end,
-        last_error = case when i.too_often then jsonb_build_object(
+        attempts = case when i.too_often or j.cancel_requested_at is not null then j.attempts
+                        else j.attempts - 1 end,
+        available_at = case when j.cancel_requested_at is not null then j.available_at
+                            else v_now end,
+        completed_at = case when i.too_often or j.cancel_requested_at is not null then v_now
+                            else j.completed_at end,
+        last_error = case when j.cancel_requested_at is not null then j.last_error
+                          when i.too_often then jsonb_build_object(
                        'code', 'GIVEN_BACK_TOO_OFTEN', 'kind', j.kind, 'givenBack', 10,
                        'message', format('kind %s was given back 10 times without being '
                          'started: no worker invocation left the time its timeout needs. '
@@ -349,12 +370,20 @@ begin
       and j.lease_owner = p_owner
       and j.lease_token = i.token
       and j.lease_expires_at > v_now
-    returning j.id, j.tenant_id, j.attempts, i.token, i.too_often, j.last_error
+    returning j.id, j.tenant_id, j.state, j.attempts, i.token, i.too_often, j.last_error,
+              j.cancel_requested_by, j.cancel_requested_at
   ), audit as (
     insert into app.job_events (tenant_id, job_id, event_type, actor, lease_token, details, created_at)
-    select g.tenant_id, g.id, case when g.too_often then 'dead' else 'released' end,
-           p_owner, g.token,
-           case when g.too_often
+    select g.tenant_id, g.id,
+           case when g.state = 'cancelled' then 'cancelled'
+                when g.too_often then 'dead' else 'released' end,
+           case when g.state = 'cancelled' then g.cancel_requested_by else p_owner end, g.token,
+           case when g.state = 'cancelled'
+                then jsonb_build_object('attempt', g.attempts, 'previousState', 'running',
+                                        'leaseOwner', p_owner, 'outcome', 'not_started',
+                                        'requestedAt', g.cancel_requested_at,
+                                        'reason', 'cancel_requested')
+                when g.too_often
                 then jsonb_build_object('attempt', g.attempts, 'reason', 'given_back_too_often',
                                         'error', g.last_error)
                 else jsonb_build_object('attempts', g.attempts, 'reason', 'not_started') end,

@@ -9,8 +9,12 @@
 --   * redrive turns a dead job back into a pending one with attempts reset to 0: it gets
 --     a whole new set of max_attempts. The previous attempts and the error that killed
 --     it stay in the 'redriven' event (and in last_error until the next failure).
---   * cancel applies to pending and retry_wait jobs only; a running job belongs to its
---     worker until it finishes or its lease expires.
+--   * cancel_jobs and cancel_jobs_by_id apply to pending and retry_wait jobs only. A
+--     running job is cancelled by id only, through request_job_cancel: it records a
+--     cancel request that the job's worker learns at its next renewal or outcome, and
+--     the job ends 'cancelled' when that worker records anything or its lease expires
+--     (a filter never reaches running jobs: stopping work in flight is a decision
+--     about named jobs).
 --
 -- Argument bounds (anything outside, or NULL where required, raises 22023):
 --   actor                 non-blank (app.is_blank), at most 200 characters
@@ -204,6 +208,134 @@ end;
 $$;
 revoke all on function app.cancel_jobs_by_id(text, uuid[], text) from public;
 grant execute on function app.cancel_jobs_by_id(text, uuid[], text) to leaseq_operator,
+  leaseq_dashboard;
+
+-- Cancel the named jobs whatever they are doing (1 .. 1000 ids, none NULL): a pending
+-- or retry_wait job is cancelled at once (a 'cancelled' event, as app.cancel_jobs);
+-- a running job gets a cancel request: cancel_requested_at and cancel_requested_by
+-- (p_actor) are set and a 'cancel_requested' event is written, both naming p_actor
+-- and the login that called (details.login, the connection's session_user). Its worker
+-- is told at its next lease renewal (app.renew_job_lease_status) or outcome, and the
+-- job ends 'cancelled' then (app.finish_jobs, app.release_jobs) or when the reaper
+-- finds its lease expired (app.release_expired_jobs), never retried. A request made
+-- twice keeps the first (no second event). Finished jobs and unknown ids give no row.
+-- Each job is locked first, waiting for (never skipping) a claim, an outcome or the
+-- reaper that holds it (up to 5 s, then 55P03 and nothing changed), so a cancel racing
+-- any of them acts on the state they leave: a job the reaper just put back in retry_wait is cancelled at once, one
+-- a claimer just took gets the request. Rows: every job acted on, with its state after
+-- the call (cancelled, or running with the request).
+create or replace function app.request_job_cancel(
+  p_actor text,
+  p_job_ids uuid[],
+  p_reason text default null
+)
+returns table (
+  job_id uuid,
+  tenant_id uuid,
+  kind text,
+  state app.job_state,
+  cancel_requested_at timestamptz,
+  cancel_requested_by text
+)
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+#variable_conflict use_column
+declare
+  v_now timestamptz;
+  v_login text := session_user;
+  v_tries integer := 0;
+begin
+  perform app.check_actor(p_actor);
+  perform app.check_required('p_job_ids', p_job_ids);
+  perform app.check_filters(p_job_ids, null, 1);
+  perform app.check_reason(p_reason);
+
+  -- Wait for whoever holds the rows, then read them afresh: in READ COMMITTED each
+  -- statement below sees the versions committed before it began, and these locks keep
+  -- them until this transaction ends. The locks are taken all at once or not at all
+  -- (NOWAIT in a block of its own, whose failure releases what it took), and tried
+  -- again every 10 ms for up to 5 s: this call never holds a job while it waits for
+  -- another, so it cannot deadlock with a worker finishing a batch in another order.
+  loop
+    begin
+      perform 1 from app.jobs j
+      where j.id = any (p_job_ids)
+      order by j.id
+      for update nowait;
+      exit;
+    exception when lock_not_available then
+      v_tries := v_tries + 1;
+      if v_tries >= 500 then
+        raise exception using
+          errcode = '55P03',
+          message = 'the jobs to cancel stayed locked for 5 seconds (a claim, an outcome '
+                    'or the reaper holds one of them)',
+          hint = 'Nothing was changed; try again.';
+      end if;
+      perform pg_sleep(0.01);
+    end;
+  end loop;
+
+  v_now := clock_timestamp();
+  -- Every part of the statement reads the same snapshot: "before" is each job as the
+  -- locks left it, and neither update's rows are seen changed by the other parts.
+  return query
+  with before as materialized (
+    select j.id, j.state, j.cancel_requested_at, j.cancel_requested_by
+    from app.jobs j
+    where j.id = any (p_job_ids)
+  ), cancelled as (
+    update app.jobs j
+    set state = 'cancelled',
+        completed_at = v_now,
+        updated_at = v_now
+    from before b
+    where j.id = b.id
+      and b.state in ('pending', 'retry_wait')
+    returning j.id, j.tenant_id, j.kind, j.attempts, b.state as previous_state
+  ), requested as (
+    update app.jobs j
+    set cancel_requested_at = v_now,
+        cancel_requested_by = p_actor,
+        updated_at = v_now
+    where j.id = any (p_job_ids)
+      and j.state = 'running'
+      and j.cancel_requested_at is null
+    returning j.id, j.tenant_id, j.kind, j.attempts, j.lease_owner, j.lease_token
+  ), audit as (
+    insert into app.job_events (tenant_id, job_id, event_type, actor, lease_token, details, created_at)
+    select c.tenant_id, c.id, 'cancelled', p_actor, null,
+           jsonb_strip_nulls(jsonb_build_object(
+             'previousState', c.previous_state, 'attempts', c.attempts,
+             'reason', p_reason, 'login', v_login)),
+           v_now
+    from cancelled c
+    union all
+    select r.tenant_id, r.id, 'cancel_requested', p_actor, r.lease_token,
+           jsonb_strip_nulls(jsonb_build_object(
+             'attempt', r.attempts, 'leaseOwner', r.lease_owner,
+             'reason', p_reason, 'login', v_login)),
+           v_now
+    from requested r
+  )
+  select c.id, c.tenant_id, c.kind, 'cancelled'::app.job_state, null::timestamptz, null::text
+  from cancelled c
+  union all
+  select r.id, r.tenant_id, r.kind, 'running'::app.job_state, v_now, p_actor
+  from requested r
+  union all
+  select j.id, j.tenant_id, j.kind, b.state, b.cancel_requested_at, b.cancel_requested_by
+  from before b
+  join app.jobs j on j.id = b.id
+  where b.state = 'running'
+    and b.cancel_requested_at is not null
+  order by 1;
+end;
+$$;
+revoke all on function app.request_job_cancel(text, uuid[], text) from public;
+grant execute on function app.request_job_cancel(text, uuid[], text) to leaseq_operator,
   leaseq_dashboard;
 
 -- One bounded batch: finished jobs (succeeded, dead, cancelled) completed more than

@@ -9,7 +9,8 @@
 -- events.
 
 -- Per tenant and state: how many jobs, how many of them are ready to run now, how long
--- the oldest ready one has waited, and how soon the next one not yet ready will be.
+-- the oldest ready one has waited, how soon the next one not yet ready will be, and
+-- (running jobs) how many have a cancel request their worker has not acted on yet.
 -- Scans app.jobs: an operator's query, not a hot-path one. p_tenant_id NULL means every
 -- tenant.
 create or replace function app.queue_status(p_tenant_id uuid default null)
@@ -19,7 +20,8 @@ returns table (
   jobs bigint,
   ready_jobs bigint,
   oldest_ready_age interval,
-  next_ready_in interval
+  next_ready_in interval,
+  cancel_requested bigint
 )
 language plpgsql
 stable
@@ -38,7 +40,8 @@ begin
          v_now - min(j.available_at)
            filter (where j.state in ('pending', 'retry_wait') and j.available_at <= v_now),
          min(j.available_at)
-           filter (where j.state in ('pending', 'retry_wait') and j.available_at > v_now) - v_now
+           filter (where j.state in ('pending', 'retry_wait') and j.available_at > v_now) - v_now,
+         count(*) filter (where j.state = 'running' and j.cancel_requested_at is not null)
   from app.jobs j
   where p_tenant_id is null or j.tenant_id = p_tenant_id
   group by j.tenant_id, j.state
@@ -48,7 +51,8 @@ $$;
 revoke all on function app.queue_status(uuid) from public;
 grant execute on function app.queue_status(uuid) to leaseq_operator;
 
--- One job, without its lease token. No row when the id is unknown.
+-- One job, without its lease token, with its cancel request (when and by whom; NULL
+-- when none was made). No row when the id is unknown.
 create or replace function app.get_job(p_job_id uuid)
 returns table (
   id uuid,
@@ -67,7 +71,9 @@ returns table (
   correlation_id text,
   created_at timestamptz,
   updated_at timestamptz,
-  completed_at timestamptz
+  completed_at timestamptz,
+  cancel_requested_at timestamptz,
+  cancel_requested_by text
 )
 language plpgsql
 stable
@@ -80,7 +86,8 @@ begin
   return query
   select j.id, j.tenant_id, j.operation_key, j.kind, j.payload::jsonb, j.state, j.attempts,
          j.max_attempts, j.available_at, j.lease_owner, j.lease_expires_at, j.last_error,
-         j.result, j.correlation_id, j.created_at, j.updated_at, j.completed_at
+         j.result, j.correlation_id, j.created_at, j.updated_at, j.completed_at,
+         j.cancel_requested_at, j.cancel_requested_by
   from app.jobs j
   where j.id = p_job_id;
 end;
@@ -683,7 +690,9 @@ returns table (
   correlation_id text,
   created_at timestamptz,
   updated_at timestamptz,
-  completed_at timestamptz
+  completed_at timestamptz,
+  cancel_requested_at timestamptz,
+  cancel_requested_by text
 )
 language plpgsql
 stable
@@ -698,7 +707,8 @@ begin
   return query
   select j.id, j.tenant_id, j.operation_key, j.kind, j.payload::jsonb, j.state, j.attempts,
          j.max_attempts, j.available_at, j.lease_owner, j.lease_expires_at, j.last_error,
-         j.result, j.correlation_id, j.created_at, j.updated_at, j.completed_at
+         j.result, j.correlation_id, j.created_at, j.updated_at, j.completed_at,
+         j.cancel_requested_at, j.cancel_requested_by
   from app.jobs j
   where j.id = p_job_id;
 end;

@@ -252,9 +252,11 @@ def test_cancel_ends_a_tenants_pending_jobs_and_leaves_running_ones(
     assert job(owner, running["id"])["state"] == "running"
     assert event_types(owner, waiting["id"]) == ["created", "cancelled"]
 
-    refused = cli("cancel", str(running["id"]))
+    finished = _dead(worker, tenant, "third")
+    refused = cli("cancel", str(finished))
     assert refused.code == 5
-    assert "only pending or retry_wait jobs can be cancelled" in refused.err
+    assert "only pending, retry_wait or running jobs can be cancelled" in refused.err
+    assert event_types(owner, finished)[-1] == "dead"
 
 
 # prune ----------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Model-based test of the job lifecycle against the real database.
 
 Hypothesis drives random sequences of enqueue, claim (per tenant and fair), renew,
-complete, fail, discard, batched finish, give back, reaper release, redrive, cancel
+complete, fail, discard, batched finish, give back, reaper release, redrive, cancel,
+cancel requests on running jobs (each way a running job ends then ends it cancelled)
 and clock moves; after every step the database must equal a plain-Python model of
 the state machine, row by row and event count by event count.
 
@@ -66,6 +67,8 @@ class ModelJob:
     completed: int | None = None
     #: give-backs since the job was created or last redriven
     given_back: int = 0
+    #: an operator asked to cancel it while it ran (kept once it ends cancelled)
+    cancel_requested: bool = False
     events: Counter[str] = field(default_factory=Counter)
 
     def holds(self, owner: str, token: uuid.UUID, now: int) -> bool:
@@ -112,7 +115,16 @@ class LifecycleMachine(RuleBasedStateMachine):
         assert claimed.attempts == job.attempts
         self.handles[claimed.lease_token] = claimed
 
+    def _cancelled(self, job: ModelJob, at: int) -> str:
+        """A running job with a cancel request ends cancelled, whatever ended it."""
+        job.drop_lease()
+        job.state, job.completed = "cancelled", at
+        job.events["cancelled"] += 1
+        return job.state
+
     def _finish(self, job: ModelJob, outcome: str, delay: int, at: int) -> str:
+        if job.cancel_requested:
+            return self._cancelled(job, at)
         job.drop_lease()
         if outcome == "succeeded":
             job.state = "succeeded"
@@ -229,7 +241,12 @@ class LifecycleMachine(RuleBasedStateMachine):
             job = dataclasses.replace(job, lease_owner="intruder")
         model = self.jobs[job.id]
         expected = model.holds(job.lease_owner, job.lease_token, self.now)
-        assert self.client.renew_job_lease(job, timedelta(seconds=lease)) is expected
+        if lease == LEASES[0]:  # the earlier contract's answer
+            assert self.client.renew_job_lease(job, timedelta(seconds=lease)) is expected
+        else:  # the worker's: the renewal and, when it holds, the cancel request
+            renewal = self.client.renew_job_lease_status(job, timedelta(seconds=lease))
+            assert (renewal.renewed, renewal.cancel_requested) == (
+                expected, expected and model.cancel_requested)
         if expected:
             model.lease_end = self.now + lease
 
@@ -297,6 +314,9 @@ class LifecycleMachine(RuleBasedStateMachine):
             model = self.jobs[job.id]
             if model.holds(owner, job.lease_token, self.now):
                 expected.add(job.id)
+                if model.cancel_requested:  # never handed round again
+                    self._cancelled(model, at)
+                    continue
                 model.drop_lease()
                 if model.given_back >= 9:  # the tenth give-back: dead, the attempt counted
                     model.state, model.completed = "dead", at
@@ -333,6 +353,9 @@ class LifecycleMachine(RuleBasedStateMachine):
                    and j.lease_end <= self.now and (tenant is None or j.tenant == tenant)]
         assert released == len(expired)
         for job in expired:
+            if job.cancel_requested:
+                self._cancelled(job, at)
+                continue
             job.drop_lease()
             if job.attempts >= job.max_attempts:
                 job.state, job.completed = "dead", at
@@ -372,6 +395,32 @@ class LifecycleMachine(RuleBasedStateMachine):
             job.state, job.completed = "cancelled", at
             job.events["cancelled"] += 1
 
+    @rule(picks=st.lists(st.integers(0, 99), min_size=1, max_size=3))
+    def request_cancel(self, picks: list[int]) -> None:
+        """app.request_job_cancel of named jobs: waiting ones cancelled at once, running
+        ones given a request (once), finished ones left alone."""
+        known = sorted(self.jobs.values(), key=lambda j: (j.created, j.tenant.int, j.key))
+        if not known:
+            return
+        ids = list(dict.fromkeys(known[p % len(known)].id for p in picks))
+        rows = self.worker.execute(
+            "select job_id, state::text as state from app.request_job_cancel('operator', %s)",
+            (ids,)).fetchall()
+        at = next(self.seq)
+        expected = {}
+        for job_id in ids:
+            job = self.jobs[job_id]
+            if job.state in ("pending", "retry_wait"):
+                job.state, job.completed = "cancelled", at
+                job.events["cancelled"] += 1
+                expected[job_id] = "cancelled"
+            elif job.state == "running":
+                if not job.cancel_requested:
+                    job.cancel_requested = True
+                    job.events["cancel_requested"] += 1
+                expected[job_id] = "running"
+        assert {r["job_id"]: r["state"] for r in rows} == expected
+
     def _filters(self, data: st.DataObject) -> tuple[uuid.UUID | None, list[uuid.UUID] | None,
                                                      str | None]:
         by = data.draw(st.sampled_from(["nothing", "tenant", "ids", "kind", "tenant and kind"]),
@@ -397,7 +446,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         rows = self.admin.execute(
             "select id, state::text as state, attempts, max_attempts, lease_owner, lease_token,"
             " lease_expires_at is not null as leased, lease_expires_at > now() as live,"
-            " available_at <= now() as ready,"
+            " available_at <= now() as ready, cancel_requested_at is not null as cancelling,"
             " completed_at is not null as completed from app.jobs").fetchall()
         assert {r["id"] for r in rows} == set(self.jobs)
         for row in rows:
@@ -413,6 +462,7 @@ class LifecycleMachine(RuleBasedStateMachine):
                 "ready": row["ready"] if leased or job.state in FINISHED
                 else job.available[0] <= self.now,
                 "completed": job.state in FINISHED,
+                "cancelling": job.cancel_requested,
             }
 
     @invariant()

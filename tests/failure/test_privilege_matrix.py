@@ -93,12 +93,14 @@ app.reader_queue_depth(uuid,text,integer)                                       
 app.ready_tenants(integer)                                                                       x   x   .    .     x    .    .    .    .
 app.redrive_jobs(text,uuid,uuid[],text,integer,text)                                             x   x   .    .     .    .    x    .    .
 app.redrive_jobs_by_id(text,uuid[],text)                                                         x   x   .    .     .    .    x    .    .
+app.request_job_cancel(text,uuid[],text)                                                         x   x   .    .     .    .    x    .    .
 app.release_all_expired_jobs(integer)                                                            x   x   .    .     .    x    .    .    .
 app.release_expired(uuid,integer)                                                                x   .   .    .     .    .    .    .    .
 app.release_expired_jobs(uuid,integer)                                                           x   x   .    .     .    x    .    .    .
 app.release_jobs(text,uuid[],uuid[],uuid[])                                                      x   x   .    .     x    .    .    .    .
 app.release_worker_place(uuid)                                                                   x   x   x    x     x    .    .    .    .
 app.renew_job_lease(uuid,uuid,text,uuid,interval)                                                x   x   .    .     x    .    .    .    .
+app.renew_job_lease_status(uuid,uuid,text,uuid,interval)                                         x   x   .    .     x    .    .    .    .
 app.repair_tenant_turns(integer)                                                                 x   x   .    .     .    x    x    .    .
 app.reserve_worker_places(integer,integer,interval)                                              x   x   .    .     x    .    .    .    .
 app.role_duration_setting(oid,text)                                                              x   .   .    .     .    .    .    .    .

@@ -183,6 +183,9 @@ def _work(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
     job = claim()
     call("renew_job_lease", "select app.renew_job_lease(%s, %s, 'w1', %s, '30 seconds')",
          (tenant, job["id"], job["lease_token"]))
+    call("renew_job_lease_status",
+         "select * from app.renew_job_lease_status(%s, %s, 'w1', %s, '30 seconds')",
+         (tenant, job["id"], job["lease_token"]))
     call("complete_job", "select app.complete_job(%s, %s, 'w1', %s, %s)",
          (tenant, job["id"], job["lease_token"], Jsonb({"ok": True})))
     job = claim()
@@ -262,6 +265,8 @@ def _dashboard(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
     call("job_activity", "select * from app.job_activity(%s, null, '1 hour', 6, 5)", (tenant,))
     call("cancel_jobs_by_id", "select * from app.cancel_jobs_by_id('dash', %s, 'unwanted')",
          ([waiting[0]["id"]],))
+    call("request_job_cancel", "select * from app.request_job_cancel('dash', %s, 'unwanted')",
+         ([waiting[-1]["id"]],))
     assert call("redrive_jobs_by_id", "select * from app.redrive_jobs_by_id('dash', %s)",
                 ([dead[0]["id"]],))
     # Arranged: the operator's duty after this one needs its dead job back.
@@ -278,6 +283,8 @@ def _operate(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
          (tenant,))
     call("cancel_jobs", "select * from app.cancel_jobs('op', %s, null, null, 1, 'unwanted')",
          (tenant,))
+    call("request_job_cancel", "select * from app.request_job_cancel('op', %s, 'unwanted')",
+         ([dead[0]["id"]],))
     call("queue_status", "select * from app.queue_status(%s)", (tenant,))
     call("oldest_ready_at", "select app.oldest_ready_at()", ())
     call("worker_pool_size", "select * from app.worker_pool_size()", ())

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
+from leaseq.client import MAX_OPERATOR_BATCH
 from leaseq.jobs import Selection
 from leaseq.retention import prune_in_pages
 from leaseq.storable import blank_problem
@@ -11,7 +13,7 @@ from rich.console import Console
 
 from leaseq_cli.commands._shared import actor, client_for
 from leaseq_cli.failures import ConflictError, NotFoundError, UsageError
-from leaseq_cli.render import Ui, plain
+from leaseq_cli.render import Ui, plain, when
 
 # dead retry / cancel --------------------------------------------------------
 
@@ -77,8 +79,54 @@ def cmd_dead_retry(args: argparse.Namespace, ui: Ui) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace, ui: Ui) -> int:
-    return _act(args, ui, verb="cancel", past="cancelled", what="pending jobs",
-                allowed=("pending", "retry_wait"))
+    """Named jobs are cancelled whatever they are doing (a running one by a request its
+    worker learns at its next renewal or outcome); filters reach waiting jobs only."""
+    if not args.job_ids:
+        return _act(args, ui, verb="cancel", past="cancelled", what="pending jobs",
+                    allowed=("pending", "retry_wait"))
+    selection = _selection(args, "cancel", "jobs")
+    ids = list(selection.job_ids)[:args.limit] if args.limit else list(selection.job_ids)
+    who = actor(args)
+    with client_for(args, ui) as client:
+        for job_id in ids:
+            if client.get_job(job_id) is None:
+                raise NotFoundError(f"no job has id {job_id}; nothing was cancelled")
+        rows: list[dict[str, Any]] = []
+        for start in range(0, len(ids), MAX_OPERATOR_BATCH):
+            rows += client.request_job_cancel(who, ids[start:start + MAX_OPERATOR_BATCH],
+                                              reason=args.reason)
+        acted = {row["job_id"] for row in rows}
+        skipped = []
+        for job_id in ids:
+            if job_id not in acted:
+                job = client.get_job(job_id)
+                skipped.append((job_id, str(job["state"]) if job else "gone"))
+    cancelled = [row for row in rows if row["state"] == "cancelled"]
+    requested = [row for row in rows if row["state"] == "running"]
+
+    def render(out: Console) -> None:
+        out.print(f"cancelled {len(cancelled)} job{'s' if len(cancelled) != 1 else ''}"
+                  + (f" (audit actor {who})" if rows else ""))
+        for row in cancelled[:20]:
+            out.print(f"  {row['job_id']}  {plain(row['kind'])}  tenant {row['tenant_id']}")
+        if requested:
+            out.print(f"cancel requested for {len(requested)} running "
+                      f"job{'s' if len(requested) != 1 else ''}: each ends cancelled at its "
+                      "worker's next lease renewal or outcome, or when its lease expires")
+        for row in requested[:20]:
+            out.print(f"  {row['job_id']}  {plain(row['kind'])}  tenant {row['tenant_id']}"
+                      f"  requested by {plain(row['cancel_requested_by'])} at "
+                      f"{when(row['cancel_requested_at'])}")
+
+    ui.emit({"cancelled": cancelled, "cancel_requested": requested,
+             "skipped": [{"job_id": j, "state": s} for j, s in skipped]}, render)
+    if skipped:
+        job_id, state = skipped[0]
+        raise ConflictError(
+            f"job {job_id} is {state}, so it was not cancelled: only pending, retry_wait "
+            "or running jobs can be cancelled"
+            + (f" ({len(skipped) - 1} more skipped)" if len(skipped) > 1 else ""))
+    return 0
 
 # prune ----------------------------------------------------------------------------------
 

@@ -21,9 +21,10 @@ def _status_document(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for row in rows:
         entry = tenants.setdefault(str(row["tenant_id"]), {
             "tenant_id": row["tenant_id"], "states": dict.fromkeys(STATES, 0), "ready": 0,
-            "oldest_ready_age": None, "next_ready_in": None})
+            "oldest_ready_age": None, "next_ready_in": None, "cancel_requested": 0})
         entry["states"][row["state"]] = int(row["jobs"])
         entry["ready"] += int(row["ready_jobs"])
+        entry["cancel_requested"] += int(row.get("cancel_requested") or 0)
         for key in ("oldest_ready_age", "next_ready_in"):
             value = row[key]
             if value is not None:
@@ -35,7 +36,8 @@ def _status_document(rows: list[dict[str, Any]]) -> dict[str, Any]:
         for state, count in entry["states"].items():
             totals[state] += count
     return {"tenants": list(tenants.values()), "totals": totals,
-            "ready": sum(e["ready"] for e in tenants.values())}
+            "ready": sum(e["ready"] for e in tenants.values()),
+            "cancel_requested": sum(e["cancel_requested"] for e in tenants.values())}
 
 
 def cmd_status(args: argparse.Namespace, ui: Ui) -> int:
@@ -49,6 +51,9 @@ def cmd_status(args: argparse.Namespace, ui: Ui) -> int:
         shown = table("tenant", *STATES, "ready", "oldest ready")
         for entry in document["tenants"]:
             counts = [_count(state, entry["states"][state]) for state in STATES]
+            if entry["cancel_requested"]:  # running jobs whose worker has yet to stop
+                counts[STATES.index("running")] += (
+                    f" [magenta]({entry['cancel_requested']} cancel requested)[/]")
             shown.add_row(str(entry["tenant_id"]), *counts, str(entry["ready"]),
                           age(entry["oldest_ready_age"]))
         if len(document["tenants"]) > 1:
@@ -60,6 +65,10 @@ def cmd_status(args: argparse.Namespace, ui: Ui) -> int:
         if document["totals"]["dead"]:
             out.print(f"[red]{document['totals']['dead']} dead[/]: see them with "
                       "leaseq dead list")
+        if document["cancel_requested"]:
+            out.print(f"[magenta]{document['cancel_requested']} running with a cancel "
+                      "requested[/]: each ends cancelled at its worker's next renewal or "
+                      "outcome, or when its lease expires")
 
     ui.emit(document, render)
     return 0
@@ -95,6 +104,7 @@ def cmd_jobs_show(args: argparse.Namespace, ui: Ui) -> int:
             ("completed", when(job["completed_at"])),
             ("lease", f"{plain(job['lease_owner'])} until {when(job['lease_expires_at'])}"
              if job["lease_owner"] else "-"),
+            *_cancel_request(job),
             ("correlation id", plain(job["correlation_id"] or "-")),
             ("payload", compact(job["payload"], 400)),
             ("result", compact(job["result"], 400) or "-"),
@@ -114,10 +124,20 @@ def cmd_jobs_show(args: argparse.Namespace, ui: Ui) -> int:
     return 0
 
 
+def _cancel_request(job: dict[str, Any]) -> list[tuple[str, str]]:
+    """The "cancel requested" line of a job an operator cancelled while it ran (by whom,
+    when); none for a job without a request."""
+    if job.get("cancel_requested_at") is None:
+        return []
+    label = "cancel requested" if str(job["state"]) == "running" else "cancelled while running"
+    return [(label, f"[magenta]by {plain(job['cancel_requested_by'])} at "
+                    f"{when(job['cancel_requested_at'])}[/]")]
+
+
 def _event_style(event: str) -> str:
     style = {"succeeded": "green", "dead": "bold red", "retry_scheduled": "yellow",
              "lease_expired": "yellow", "cancelled": "magenta", "redriven": "cyan",
-             "claimed": "blue"}.get(event)
+             "claimed": "blue", "cancel_requested": "magenta"}.get(event)
     return f"[{style}]{event}[/]" if style else event
 
 
