@@ -55,7 +55,8 @@ _OF_A_TABLE = ("TABLE", "VIEW", "CONSTRAINT", "FK CONSTRAINT", "DEFAULT", "ROW S
 #: built on it.
 _RANK = {kind: rank for rank, kind in enumerate((
     "TABLE", "VIEW", "COMMENT", "SEQUENCE", "SEQUENCE OWNED BY", "DEFAULT", "CONSTRAINT",
-    "FK CONSTRAINT", "INDEX", "TRIGGER", "RULE", "ROW SECURITY", "POLICY", "ACL"))}
+    "CHECK CONSTRAINT", "FK CONSTRAINT", "INDEX", "TRIGGER", "RULE", "ROW SECURITY", "POLICY",
+    "ACL"))}
 #: The table an index or an identity's sequence is on, from its statement.
 _ON_TABLE = re.compile(r"\b(?:ON|ALTER TABLE|OWNED BY)(?: ONLY)? app\.(\w+)")
 #: Session settings of the preamble, and the version banner: the server's, not the schema's.
@@ -86,6 +87,9 @@ class Block:
         """The table this object belongs to, or None for the schema and its types."""
         if self.type in _OF_A_TABLE:
             return self.name.split(" ", 1)[0]
+        if self.type == "CHECK CONSTRAINT":
+            # A check added NOT VALID is printed apart from its table (or domain).
+            return self.name.split(" ", 1)[0] if "ALTER TABLE" in self.body else None
         if self.type in ("ACL", "COMMENT"):
             kind, _, target = self.name.partition(" ")
             return target.split(".", 1)[0] if kind in ("TABLE", "COLUMN", "VIEW") else None

@@ -39,17 +39,9 @@ CREATE TYPE app.job_state AS ENUM (
     'cancelled'
 );
 
--- CHECK CONSTRAINT: job_events job_events_event_type_check
-ALTER TABLE app.job_events
-    ADD CONSTRAINT job_events_event_type_check CHECK ((event_type = ANY (ARRAY['created'::text, 'claimed'::text, 'retry_scheduled'::text, 'succeeded'::text, 'dead'::text, 'lease_expired'::text, 'released'::text, 'cancelled'::text, 'redriven'::text, 'cancel_requested'::text]))) NOT VALID;
-
 -- CHECK CONSTRAINT: job_payload job_payload_is_object
 ALTER DOMAIN app.job_payload
     ADD CONSTRAINT job_payload_is_object CHECK ((jsonb_typeof(VALUE) = 'object'::text)) NOT VALID;
-
--- CHECK CONSTRAINT: jobs jobs_cancel_request_shape
-ALTER TABLE app.jobs
-    ADD CONSTRAINT jobs_cancel_request_shape CHECK ((((cancel_requested_at IS NULL) = (cancel_requested_by IS NULL)) AND ((cancel_requested_by IS NULL) OR ((length(cancel_requested_by) >= 1) AND (length(cancel_requested_by) <= 200))) AND ((cancel_requested_at IS NULL) OR (state = ANY (ARRAY['running'::app.job_state, 'cancelled'::app.job_state]))))) NOT VALID;
 
 -- ACL: SCHEMA app
 GRANT USAGE ON SCHEMA app TO authenticated;
@@ -103,6 +95,10 @@ ALTER TABLE app.job_events ALTER COLUMN sequence ADD GENERATED ALWAYS AS IDENTIT
 -- CONSTRAINT: job_events job_events_pkey
 ALTER TABLE ONLY app.job_events
     ADD CONSTRAINT job_events_pkey PRIMARY KEY (tenant_id, job_id, sequence);
+
+-- CHECK CONSTRAINT: job_events job_events_event_type_check
+ALTER TABLE app.job_events
+    ADD CONSTRAINT job_events_event_type_check CHECK ((event_type = ANY (ARRAY['created'::text, 'claimed'::text, 'retry_scheduled'::text, 'succeeded'::text, 'dead'::text, 'lease_expired'::text, 'released'::text, 'cancelled'::text, 'redriven'::text, 'cancel_requested'::text]))) NOT VALID;
 
 -- FK CONSTRAINT: job_events job_events_job_fkey
 ALTER TABLE ONLY app.job_events
@@ -190,6 +186,10 @@ ALTER TABLE ONLY app.jobs
 -- CONSTRAINT: jobs jobs_pkey
 ALTER TABLE ONLY app.jobs
     ADD CONSTRAINT jobs_pkey PRIMARY KEY (id, tenant_id);
+
+-- CHECK CONSTRAINT: jobs jobs_cancel_request_shape
+ALTER TABLE app.jobs
+    ADD CONSTRAINT jobs_cancel_request_shape CHECK ((((cancel_requested_at IS NULL) = (cancel_requested_by IS NULL)) AND ((cancel_requested_by IS NULL) OR ((length(cancel_requested_by) >= 1) AND (length(cancel_requested_by) <= 200))) AND ((cancel_requested_at IS NULL) OR (state = ANY (ARRAY['running'::app.job_state, 'cancelled'::app.job_state]))))) NOT VALID;
 
 -- INDEX: jobs_claimable_idx
 CREATE INDEX jobs_claimable_idx ON app.jobs USING btree (tenant_id, available_at, created_at, id) WHERE (state = ANY (ARRAY['pending'::app.job_state, 'retry_wait'::app.job_state]));
