@@ -1,7 +1,7 @@
 """leaseq's web dashboard: queue depth, stuck jobs, a job's timeline, redrive and cancel.
 
 One Powertools ``LambdaFunctionUrlResolver`` (:func:`leaseq_dashboard.app.build`) serves
-both the Lambda function URL (``functions/dashboard/app.py``, ``AWS_IAM`` auth) and the
+both the Lambda function URL (:mod:`leaseq_dashboard.function`, ``AWS_IAM`` auth) and the
 local command ``leaseq dashboard`` (:mod:`leaseq_dashboard.local`, which turns local HTTP
 requests into the same function URL events). Pages read through
 :mod:`leaseq.views`: no SQL lives here.

@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
+from leaseq_lambda import telemetry
+
 from leaseq_dashboard import handle, runtime
 from leaseq_dashboard.app import SECURITY_HEADERS
-from leaseq_lambda import telemetry
 
 logger = telemetry.make_logger()
 

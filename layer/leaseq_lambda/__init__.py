@@ -12,9 +12,9 @@
 * ``producer``  the producers' client: the enqueue function and the enqueue event bus;
 * ``dead_letters`` the enqueue dead-letter queue's records, and resubmitting them;
 * ``handlers_config`` the handlers' settings from the stack (``handlers_environment``);
-* ``demo_handlers`` the demo's job handlers, for a first deployed stack and ``leaseq demo``.
-
-The functions in ``functions/*/app.py`` are thin handlers built from these.
+* ``demo_handlers`` the demo's job handlers, for a first deployed stack and ``leaseq demo``;
+* ``handlers``  the worker, reaper and enqueue functions' handlers, built from these; each
+  ``functions/<name>/app.py`` re-exports one, and ``leaseq drain`` and ``reap`` run them.
 
 A producer that enqueues inside its own transaction wakes a worker after the commit::
 

@@ -10,25 +10,16 @@ The handlers log JSON lines (and EMF metrics) to stdout, as in Lambda. Here they
 ``$LEASEQ_HOME/lambda.log``, or to stderr with --verbose, so the command's own output
 stays readable and its --json output stays parseable.
 
-The handlers' code is the ``functions/`` folder of a leaseq checkout (``worker/app.py``,
-``reaper/app.py``), which no package installs. :func:`functions_dir` takes it from, in
-this order:
-
-1. ``LEASEQ_FUNCTIONS_DIR``, when set (a folder without the functions is an error, never
-   passed over);
-2. the project folder leaseq was installed from (``pip install -e .`` or
-   ``pip install .`` of a checkout), as pip records it in the distribution's
-   ``direct_url.json`` (PEP 610), so the command works from any directory;
-3. ``functions/`` in the current directory.
+The handlers are the package modules the functions' ``app.py`` re-export
+(:mod:`leaseq_lambda.handlers.worker` and :mod:`leaseq_lambda.handlers.reaper`), so an
+installed wheel runs them as a checkout does, from any directory.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
-import importlib.util
+import importlib
 import io
-import json
 import os
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -36,9 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal, TextIO
-from urllib.parse import unquote, urlsplit
 
-from leaseq_cli.failures import CliError
 from leaseq_cli.lambda_context import LocalLambdaContext
 
 Function = Literal["worker", "reaper"]
@@ -76,74 +65,18 @@ class LogSink(io.TextIOBase):
 SINK = LogSink()
 
 
-#: The setting that names the functions' folder explicitly.
-FUNCTIONS_DIR_VARIABLE = "LEASEQ_FUNCTIONS_DIR"
-FUNCTIONS: tuple[Function, ...] = ("worker", "reaper")
-
-
-def _holds_functions(folder: Path) -> bool:
-    return all((folder / name / "app.py").is_file() for name in FUNCTIONS)
-
-
-def installed_from() -> Path | None:
-    """The local folder pip installed leaseq from, or None (a wheel from an index)."""
-    for dist in importlib.metadata.distributions(name="leaseq"):
-        text = dist.read_text("direct_url.json")
-        if not text:
-            continue
-        try:
-            url = urlsplit(str(json.loads(text).get("url", "")))
-        except (ValueError, AttributeError):
-            continue
-        if url.scheme == "file" and url.path:
-            return Path(unquote(url.path))
-    return None
-
-
-def functions_dir(environ: Mapping[str, str] | None = None, *,
-                  project: Path | None = None, cwd: Path | None = None) -> Path:
-    """The folder holding ``worker/app.py`` and ``reaper/app.py`` (module doc, in order).
-
-    ``project`` and ``cwd`` default to :func:`installed_from` and the current directory.
-    """
-    environ = os.environ if environ is None else environ
-    explicit = environ.get(FUNCTIONS_DIR_VARIABLE)
-    if explicit:
-        folder = Path(explicit).expanduser()
-        if not _holds_functions(folder):
-            raise CliError(
-                f"{FUNCTIONS_DIR_VARIABLE}={explicit} holds no worker/app.py and "
-                "reaper/app.py: point it at the functions/ folder of a leaseq checkout, "
-                "or unset it")
-        return folder.resolve()
-    project = installed_from() if project is None else project
-    candidates = [project / "functions"] if project is not None else []
-    candidates.append((Path.cwd() if cwd is None else cwd) / "functions")
-    for folder in candidates:
-        if _holds_functions(folder):
-            return folder.resolve()
-    raise CliError(
-        "cannot find the Lambda functions' code (functions/worker/app.py): set "
-        f"{FUNCTIONS_DIR_VARIABLE} to the functions/ folder of a leaseq checkout, run "
-        "leaseq from that checkout, or install leaseq from it (pip install -e '.[local]')")
-
-
-#: Each app.py once per process, as a Lambda execution environment imports it once.
-_loaded: dict[Path, ModuleType] = {}
-
-
 def _load_app(function: Function) -> ModuleType:
-    path = functions_dir() / function / "app.py"
-    if path in _loaded:
-        return _loaded[path]
-    spec = importlib.util.spec_from_file_location(f"leaseq_function_{function}", path)
-    if spec is None or spec.loader is None:
-        raise CliError(f"cannot load {path}")
-    module = importlib.util.module_from_spec(spec)
+    """The function's handler module (what its ``functions/<name>/app.py`` re-exports),
+    imported once per process as a Lambda execution environment imports it once, and
+    only when a command invokes it: what it prints while importing goes to the log sink."""
     with contextlib.redirect_stdout(SINK):
-        spec.loader.exec_module(module)
-    _loaded[path] = module
-    return module
+        if function == "worker":
+            from leaseq_lambda.handlers import worker
+
+            return worker
+        from leaseq_lambda.handlers import reaper
+
+        return reaper
 
 
 def handler(function: Function) -> Handler:

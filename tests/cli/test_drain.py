@@ -1,5 +1,5 @@
 """``leaseq drain`` and ``leaseq reap`` invoke the real Lambda handlers in-process
-(functions/worker/app.py and functions/reaper/app.py) against the session's PostgreSQL."""
+(leaseq_lambda.handlers.worker and .reaper) against the session's PostgreSQL."""
 
 from __future__ import annotations
 

@@ -1,83 +1,76 @@
-"""Where ``leaseq drain``, ``reap`` and ``demo`` find the Lambda functions' code: an
-explicit setting first, then the checkout leaseq was installed from, then the current
-directory; never a guess from where the package's own files happen to be."""
+"""What ``leaseq drain``, ``reap`` and ``demo`` run: the handlers of the package modules the
+functions' ``app.py`` re-export, wherever the command runs; and where ``leaseq lambda
+serve`` finds the template when none is given."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
+from types import ModuleType
 
 import pytest
-from leaseq_cli import invoke
-from leaseq_cli.failures import CliError
+from leaseq_cli import checkout, invoke
 
 from tests.cli.conftest import REPO, Cli
 
 
-def _functions(root: Path, released: int = 0) -> Path:
-    """A functions/ folder whose reaper answers ``released`` without a database."""
-    folder = root / "functions"
-    for name in ("worker", "reaper"):
-        (folder / name).mkdir(parents=True)
-        (folder / name / "app.py").write_text(
-            "def lambda_handler(event, context):\n"
-            f"    return {{'task': {name!r}, 'released': {released}}}\n", encoding="utf-8")
-    return folder
+def _adapter(function: str) -> ModuleType:
+    """functions/<function>/app.py, imported as Lambda imports it (by its file)."""
+    spec = importlib.util.spec_from_file_location(
+        f"leaseq_test_{function}_adapter", REPO / "functions" / function / "app.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def test_the_setting_names_the_functions_folder_before_the_checkout_and_the_directory(
-    tmp_path: Path,
+@pytest.mark.parametrize("function", ["worker", "reaper"])
+def test_the_commands_invoke_the_very_handler_the_functions_app_py_exposes(
+    function: invoke.Function,
 ) -> None:
-    chosen = _functions(tmp_path / "chosen")
-
-    found = invoke.functions_dir({"LEASEQ_FUNCTIONS_DIR": str(chosen)}, project=REPO,
-                                 cwd=REPO)
-
-    assert found == chosen.resolve()
+    assert invoke.handler(function) is _adapter(function).lambda_handler
 
 
-def test_a_setting_naming_a_folder_without_the_functions_is_refused_not_passed_over(
-    tmp_path: Path,
-) -> None:
-    (tmp_path / "empty").mkdir()
-
-    with pytest.raises(CliError, match=r"LEASEQ_FUNCTIONS_DIR=.* holds no worker/app\.py"):
-        invoke.functions_dir({"LEASEQ_FUNCTIONS_DIR": str(tmp_path / "empty")},
-                             project=REPO, cwd=REPO)
-
-
-def test_without_the_setting_the_installed_checkouts_functions_serve_from_any_directory(
-    tmp_path: Path,
-) -> None:
-    _functions(tmp_path)  # the current directory's own functions/ come second
-
-    assert invoke.functions_dir({}, project=REPO, cwd=tmp_path) == (REPO / "functions")
-
-
-def test_without_setting_or_checkout_the_current_directorys_functions_serve(
-    tmp_path: Path,
-) -> None:
-    here = _functions(tmp_path / "here")
-
-    found = invoke.functions_dir({}, project=tmp_path / "wheel-install", cwd=here.parent)
-
-    assert found == here.resolve()
-
-
-def test_no_functions_anywhere_is_one_error_naming_the_setting(tmp_path: Path) -> None:
-    with pytest.raises(CliError, match="set LEASEQ_FUNCTIONS_DIR"):
-        invoke.functions_dir({}, project=tmp_path / "a", cwd=tmp_path / "b")
-
-
-def test_this_test_environment_is_installed_from_this_checkout() -> None:
-    assert invoke.installed_from() == REPO
-
-
-def test_reap_runs_the_reaper_of_the_folder_the_setting_names(
+def test_reap_runs_the_packaged_reaper_from_a_directory_without_a_checkout_and_no_setting(
     cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("LEASEQ_FUNCTIONS_DIR", str(_functions(tmp_path, released=42)))
+    # A functions/ folder here whose reaper would answer without a database, and the
+    # setting that once pointed the commands at such a folder: neither is looked at.
+    fake = tmp_path / "functions" / "reaper"
+    fake.mkdir(parents=True)
+    (fake / "app.py").write_text(
+        "def lambda_handler(event, context):\n    return {'released': 42}\n", encoding="utf-8")
+    monkeypatch.setenv("LEASEQ_FUNCTIONS_DIR", str(tmp_path / "functions"))
+    monkeypatch.chdir(tmp_path)
 
     result = cli("reap", "--json")
 
     assert result.code == 0, result.err
-    assert result.json() == {"task": "reaper", "released": 42}
+    assert (result.json()["task"], result.json()["status"], result.json()["released"]) == (
+        "reaper", "ok", 0)
+
+
+def test_this_test_environment_is_installed_from_this_checkout() -> None:
+    assert checkout.installed_from() == REPO
+
+
+def test_the_template_of_the_installed_checkout_comes_before_the_current_directorys(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "template.yaml").write_text("Resources: {}\n", encoding="utf-8")
+
+    assert checkout.default_template(tmp_path, project=REPO) == REPO / "template.yaml"
+
+
+def test_without_a_checkout_the_current_directorys_template_serves(tmp_path: Path) -> None:
+    (tmp_path / "here").mkdir()
+    (tmp_path / "here" / "template.yaml").write_text("Resources: {}\n", encoding="utf-8")
+
+    found = checkout.default_template(tmp_path / "here", project=tmp_path / "wheel-install")
+
+    assert found == tmp_path / "here" / "template.yaml"
+
+
+def test_no_template_anywhere_is_none(tmp_path: Path) -> None:
+    assert checkout.default_template(tmp_path / "b", project=tmp_path / "a") is None

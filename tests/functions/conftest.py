@@ -3,8 +3,9 @@ imports them, the sample events, and what the functions print (JSON logs and EMF
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -20,6 +21,14 @@ from tests.functions import handlers
 
 ROOT = Path(__file__).resolve().parents[2]
 HANDLERS_MODULE = "tests.functions.handlers"
+#: The package module of each function's code; functions/<name>/app.py re-exports its
+#: handler (tests/functions/test_adapters.py).
+HANDLER_MODULES = {
+    "worker": "leaseq_lambda.handlers.worker",
+    "reaper": "leaseq_lambda.handlers.reaper",
+    "enqueue": "leaseq_lambda.handlers.enqueue",
+    "dashboard": "leaseq_dashboard.function",
+}
 
 
 def load_event(name: str) -> dict[str, Any]:
@@ -28,14 +37,10 @@ def load_event(name: str) -> dict[str, Any]:
 
 
 def load_app(function: str) -> ModuleType:
-    """Import functions/<function>/app.py fresh, as a new execution environment would."""
-    path = ROOT / "functions" / function / "app.py"
-    spec = importlib.util.spec_from_file_location(f"leaseq_test_{function}_app", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """Import the function's handler module fresh, as a new execution environment would."""
+    name = HANDLER_MODULES[function]
+    sys.modules.pop(name, None)
+    return importlib.import_module(name)
 
 
 @dataclass

@@ -1,5 +1,5 @@
-"""functions/dashboard/app.py invoked with a function URL event, as Lambda invokes it,
-and with the events a direct Invoke could send instead."""
+"""The dashboard function (leaseq_dashboard.function) invoked with a function URL event,
+as Lambda invokes it, and with the events a direct Invoke could send instead."""
 
 from __future__ import annotations
 

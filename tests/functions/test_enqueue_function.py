@@ -1,5 +1,6 @@
-"""functions/enqueue/app.py: one job, a batch, or an EventBridge event in; one result
-per item out; bad input answered item by item, never with an unstructured error."""
+"""The enqueue function (leaseq_lambda.handlers.enqueue): one job, a batch, or an
+EventBridge event in; one result per item out; bad input answered item by item, never
+with an unstructured error."""
 
 from __future__ import annotations
 

@@ -18,6 +18,8 @@ import pytest
 from aws_lambda_powertools import Tracer
 from leaseq_lambda import telemetry
 
+from tests.functions.conftest import HANDLER_MODULES
+
 ROOT = Path(__file__).resolve().parents[2]
 FUNCTIONS = ("worker", "reaper", "enqueue")
 #: The X-Ray SDK, and the parts of botocore it builds a client with (Powertools itself
@@ -41,11 +43,13 @@ def run_fresh(code: str, **environ: str) -> dict[str, Any]:
 
 
 def import_function(function: str, **environ: str) -> dict[str, Any]:
+    """Import functions/<function>/app.py as Lambda does; its tracer is its package
+    module's (the adapter only re-exports the handler)."""
     return run_fresh(
-        "import json, sys, importlib.util\n"
+        "import json, sys\n"
         f"sys.path.insert(0, {str(ROOT / 'functions' / function)!r})\n"
         "import app\n"
-        "tracer = getattr(app, 'tracer', None)\n"
+        f"tracer = getattr(sys.modules[{HANDLER_MODULES[function]!r}], 'tracer', None)\n"
         f"print(json.dumps({{'loaded': [m for m in {TRACING_MODULES!r}"
         " if any(n == m or n.startswith(m + '.') for n in sys.modules)],"
         " 'tracing': getattr(tracer, 'enabled', None),"
@@ -74,8 +78,9 @@ def test_in_lambda_with_tracing_on_the_tracer_is_built_at_import_and_patches_bot
         f"sys.path.insert(0, {str(ROOT / 'functions' / 'worker')!r})\n"
         "import app\n"
         "from aws_xray_sdk.core import patcher\n"
-        "print(json.dumps({'tracing': app.tracer.enabled,"
-        " 'built': type(app.tracer._tracer).__module__,"
+        f"tracer = sys.modules[{HANDLER_MODULES['worker']!r}].tracer\n"
+        "print(json.dumps({'tracing': tracer.enabled,"
+        " 'built': type(tracer._tracer).__module__,"
         " 'patched': sorted(patcher._PATCHED_MODULES),"
         " 'xray': 'aws_xray_sdk.core' in sys.modules}))",
         LAMBDA_TASK_ROOT=str(ROOT))

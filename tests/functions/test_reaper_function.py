@@ -1,4 +1,4 @@
-"""functions/reaper/app.py invoked with the sample schedule event."""
+"""The reaper function (leaseq_lambda.handlers.reaper) invoked with the sample schedule event."""
 
 from __future__ import annotations
 

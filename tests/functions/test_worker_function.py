@@ -1,5 +1,6 @@
-"""functions/worker/app.py invoked as Lambda invokes it: sample events, a context whose
-remaining time the test sets, settings from the environment, a real database."""
+"""The worker function (leaseq_lambda.handlers.worker) invoked as Lambda invokes it:
+sample events, a context whose remaining time the test sets, settings from the
+environment, a real database."""
 
 from __future__ import annotations
 

@@ -221,15 +221,15 @@ def user_database(cluster: Cluster, fresh_database: Callable[[], Database],
     return database, project
 
 
-def test_the_installed_cli_migrates_enqueues_drains_and_reports_on_the_test_database(
+def test_the_installed_cli_migrates_enqueues_drains_reaps_and_reports_on_the_test_database(
     install: Install, user_database: tuple[Database, Path],
 ) -> None:
     database, project = user_database
     tenant = str(uuid.uuid4())
-    env = install.environment(
-        DATABASE_URL=database.worker_dsn, PYTHONPATH=str(project),
-        # The functions' code comes with the source release (the wheel has no functions/).
-        LEASEQ_FUNCTIONS_DIR=str(install.source / "functions"))
+    # The handlers come with the wheel (leaseq_lambda.handlers): no checkout, no setting
+    # naming one, and the current directory (the user's home) holds no functions/.
+    env = install.environment(DATABASE_URL=database.worker_dsn, PYTHONPATH=str(project))
+    assert not (install.home / "functions").exists()
 
     enqueued = install.run("leaseq", "enqueue", "--tenant", tenant, "--kind", "send_invoice",
                            "--payload", '{"number": "INV-7", "cents": 1200}', "--json", env=env)
@@ -237,13 +237,33 @@ def test_the_installed_cli_migrates_enqueues_drains_and_reports_on_the_test_data
     drained = install.run("leaseq", "drain", "--handlers", "invoice_handlers", "--budget", "20",
                           "--job-timeout", "5", "--json", env=env)
     assert drained.returncode == 0, drained.stderr
+    reaped = install.run("leaseq", "reap", "--json", env=env)
+    assert reaped.returncode == 0, reaped.stderr
     status = install.run("leaseq", "status", "--json", env=env)
     assert status.returncode == 0, status.stderr
 
     assert json.loads(enqueued.stdout)["jobs"][0]["status"] == "created"
+    assert (json.loads(reaped.stdout)["status"], json.loads(reaped.stdout)["released"]) == (
+        "ok", 0)
     assert (json.loads(drained.stdout)["succeeded"], json.loads(drained.stdout)["dead"]) == (1, 0)
     (entry,) = json.loads(status.stdout)["tenants"]
     assert (entry["tenant_id"], entry["states"]["succeeded"], entry["ready"]) == (tenant, 1, 0)
+
+
+def test_the_installed_cli_runs_the_demo_on_the_test_database_without_a_checkout(
+    install: Install, user_database: tuple[Database, Path],
+) -> None:
+    database, _ = user_database
+    env = install.environment(DATABASE_URL=database.worker_dsn)
+
+    demo = install.run("leaseq", "demo", "--json", env=env)
+
+    assert demo.returncode == 0, demo.stderr[-4000:]
+    document = json.loads(demo.stdout)
+    assert sum(tenant["jobs"] for tenant in document["tenants"]) == sum(
+        tenant["succeeded"] + tenant["dead"] for tenant in document["tenants"])
+    assert document["lease_recovered_job"] is not None  # the reaper ran, from the wheel
+    assert document["drain"]["reaper_invocations"] >= 1
 
 
 #: What Lambda does with the worker function: import app.py next to the layer's packages

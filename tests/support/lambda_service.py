@@ -1,8 +1,8 @@
 """The Lambda Invoke API, served by a real handler running in this process.
 
 moto's Lambda does not run code without Docker, so the producer client and the
-dead-letter resubmission are tested against this stand-in: it calls the real
-``functions/<name>/app.py`` handler (which talks to the test's real PostgreSQL) and
+dead-letter resubmission are tested against this stand-in: it calls the real function
+handler (``tests.functions.conftest.load_app``; it talks to the test's real PostgreSQL) and
 answers exactly as Lambda's Invoke does: HTTP 200 with the handler's JSON, or HTTP 200
 with ``FunctionError: Unhandled`` and Lambda's error document when the handler raised;
 HTTP 202 and nothing run yet for ``InvocationType=Event``.

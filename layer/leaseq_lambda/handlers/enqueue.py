@@ -24,6 +24,7 @@ from uuid import UUID
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from leaseq import LeaseqError, QueueClient, Registry
+
 from leaseq_lambda import runtime, telemetry
 from leaseq_lambda.enqueue import ready_now, rejection_error, response, submit
 from leaseq_lambda.events import parse_enqueue

@@ -8,6 +8,7 @@ from typing import Any
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from leaseq import LeaseqError, reap_once
+
 from leaseq_lambda import runtime, telemetry
 from leaseq_lambda.context import LambdaDeadline
 from leaseq_lambda.events import InvalidEventError, parse_tick

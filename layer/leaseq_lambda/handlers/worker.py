@@ -15,6 +15,7 @@ from typing import Any
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from leaseq import DatabaseError, LeaseqError
+
 from leaseq_lambda import runtime, scaling, telemetry
 from leaseq_lambda.context import LambdaDeadline, owner_id
 from leaseq_lambda.events import InvalidEventError, parse_tick

@@ -25,7 +25,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
-from leaseq_cli import arguments, demo, invoke
+from leaseq_cli import arguments, checkout, demo
 from leaseq_cli.commands._shared import local_home, target_for
 from leaseq_cli.failures import CliError, UsageError
 from leaseq_cli.render import Ui
@@ -79,11 +79,8 @@ def register(sub: Any, command: CommandFactory, needs_subcommand: Callable[..., 
 def _template(args: argparse.Namespace) -> Path:
     if args.template is not None:
         return Path(args.template)
-    try:  # the template next to the functions the other commands run (invoke.functions_dir)
-        found = invoke.functions_dir().parent / "template.yaml"
-    except CliError:
-        found = Path.cwd() / "template.yaml"
-    if not found.is_file():
+    found = checkout.default_template()
+    if found is None:
         raise UsageError("no template.yaml here: give --template")
     return found
 
