@@ -14,6 +14,7 @@ from leaseq.errors import (
     LeaseqError,
     MigrationBlockedError,
     PermissionDeniedError,
+    ResultTimeoutError,
     SchemaVersionError,
     TlsVerificationError,
 )
@@ -24,6 +25,7 @@ from leaseq.pool import PoolLimits, PoolSize, ScaleUp
 from leaseq.reaper import ReapReport, reap_once
 from leaseq.recorder import JobRecord
 from leaseq.registry import Registration, Registry
+from leaseq.results import JobResult, wait_for_result
 from leaseq.retry import RetryPolicy
 from leaseq.settings import (
     DatabaseSettings,
@@ -53,6 +55,7 @@ __all__ = [
     "JobLogFields",
     "JobOutcome",
     "JobRecord",
+    "JobResult",
     "JobState",
     "JobTimeout",
     "LeaseqError",
@@ -69,6 +72,7 @@ __all__ = [
     "ReaperSettings",
     "Registration",
     "Registry",
+    "ResultTimeoutError",
     "RetryJob",
     "RetryPolicy",
     "ScaleUp",
@@ -87,4 +91,5 @@ __all__ = [
     "migrate",
     "reap_once",
     "set_worker_pool_limits",
+    "wait_for_result",
 ]

@@ -33,7 +33,12 @@ from psycopg.types.json import Jsonb
 
 from leaseq import queries
 from leaseq.db import Connection, fetch_rows, prepare_connection, translate_errors
-from leaseq.errors import DatabaseUnavailableError, IdempotencyConflictError, InvalidRequestError
+from leaseq.errors import (
+    DatabaseUnavailableError,
+    IdempotencyConflictError,
+    InvalidRequestError,
+    ResultTimeoutError,
+)
 from leaseq.jobs import (
     ClaimedJob,
     EnqueueRequest,
@@ -45,6 +50,7 @@ from leaseq.jobs import (
     enqueue_call_problem,
 )
 from leaseq.pool import PoolLimits, PoolSize
+from leaseq.results import JobResult, poll_until_finished, read_result
 from leaseq.sessions import StalledSession
 
 T = TypeVar("T")
@@ -291,6 +297,27 @@ class QueueClient:
         rows = self._query(queries.GET_JOB_RESULT_BY_KEY,
                            {"tenant_id": tenant_id, "operation_key": operation_key})
         return rows[0] if rows else None
+
+    def job_result(self, tenant_id: UUID, *, job_id: UUID | None = None,
+                   operation_key: str | None = None) -> JobResult | None:
+        """What became of a job, named by id or by operation key (one of them): a
+        :class:`leaseq.results.JobResult`, or None when the tenant has no such job."""
+        return self._call(lambda conn: read_result(conn, tenant_id, job_id=job_id,
+                                                   operation_key=operation_key))
+
+    def wait_for_result(self, tenant_id: UUID, *, job_id: UUID | None = None,
+                        operation_key: str | None = None, timeout: float,
+                        **polling: Any) -> JobResult | None:
+        """Wait up to ``timeout`` seconds for the job to finish (bounded polling with
+        backoff and jitter: :func:`leaseq.results.poll_until_finished`) and return it;
+        None when there is no such job; :class:`ResultTimeoutError` when it is still
+        unfinished at the timeout."""
+        found = poll_until_finished(
+            lambda: self.job_result(tenant_id, job_id=job_id, operation_key=operation_key),
+            timeout, **polling)
+        if found is not None and not found.finished:
+            raise ResultTimeoutError(found, timeout)
+        return found
 
     # Claim and lease ----------------------------------------------------------------
 

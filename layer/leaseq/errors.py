@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from pydantic import ValidationError
 
+    from leaseq.results import JobResult
+
 
 class LeaseqError(Exception):
     """Base of every error leaseq raises."""
@@ -82,6 +84,18 @@ class PayloadRejectedError(InvalidRequestError):
 
 class IdempotencyConflictError(InvalidRequestError):
     """The operation key already names a job with a different kind or payload (23505)."""
+
+
+class ResultTimeoutError(LeaseqError):
+    """A producer waited for a job to finish, and it had not when the wait ended; ``job``
+    is how it was then. Ending the wait does nothing to the job."""
+
+    def __init__(self, job: JobResult, waited: float) -> None:
+        super().__init__(
+            f"job {job.id} of tenant {job.tenant_id} was still {job.state.value} (attempt "
+            f"{job.attempts} of {job.max_attempts}) when the wait of {waited:g} s ended; "
+            "the job goes on: read or wait for its result again later, or wait longer")
+        self.job = job
 
 
 class SchemaVersionError(LeaseqError):

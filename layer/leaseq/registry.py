@@ -102,6 +102,11 @@ class DeclaredKind(Generic[P, R]):
         return self._handler(payload, ctx)
 
     @property
+    def handler(self) -> Callable[[P, JobContext], R]:
+        """The function that was declared, as the worker calls it."""
+        return self._handler
+
+    @property
     def kind(self) -> str:
         """The job kind this handler is registered for."""
         return self.registration.kind
@@ -185,6 +190,10 @@ class Registry:
                 f"job kind {kind!r} is registered twice; register each kind once")
         if timeout is not None and timeout <= 0:
             raise ConfigurationError(f"timeout for kind {kind!r} must be positive seconds")
+        if isinstance(handler, DeclaredKind):
+            # A handler declared for another kind: the worker calls the function itself,
+            # so that an async one is still seen as async.
+            handler = handler.handler
         registration = Registration(kind, handler, payload, timeout, retry,
                                     is_async=is_async_handler(handler))
         self._by_kind[kind] = registration

@@ -9,7 +9,9 @@
   ``AWS_ENDPOINT_URL_LAMBDA``).
 * ``scaling``   the worker pool: fan-out while a backlog lasts, the wake after an enqueue
   (:func:`wake_worker` for producers that enqueue in their own transaction);
-* ``producer``  the producers' client: the enqueue function and the enqueue event bus;
+* ``producer``  the producers' client: the enqueue function and the enqueue event bus
+  (enqueue, read or wait for a job's result, throttles classified);
+* ``results``   the enqueue function's result operation (a job's state, result, last error);
 * ``dead_letters`` the enqueue dead-letter queue's records, and resubmitting them;
 * ``handlers_config`` the handlers' settings from the stack (``handlers_environment``);
 * ``demo_handlers`` the demo's job handlers, for a first deployed stack and ``leaseq demo``;

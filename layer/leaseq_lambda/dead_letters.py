@@ -34,6 +34,7 @@ from leaseq_lambda.producer import (
     ENQUEUE_DETAIL_TYPE,
     EnqueueFunction,
     EnqueueFunctionError,
+    EnqueueThrottledError,
 )
 
 __all__ = [
@@ -142,8 +143,9 @@ def resubmit(queue_url: str, function: EnqueueFunction, *, sqs: Any,
     * some jobs rejected (bad input, an idempotency conflict): the message stays, and is
       reported with the function's reasons; resubmitting it unchanged cannot succeed;
     * not a Lambda invocation record: it stays, reported as unreadable;
-    * the function failed again (the cause is not fixed): the message stays and the run
-      stops, so a broken database does not cycle the whole queue.
+    * the function failed again (the cause is not fixed), or is still throttled after
+      botocore's retries: the message stays and the run stops, so a broken database
+      does not cycle the whole queue.
 
     A message that stays becomes visible again after ``visibility_timeout`` seconds, so a
     run never looks at the same message twice.
@@ -178,7 +180,7 @@ def _resubmit_one(message: dict[str, Any], function: EnqueueFunction) -> Message
         return MessageOutcome(message_id, "unreadable", str(exc))
     try:
         answer = function.invoke(event)
-    except EnqueueFunctionError as exc:
+    except (EnqueueFunctionError, EnqueueThrottledError) as exc:
         return MessageOutcome(message_id, "failed", str(exc))
     if answer.rejected:
         reasons = "; ".join(f"job {item.index}: {item.reason}" for item in answer.rejected)

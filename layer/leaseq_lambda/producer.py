@@ -25,7 +25,9 @@ calls are split to fit the services' limits (1,000 jobs and about 6 MB per invok
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import random
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from uuid import UUID
@@ -38,8 +40,10 @@ from leaseq import (
     JobState,
     LeaseqError,
     PermissionDeniedError,
+    ResultTimeoutError,
 )
 from leaseq.limits import MAX_ENQUEUE
+from leaseq.results import JobResult
 
 __all__ = [
     "ENQUEUE_DETAIL_TYPE",
@@ -229,6 +233,14 @@ def _size(document: Any) -> int:
     return len(json.dumps(document, separators=(",", ":")).encode("utf-8"))
 
 
+def _document(raw: bytes) -> Any:
+    """An invocation's payload: its JSON, or its text when it is not JSON."""
+    try:
+        return json.loads(raw) if raw else None
+    except json.JSONDecodeError:
+        return raw.decode("utf-8", "replace")
+
+
 def _chunks(documents: list[dict[str, Any]], max_bytes: int) -> Iterator[list[dict[str, Any]]]:
     chunk: list[dict[str, Any]] = []
     used = 0
@@ -316,6 +328,57 @@ class EnqueueFunction:
         state = JobState.PENDING if item.status == "created" else None
         return EnqueueResult(0, UUID(item.job_id), item.status, state)
 
+    def result(self, tenant_id: UUID | str, job_id: UUID | str | None = None, *,
+               operation_key: str | None = None, wait: float = 0.0,
+               sleep: Callable[[float], None] = time.sleep,
+               clock: Callable[[], float] = time.monotonic) -> JobResult | None:
+        """What became of a job (named by id, or by ``operation_key``), read through the
+        function: no database login needed, only ``lambda:InvokeFunction`` on it, and a
+        door bound to some tenants reads only theirs (else PermissionDeniedError).
+
+        ``wait`` 0 reads once; more waits up to that many seconds for the job to finish:
+        each invocation waits within its own time (bounded polling, backoff and jitter,
+        :mod:`leaseq_lambda.results`) and the client invokes again, after a short
+        backoff, until the job has finished or the wait is over, then raises
+        :class:`leaseq.ResultTimeoutError`. None when the tenant has no such job."""
+        deadline = clock() + max(0.0, wait)
+        pause = 0.1
+        while True:
+            left = max(0.0, deadline - clock())
+            event: dict[str, Any] = {"operation": "result", "tenant_id": str(tenant_id),
+                                     "wait_seconds": round(min(left, 900.0), 3)}
+            if job_id is not None:
+                event["job_id"] = str(job_id)
+            if operation_key is not None:
+                event["operation_key"] = operation_key
+            found = self._read(event)
+            if found is None or found.finished or wait <= 0:
+                return found
+            left = deadline - clock()
+            if left <= 0:
+                raise ResultTimeoutError(found, wait)
+            sleep(min(left, pause * (0.5 + 0.5 * random.random())))
+            pause = min(2.0, pause * 2)
+
+    def _read(self, event: dict[str, Any]) -> JobResult | None:
+        response = self._call(None, FunctionName=self.function,
+                              InvocationType="RequestResponse",
+                              Payload=json.dumps(event).encode("utf-8"))
+        document = _document(response["Payload"].read())
+        if response.get("FunctionError"):
+            raise EnqueueFunctionError(self.function, str(response["FunctionError"]), document,
+                                       EnqueueAnswer())
+        if not isinstance(document, dict) or document.get("operation") != "result":
+            raise EnqueueFunctionError(self.function, "unexpected answer", document,
+                                       EnqueueAnswer())
+        rejected = document.get("rejected")
+        if isinstance(rejected, dict):
+            sqlstate = rejected.get("sqlstate")
+            error = PermissionDeniedError if sqlstate == "42501" else InvalidRequestError
+            raise error(str(rejected.get("reason")), sqlstate=sqlstate)
+        job = document.get("job")
+        return None if job is None else JobResult.from_row(job)
+
     def invoke(self, event: Mapping[str, Any], *,
                answered: EnqueueAnswer | None = None) -> EnqueueAnswer:
         """One synchronous invocation with ``event`` as it is (a job, a batch or an
@@ -323,11 +386,7 @@ class EnqueueFunction:
         response = self._call(answered, FunctionName=self.function,
                               InvocationType="RequestResponse",
                               Payload=json.dumps(event).encode("utf-8"))
-        raw = response["Payload"].read()
-        try:
-            document: Any = json.loads(raw) if raw else None
-        except json.JSONDecodeError:
-            document = raw.decode("utf-8", "replace")
+        document = _document(response["Payload"].read())
         error = response.get("FunctionError")
         if error:
             raise EnqueueFunctionError(self.function, str(error), document,

@@ -415,6 +415,15 @@ def record_enqueue(metrics: Metrics, created: int, existing: int, rejected: int)
     metrics.add_metric(name="EnqueueRejected", unit=MetricUnit.Count, value=rejected)
 
 
+def record_result_read(metrics: Metrics, *, refused: bool) -> None:
+    """A producer's read of a job's result through the enqueue function: ``ResultReads``
+    (found or not), ``ResultReadsRefused`` (a query that did not validate, or a tenant its
+    login may not read)."""
+    metrics.add_metric(name="ResultReads", unit=MetricUnit.Count, value=0 if refused else 1)
+    metrics.add_metric(name="ResultReadsRefused", unit=MetricUnit.Count,
+                       value=1 if refused else 0)
+
+
 def record_pool(metrics: Metrics, size: PoolSize | None, *, full: bool,
                 fan_out: FanOutReport | None = None) -> None:
     """A pooled worker invocation: the live places (``WorkerPoolSize``, when it could be

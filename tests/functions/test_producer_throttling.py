@@ -215,3 +215,32 @@ def test_entries_the_bus_throttled_one_by_one_are_named_as_throttled() -> None:
 
     with pytest.raises(EventsNotAccepted, match="1 of them were throttled: put them again"):
         EnqueueEventBus("bus", "billing", client=PartlyThrottled()).put([job("a")])
+
+
+def test_resubmit_stops_at_a_throttled_function_and_keeps_every_message(
+    lambda_env: pytest.MonkeyPatch,
+) -> None:
+    from botocore.stub import Stubber
+    from leaseq_lambda.dead_letters import resubmit
+    from moto import mock_aws
+
+    from tests.functions.test_producer import dead_letter_queue, invocation_record, left_in
+
+    with mock_aws():
+        sqs, url = dead_letter_queue(*(invocation_record({"jobs": [job(f"k{n}")]})
+                                       for n in range(2)))
+        client = boto3.client("lambda", config=producer_config())
+        stubber = Stubber(client)
+        stubber.add_client_error(
+            "invoke", service_error_code="TooManyRequestsException", http_status_code=429,
+            service_message="Rate Exceeded.",
+            response_meta={"RetryAttempts": MAX_ATTEMPTS - 1})
+        with stubber:
+            report = resubmit(url, EnqueueFunction("leaseq-enqueue", client=client), sqs=sqs)
+        assert left_in(sqs, url) == 2
+
+    assert report.stopped_on_failure
+    (outcome,) = report.messages
+    assert outcome.outcome == "failed"
+    assert f"was throttled (TooManyRequestsException) on all {MAX_ATTEMPTS} attempts" in (
+        outcome.detail)

@@ -88,10 +88,14 @@ def test_a_declared_handler_is_still_the_handler_the_worker_calls() -> None:
     assert send_welcome_email.__name__ == "send_welcome_email"
     assert send_welcome_email.kind == "send_welcome_email"
     # The worker still gets the function itself, and sees an async one as async.
-    assert registration.handler is send_welcome_email.__wrapped__  # type: ignore[attr-defined]
+    assert registration.handler is send_welcome_email.handler
     ping_registration = registry.get("ping")
     assert ping_registration is not None
     assert ping_registration.is_async
+    # Registered again for another kind, the declared handler is still the function.
+    again = Registry().register("ping.again", ping)
+    assert again.handler is ping.handler
+    assert again.is_async
 
 
 def test_defer_in_the_producers_transaction_stores_the_job_only_if_it_commits(

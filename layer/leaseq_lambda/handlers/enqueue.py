@@ -15,6 +15,15 @@ by default it is a trusted multi-tenant door (whoever may invoke it may enqueue 
 tenant). With ``LEASEQ_ENQUEUE_TENANTS`` (the stack's EnqueueTenants) its login is bound
 to those tenants in the database, and a job for any other tenant is rejected, nothing
 stored for it (docs/deploy.md, "Which tenants the enqueue function serves").
+
+Which jobs: with ``LEASEQ_ENQUEUE_HANDLERS`` (the stack's EnqueueChecksJobs) the function
+imports the workers' handlers module and rejects, item by item, a kind it does not
+register or a payload its model refuses, before anything is stored; without it, any
+kind and payload the queue accepts are stored, and the worker judges them.
+
+Results: an event ``{"operation": "result", "tenant_id": ..., "job_id": ...}`` reads what
+became of a job instead, waiting up to its ``wait_seconds`` within this invocation's time
+(:mod:`leaseq_lambda.results`); the login's tenant binding decides what it may read.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from leaseq import LeaseqError, QueueClient, Registry
 from leaseq_lambda import runtime, telemetry
 from leaseq_lambda.enqueue import ready_now, rejection_error, response, submit
 from leaseq_lambda.events import parse_enqueue
+from leaseq_lambda.results import answer_result, is_result_query
 from leaseq_lambda.scaling import wake_after_enqueue
 
 logger = telemetry.make_logger()
@@ -49,6 +59,23 @@ def _registry() -> Registry | None:
     return runtime.get().enqueue_registry()
 
 
+def _read_result(event: Any, context: LambdaContext) -> dict[str, Any]:
+    answer = answer_result(event, _client,
+                           lambda: context.get_remaining_time_in_millis() / 1000)
+    fields: dict[str, Any] = {"waited_up_to": round(answer.waited_for, 3)}
+    if answer.job is not None:
+        fields.update(tenant_id=str(answer.job.tenant_id), job_id=str(answer.job.id),
+                      kind=answer.job.kind, state=answer.job.state.value)
+    refused = "rejected" in answer.document
+    if refused:
+        logger.warning("job result refused", extra={
+            **fields, "reason": answer.document["rejected"]["reason"]})
+    else:
+        logger.info("job result read", extra={**fields, "found": answer.job is not None})
+    telemetry.record_result_read(metrics, refused=refused)
+    return answer.document
+
+
 @metrics.log_metrics(capture_cold_start_metric=True)
 @tracer.capture_lambda_handler(capture_response=False)  # up to 1000 items: too big to trace
 @logger.inject_lambda_context(clear_state=True)
@@ -56,6 +83,8 @@ def _registry() -> Registry | None:
 def lambda_handler(event: Any, context: LambdaContext) -> dict[str, Any]:
     """Enqueue one job or a batch; answer every item, log each and count them (see the
     module docstring for what raises)."""
+    if is_result_query(event):
+        return _read_result(event, context)
     batch = parse_enqueue(event, context.aws_request_id)
     # The id items without their own correlation id get: on every line of the call.
     logger.set_correlation_id(
