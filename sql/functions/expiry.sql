@@ -14,6 +14,7 @@ set search_path = pg_catalog, pg_temp
 as $$
 declare
   v_now timestamptz := clock_timestamp();
+  v_step interval := app.priority_step();
   v_count integer;
   v_retrying uuid[];
   v_retrying_kinds text[];
@@ -32,6 +33,8 @@ begin
     set state = case when j.attempts >= j.max_attempts then 'dead'::app.job_state
                      else 'retry_wait'::app.job_state end,
         available_at = case when j.attempts >= j.max_attempts then j.available_at else v_now end,
+        claim_key = case when j.attempts >= j.max_attempts then j.claim_key
+                         else v_now - (j.priority - 1) * v_step end,
         last_error = jsonb_build_object('code', 'LEASE_EXPIRED',
                                         'retryable', j.attempts < j.max_attempts,
                                         'leaseOwner', e.lease_owner),

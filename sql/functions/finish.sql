@@ -74,6 +74,7 @@ as $$
 #variable_conflict use_column
 declare
   v_now timestamptz := clock_timestamp();
+  v_step interval := app.priority_step();
   v_count integer := coalesce(cardinality(p_job_ids), 0);
   v_bad record;
   v_retry_tenants uuid[];
@@ -163,6 +164,9 @@ begin
         last_error = case when i.outcome = 'succeeded' then j.last_error else i.detail end,
         available_at = case when i.outcome = 'retry' and j.attempts < j.max_attempts
                             then v_now + i.delay else j.available_at end,
+        claim_key = case when i.outcome = 'retry' and j.attempts < j.max_attempts
+                         then v_now + i.delay - (j.priority - 1) * v_step
+                         else j.claim_key end,
         lease_owner = null,
         lease_token = null,
         lease_expires_at = null,
@@ -284,6 +288,7 @@ as $$
 #variable_conflict use_column
 declare
   v_now timestamptz := clock_timestamp();
+  v_step interval := app.priority_step();
   v_count integer := coalesce(cardinality(p_job_ids), 0);
 begin
   perform app.check_owner(p_owner);
@@ -329,6 +334,7 @@ begin
                      else 'retry_wait'::app.job_state end,
         attempts = case when i.too_often then j.attempts else j.attempts - 1 end,
         available_at = v_now,
+        claim_key = v_now - (j.priority - 1) * v_step,
         completed_at = case when i.too_often then v_now else j.completed_at end,
         last_error = case when i.too_often then jsonb_build_object(
                        'code', 'GIVEN_BACK_TOO_OFTEN', 'kind', j.kind, 'givenBack', 10,
