@@ -80,6 +80,7 @@ def enqueue_jobs(conn: psycopg.Connection[Any],
         "available_ats": [r.available_at for r in requests],
         "max_attempts": [r.max_attempts for r in requests],
         "correlation_ids": [r.correlation_id for r in requests],
+        "priorities": [r.priority for r in requests],
     }
     rows = fetch_rows(conn, queries.ENQUEUE_JOBS, params)
     return [

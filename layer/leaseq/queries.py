@@ -14,7 +14,8 @@ from typing import Final, LiteralString
 ENQUEUE_JOBS: Final[LiteralString] = (
     "select ord, job_id, status, state, error from app.enqueue_jobs("
     "%(tenant_ids)s::uuid[], %(operation_keys)s::text[], %(kinds)s::text[], %(payloads)s::jsonb[],"
-    " %(available_ats)s::timestamptz[], %(max_attempts)s::integer[], %(correlation_ids)s::text[])"
+    " %(available_ats)s::timestamptz[], %(max_attempts)s::integer[], %(correlation_ids)s::text[],"
+    " %(priorities)s::integer[])"
 )
 
 # The claims' kind filter (kinds, exclude_kinds) is NULL, NULL for every kind.

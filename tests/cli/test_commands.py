@@ -58,6 +58,42 @@ def test_enqueue_one_job_then_status_counts_it_for_its_tenant(cli: Cli, owner: C
     assert "oldest ready" in table.out
 
 
+def test_enqueue_with_a_priority_stores_it_and_refuses_one_outside_1_to_9(
+    cli: Cli, owner: Conn
+) -> None:
+    tenant = new_tenant()
+    result = cli("enqueue", "--tenant", str(tenant), "--kind", "k", "--priority", "8", "--json")
+    assert result.code == 0, result.err
+    (created,) = result.json()["jobs"]
+    assert job(owner, uuid.UUID(created["job_id"]))["priority"] == 8
+    for bad in ("0", "10", "high"):
+        refused = cli("enqueue", "--tenant", str(tenant), "--kind", "k", "--priority", bad)
+        assert refused.code == 2
+        assert "--priority" in refused.err
+    assert owner.execute("select count(*) as n from app.jobs").fetchone() == {"n": 1}
+
+
+def test_enqueue_file_lines_carry_their_priority_and_a_bad_one_names_its_line(
+    cli: Cli, tmp_path: Path, owner: Conn
+) -> None:
+    tenant = str(new_tenant())
+    path = _write_jobs(tmp_path / "jobs.jsonl", [
+        {"tenant_id": tenant, "operation_key": "a", "kind": "k", "payload": {}, "priority": 2},
+        {"tenant_id": tenant, "operation_key": "b", "kind": "k", "payload": {}},
+    ])
+    assert cli("enqueue", "--file", str(path)).code == 0
+    stored = owner.execute("select operation_key, priority from app.jobs order by 1").fetchall()
+    assert [(r["operation_key"], r["priority"]) for r in stored] == [("a", 2), ("b", 5)]
+    with_flag = cli("enqueue", "--file", str(path), "--priority", "9")
+    assert with_flag.code == 2
+    assert "each line may carry its priority" in with_flag.err
+    bad = _write_jobs(tmp_path / "bad.jsonl", [
+        {"tenant_id": tenant, "operation_key": "c", "kind": "k", "payload": {}, "priority": 12}])
+    refused = cli("enqueue", "--file", str(bad))
+    assert refused.code == 2
+    assert f"{bad} line 1: priority: Input should be less than or equal to 9" in refused.err
+
+
 def test_enqueue_from_a_json_lines_file_is_idempotent_when_loaded_again(
     cli: Cli, tmp_path: Path, owner: Conn
 ) -> None:
