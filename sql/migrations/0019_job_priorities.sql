@@ -93,3 +93,6 @@ where state in ('pending', 'retry_wait');
 drop function if exists app.enqueue_jobs(uuid[], text[], text[], jsonb[], timestamptz[],
                                          integer[], text[]);
 drop function if exists app.enqueue_job(uuid, text, text, jsonb, timestamptz, integer);
+
+-- Readers see a job's priority and key (app.reader_job_wait_reasons tells why it waits).
+grant select (priority, claim_key) on app.jobs to authenticated;

@@ -281,7 +281,7 @@ def test_only_the_owner_sets_the_priority_step_within_its_range(
                         (timedelta(seconds=5),)).fetchone()
     assert row is not None
     assert row["step"] == timedelta(seconds=5)
-    for role in (postgres.PRODUCER, postgres.WORKER, postgres.OPERATOR):
+    for role in (postgres.PRODUCER, postgres.DUTY_WORKER, postgres.OPERATOR):
         with db.connect(role) as conn, raises_sqlstate("42501"):
             conn.execute("select app.set_priority_step(interval '1 hour')")
         with db.connect(role) as conn, raises_sqlstate("42501"):

@@ -180,6 +180,7 @@ READER_FUNCTIONS = {
     "app.reader_list_jobs(app.job_state,uuid,text,timestamp with time zone,"
     "timestamp with time zone,timestamp with time zone,uuid,integer)",
     "app.reader_get_job(uuid)",
+    "app.reader_job_wait_reasons(uuid[])",
     "app.reader_job_timeline(uuid,integer)",
 }
 
