@@ -107,6 +107,15 @@ QUEUE_STATUS: Final[LiteralString] = (
     " next_ready_in from app.queue_status(%(tenant_id)s)"
 )
 GET_JOB: Final[LiteralString] = "select * from app.get_job(%(job_id)s)"
+JOB_WAIT_REASONS: Final[LiteralString] = (
+    "select * from app.job_wait_reasons(%(job_ids)s::uuid[])"
+)
+READER_JOB_WAIT_REASONS: Final[LiteralString] = (
+    "select * from app.reader_job_wait_reasons(%(job_ids)s::uuid[])"
+)
+WAITING_JOBS: Final[LiteralString] = (
+    "select tenant_id, reason, jobs, next_at from app.waiting_jobs(%(tenant_id)s)"
+)
 JOB_TIMELINE: Final[LiteralString] = (
     "select sequence, event_type, actor, details, created_at"
     " from app.job_timeline(%(job_id)s, %(limit)s)"

@@ -199,6 +199,37 @@ def test_jobs_show_prints_the_job_and_its_timeline(cli: Cli, worker: Conn) -> No
     assert "lease_token" not in document["job"]
 
 
+def test_jobs_show_and_status_say_why_a_pending_job_is_not_running(
+    cli: Cli, worker: Conn, owner: Conn
+) -> None:
+    tenant = new_tenant()
+    urgent = enqueue(worker, tenant, "urgent")["id"]
+    owner.execute("update app.jobs set priority = 9 where id = %s", (urgent,))
+    normal = enqueue(worker, tenant, "normal")["id"]
+    later = enqueue(worker, tenant, "later")["id"]
+    owner.execute("update app.jobs set available_at = clock_timestamp() + interval '1 hour'"
+                  " where id = %s", (later,))
+
+    shown = cli("jobs", "show", str(normal))
+    assert shown.code == 0, shown.err
+    assert "behind higher-priority work: 1 ahead in its tenant, 1 of higher priority" in (
+        " ".join(shown.out.split()))
+    document = cli("jobs", "show", str(normal), "--json").json()
+    assert (document["wait"]["reason"], document["wait"]["jobs_ahead"],
+            document["wait"]["priority"]) == ("behind_priority", 1, 5)
+    assert "not yet due, until" in cli("jobs", "show", str(later)).out
+    assert cli("jobs", "show", str(urgent), "--json").json()["wait"]["reason"] == "ready"
+
+    status = cli("status", "--tenant", str(tenant), "--json").json()
+    (entry,) = status["tenants"]
+    assert {reason: w["jobs"] for reason, w in entry["waiting"].items()} == {
+        "behind_priority": 1, "ready": 1, "scheduled": 1}
+    table = " ".join(cli("status", "--tenant", str(tenant)).out.split())
+    for words in ("waiting jobs", "behind higher-priority work", "ready, next in its tenant",
+                  "not yet due"):
+        assert words in table
+
+
 def test_jobs_show_of_an_unknown_id_exits_4_with_one_line(cli: Cli) -> None:
     missing = uuid.uuid4()
     result = cli("jobs", "show", str(missing))
