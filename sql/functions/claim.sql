@@ -1,8 +1,19 @@
 -- leaseq functions: claim and renew leases.
 --
--- Claims lock the oldest ready rows with FOR UPDATE SKIP LOCKED, so concurrent claimers
--- never wait on, nor double-claim, each other's rows. A lease is 1 second .. 1 day; a
--- claim takes 1 .. 100 jobs.
+-- Claims lock the first ready rows in claim order with FOR UPDATE SKIP LOCKED, so
+-- concurrent claimers never wait on, nor double-claim, each other's rows. A lease is
+-- 1 second .. 1 day; a claim takes 1 .. 100 jobs.
+--
+-- Claim order, within a tenant (and a kind): claim_key, then created_at, then id. The key
+-- is available_at less (priority - 1) x app.settings.priority_step, written whenever a
+-- job becomes claimable (enqueue.sql tells why: aging), so a claim stays one walk of
+-- jobs_claimable_idx (tenant_id, claim_key, created_at, id) include (available_at). A job
+-- is claimable when available_at <= now; its key is never later than that, so the walk
+-- has claim_key <= now as its index bound and available_at <= now as a filter on the
+-- included column, which skips only the jobs due within the next (priority - 1) steps.
+-- Turns (below) still follow available_at: a tenant's next claimable time is the least
+-- available_at among its jobs keyed before the due time of its first job in claim order
+-- (any job due earlier has an earlier key), a bounded range of the same index.
 --
 -- The claim functions plan their statements once per session (plan_cache_mode =
 -- force_generic_plan). PL/pgSQL plans a statement with parameters again for every call
@@ -10,7 +21,7 @@
 -- always look costlier generically (their LIMIT and due-time cut-off are parameters):
 -- measured with bench/, planning was about 15% of the server's CPU per job in a no-op
 -- drain. Their best plan does not depend on the values (walk jobs_claimable_idx of one
--- tenant in (available_at, created_at, id) order, lock with SKIP LOCKED, stop at the
+-- tenant in (claim_key, created_at, id) order, lock with SKIP LOCKED, stop at the
 -- limit); tests/sql/test_query_plans.py checks exactly those plans on a large table.
 
 -- Claim rows this transaction has already locked FOR UPDATE: one INSERT ... SELECT of
@@ -58,15 +69,15 @@ end;
 $$;
 revoke all on function app.claim_locked_jobs(uuid[], text, interval, timestamptz) from public;
 
--- Claims take the oldest ready rows with FOR UPDATE SKIP LOCKED in a subquery whose
--- LIMIT applies to rows this transaction actually locked, so concurrent claimers walk
--- past each other instead of queueing on the same rows; claim_locked_jobs then writes
+-- Claims take the first ready rows in claim order with FOR UPDATE SKIP LOCKED in a
+-- subquery whose LIMIT applies to rows this transaction actually locked, so concurrent
+-- claimers walk past each other instead of queueing on the same rows; claim_locked_jobs then writes
 -- all their 'claimed' audit rows with one INSERT ... SELECT and updates them with one
 -- UPDATE. Argument checks are plain expressions; the helper that raises the detailed
 -- message only runs when one fails.
 --
 -- With a kind filter (p_kinds: only these kinds; p_exclude_kinds: every kind but these;
--- app.check_kind_filter) the candidates are each kind's oldest ready jobs, from
+-- app.check_kind_filter) the candidates are each kind's first ready jobs, from
 -- jobs_kind_claimable_idx (tenant, kind, claim order), so jobs of other kinds are never
 -- read: the up to p_limit first of every kind, merged in claim order and then locked in
 -- that order (SKIP LOCKED, LIMIT p_limit), so only the rows claimed are locked. With
@@ -276,8 +287,8 @@ end;
 $$;
 revoke all on function app.wake_tenants(uuid[], timestamptz[], text[]) from public;
 
--- Tenants with a job ready now, in tenant_id order, with their oldest ready job's
--- available_at. Only tenants whose turn is due can have one (see above), so this reads
+-- Tenants with a job ready now, in tenant_id order, with the available_at of their
+-- first ready job in claim order. Only tenants whose turn is due can have one (see above), so this reads
 -- the due turns (tenant_turns_due_idx) and probes each tenant's first ready entry in
 -- jobs_claimable_idx: its cost follows the tenants with ready work (or a stale turn),
 -- never those whose work is all in the future. Planned for each call's time (custom
