@@ -26,7 +26,9 @@
 -- jobs_claimable_idx and jobs_kind_claimable_idx are rebuilt on the key, in the same
 -- places of the table as before (partial, on pending and retry_wait jobs). Built without
 -- CONCURRENTLY because migrations run in a transaction: the table is locked against
--- writes while they build (seconds per million claimable jobs).
+-- writes while the backfill below rewrites every row (finished ones too) and the indexes
+-- build, and the backfill writes WAL for every row; on a large table, prune the finished
+-- history first and deploy in a quiet hour.
 --
 -- Existing jobs get priority 5 and the key their available_at gives them, in every state
 -- (a finished job's key is never read, but stays defined). Between this transaction and
