@@ -12,6 +12,7 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from psycopg.types.json import Jsonb
 
 from tests.conftest import Database
@@ -138,8 +139,9 @@ def test_a_claim_by_kind_takes_urgent_jobs_of_its_kinds_first(
     assert [r["id"] for r in fair] == [normal]
 
 
+@pytest.mark.parametrize("fair", [False, True], ids=["claim_jobs", "claim_ready_jobs"])
 def test_a_low_priority_job_starts_within_the_bound_under_a_continuous_urgent_stream(
-    worker: Conn, owner: Conn
+    worker: Conn, owner: Conn, fair: bool
 ) -> None:
     """Two urgent jobs arrive per claim of one: the urgent backlog never empties, yet
     the priority-1 job is overtaken only by urgent jobs due less than 8 steps after it."""
@@ -156,7 +158,10 @@ def test_a_low_priority_job_starts_within_the_bound_under_a_continuous_urgent_st
             urgent = enqueue_at(worker, tenant, f"urgent-{k}", 9)["id"]
             due_ago(owner, urgent, start - k * gap)
             pending_urgent += 1
-        taken = claim_one(worker, tenant)
+        if fair:
+            (taken,) = claim_ready(worker, 1)
+        else:
+            taken = claim_one(worker, tenant)
         if taken["id"] == low:
             break
         pending_urgent -= 1
