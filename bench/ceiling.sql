@@ -1,9 +1,10 @@
 -- The set-based ceiling, run by pgbench (simple protocol) on leaseq's own schema.
 --
 -- One transaction per 10 jobs, no client code between the statements: claim the first
--- 10 claimable rows of jobs_claimable_idx (SKIP LOCKED, lease owner + random token +
--- expiry, attempts + 1) and write their 'claimed' events; then complete exactly those
--- rows, fenced by id + owner + token + live lease, and write their 'succeeded' events.
+-- 10 claimable rows of jobs_claimable_idx, in its claim-key order (SKIP LOCKED, lease
+-- owner + random token + expiry, attempts + 1) and write their 'claimed' events; then
+-- complete exactly those rows, fenced by id + owner + token + live lease, and write
+-- their 'succeeded' events.
 -- Every row change and audit row of leaseq's own claim-then-finish is here, but
 -- there is no fairness across tenants and there is one commit per batch, not two.
 BEGIN;
@@ -11,8 +12,9 @@ WITH picked AS MATERIALIZED (
   SELECT j.id
   FROM app.jobs j
   WHERE j.state IN ('pending', 'retry_wait')
+    AND j.claim_key <= clock_timestamp()
     AND j.available_at <= clock_timestamp()
-  ORDER BY j.tenant_id, j.available_at, j.created_at, j.id
+  ORDER BY j.tenant_id, j.claim_key, j.created_at, j.id
   LIMIT 10
   FOR UPDATE SKIP LOCKED
 ), claimed AS (

@@ -1,4 +1,4 @@
--- The tables of schema app as the migrations leave them (after 0020_cancel_running_jobs).
+-- The tables of schema app as the migrations leave them (after 0021_job_priorities).
 --
 -- Generated from a freshly migrated database by scripts/write-schema: do not edit. After adding
 -- a migration, run scripts/write-schema and commit this file with it;
@@ -169,13 +169,16 @@ CREATE TABLE app.jobs (
     correlation_id text,
     cancel_requested_at timestamp with time zone,
     cancel_requested_by text,
+    priority smallint DEFAULT 5 NOT NULL,
+    claim_key timestamp with time zone NOT NULL,
     CONSTRAINT jobs_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT jobs_available_at_finite CHECK (isfinite(available_at)),
     CONSTRAINT jobs_correlation_id_shape CHECK (((correlation_id IS NULL) OR ((length(correlation_id) >= 1) AND (length(correlation_id) <= 200)))),
     CONSTRAINT jobs_kind_shape CHECK ((((length(kind) >= 1) AND (length(kind) <= 128)) AND (kind !~ '^\s*$'::text))),
     CONSTRAINT jobs_lease_shape CHECK ((((state = 'running'::app.job_state) AND (lease_owner IS NOT NULL) AND (lease_token IS NOT NULL) AND (lease_expires_at IS NOT NULL)) OR ((state <> 'running'::app.job_state) AND (lease_owner IS NULL) AND (lease_token IS NULL) AND (lease_expires_at IS NULL)))),
     CONSTRAINT jobs_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 20))),
-    CONSTRAINT jobs_operation_key_shape CHECK ((((length(operation_key) >= 1) AND (length(operation_key) <= 255)) AND (operation_key !~ '^\s*$'::text)))
+    CONSTRAINT jobs_operation_key_shape CHECK ((((length(operation_key) >= 1) AND (length(operation_key) <= 255)) AND (operation_key !~ '^\s*$'::text))),
+    CONSTRAINT jobs_priority_range CHECK (((priority >= 1) AND (priority <= 9)))
 )
 WITH (fillfactor='80', autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000', autovacuum_analyze_scale_factor='0.02', autovacuum_vacuum_cost_delay='0');
 
@@ -192,7 +195,7 @@ ALTER TABLE app.jobs
     ADD CONSTRAINT jobs_cancel_request_shape CHECK ((((cancel_requested_at IS NULL) = (cancel_requested_by IS NULL)) AND ((cancel_requested_by IS NULL) OR ((length(cancel_requested_by) >= 1) AND (length(cancel_requested_by) <= 200))) AND ((cancel_requested_at IS NULL) OR (state = ANY (ARRAY['running'::app.job_state, 'cancelled'::app.job_state]))))) NOT VALID;
 
 -- INDEX: jobs_claimable_idx
-CREATE INDEX jobs_claimable_idx ON app.jobs USING btree (tenant_id, available_at, created_at, id) WHERE (state = ANY (ARRAY['pending'::app.job_state, 'retry_wait'::app.job_state]));
+CREATE INDEX jobs_claimable_idx ON app.jobs USING btree (tenant_id, claim_key, created_at, id) INCLUDE (available_at) WHERE (state = ANY (ARRAY['pending'::app.job_state, 'retry_wait'::app.job_state]));
 
 -- INDEX: jobs_completed_idx
 CREATE INDEX jobs_completed_idx ON app.jobs USING btree (completed_at) WHERE (completed_at IS NOT NULL);
@@ -201,7 +204,7 @@ CREATE INDEX jobs_completed_idx ON app.jobs USING btree (completed_at) WHERE (co
 CREATE INDEX jobs_dead_tenant_idx ON app.jobs USING btree (tenant_id, completed_at, id) INCLUDE (kind) WHERE (state = 'dead'::app.job_state);
 
 -- INDEX: jobs_kind_claimable_idx
-CREATE INDEX jobs_kind_claimable_idx ON app.jobs USING btree (tenant_id, kind, available_at, created_at, id) WHERE (state = ANY (ARRAY['pending'::app.job_state, 'retry_wait'::app.job_state]));
+CREATE INDEX jobs_kind_claimable_idx ON app.jobs USING btree (tenant_id, kind, claim_key, created_at, id) INCLUDE (available_at) WHERE (state = ANY (ARRAY['pending'::app.job_state, 'retry_wait'::app.job_state]));
 
 -- INDEX: jobs_lease_expiry_idx
 CREATE INDEX jobs_lease_expiry_idx ON app.jobs USING btree (lease_expires_at) WHERE (state = 'running'::app.job_state);
@@ -214,6 +217,12 @@ CREATE INDEX jobs_unsuccessful_idx ON app.jobs USING btree (state, completed_at,
 
 -- INDEX: jobs_waiting_idx
 CREATE INDEX jobs_waiting_idx ON app.jobs USING btree (state, available_at, id) INCLUDE (tenant_id, kind) WHERE (state = ANY (ARRAY['pending'::app.job_state, 'retry_wait'::app.job_state]));
+
+-- TRIGGER: jobs jobs_fill_claim_key
+CREATE TRIGGER jobs_fill_claim_key BEFORE INSERT ON app.jobs FOR EACH ROW WHEN ((new.claim_key IS NULL)) EXECUTE FUNCTION app.fill_claim_key();
+
+-- TRIGGER: jobs jobs_refresh_claim_key
+CREATE TRIGGER jobs_refresh_claim_key BEFORE UPDATE OF available_at, priority ON app.jobs FOR EACH ROW WHEN (((NOT (new.claim_key IS DISTINCT FROM old.claim_key)) AND ((new.available_at IS DISTINCT FROM old.available_at) OR (new.priority IS DISTINCT FROM old.priority)))) EXECUTE FUNCTION app.fill_claim_key();
 
 -- ROW SECURITY: jobs
 ALTER TABLE app.jobs ENABLE ROW LEVEL SECURITY;
@@ -241,6 +250,8 @@ GRANT SELECT(completed_at) ON TABLE app.jobs TO authenticated;
 GRANT SELECT(correlation_id) ON TABLE app.jobs TO authenticated;
 GRANT SELECT(cancel_requested_at) ON TABLE app.jobs TO authenticated;
 GRANT SELECT(cancel_requested_by) ON TABLE app.jobs TO authenticated;
+GRANT SELECT(priority) ON TABLE app.jobs TO authenticated;
+GRANT SELECT(claim_key) ON TABLE app.jobs TO authenticated;
 
 -- ======================================================================================
 -- app.kind_turns
@@ -318,9 +329,11 @@ CREATE TABLE app.settings (
     start_hold interval DEFAULT '00:01:30'::interval NOT NULL,
     -- Each login wakes a worker at most once per this long.
     wake_debounce interval DEFAULT '00:00:01'::interval NOT NULL,
+    priority_step interval DEFAULT '00:01:00'::interval NOT NULL,
     CONSTRAINT settings_max_workers_range CHECK (((max_workers >= 0) AND (max_workers <= 1000))),
     CONSTRAINT settings_min_retention_range CHECK (((min_retention >= '00:00:00'::interval) AND (min_retention <= '3650 days'::interval))),
     CONSTRAINT settings_one_row CHECK (singleton),
+    CONSTRAINT settings_priority_step_range CHECK (((priority_step >= '00:00:01'::interval) AND (priority_step <= '1 day'::interval))),
     CONSTRAINT settings_start_hold_range CHECK (((start_hold >= '00:00:01'::interval) AND (start_hold <= '00:15:00'::interval))),
     CONSTRAINT settings_wake_debounce_range CHECK (((wake_debounce >= '00:00:00'::interval) AND (wake_debounce <= '01:00:00'::interval)))
 );

@@ -87,6 +87,7 @@ def enqueue_jobs(conn: psycopg.Connection[Any],
         "available_ats": [r.available_at for r in requests],
         "max_attempts": [r.max_attempts for r in requests],
         "correlation_ids": [r.correlation_id for r in requests],
+        "priorities": [r.priority for r in requests],
     }
     rows = fetch_rows(conn, queries.ENQUEUE_JOBS, params)
     return [
@@ -537,6 +538,17 @@ class QueueClient:
         rows = self._query(queries.GET_JOB, {"job_id": job_id})
         return rows[0] if rows else None
 
+    def job_wait_reasons(self, job_ids: Sequence[UUID]) -> list[dict[str, Any]]:
+        """Why each of these jobs (1..500, of any tenant) is not running: ``reason``
+        (scheduled, retry_wait, behind_priority, queued, ready; None when not waiting),
+        ``until``, ``jobs_ahead`` and ``higher_priority_ahead`` (app.job_wait_reasons)."""
+        return self._query(queries.JOB_WAIT_REASONS, {"job_ids": list(job_ids)})
+
+    def waiting_jobs(self, tenant_id: UUID | None = None) -> list[dict[str, Any]]:
+        """The waiting jobs per tenant and reason, with the earliest time of each
+        (app.waiting_jobs); one tenant's, or every one."""
+        return self._query(queries.WAITING_JOBS, {"tenant_id": tenant_id})
+
     def job_timeline(self, job_id: UUID, limit: int = 1000) -> list[dict[str, Any]]:
         """The job's audit events in order, at most ``limit`` (app.job_timeline)."""
         return self._query(queries.JOB_TIMELINE, {"job_id": job_id, "limit": limit})
@@ -674,6 +686,13 @@ class QueueClient:
         too (app.reader_get_job)."""
         rows = self._as_reader(reader_tenant, queries.READER_GET_JOB, {"job_id": job_id})
         return rows[0] if rows else None
+
+    def reader_job_wait_reasons(self, reader_tenant: UUID,
+                                job_ids: Sequence[UUID]) -> list[dict[str, Any]]:
+        """:meth:`job_wait_reasons` as ``reader_tenant``'s reader: no row for another
+        tenant's job, and only its own jobs counted ahead (app.reader_job_wait_reasons)."""
+        return self._as_reader(reader_tenant, queries.READER_JOB_WAIT_REASONS,
+                               {"job_ids": list(job_ids)})
 
     def reader_job_timeline(self, reader_tenant: UUID, job_id: UUID,
                             limit: int = 1000) -> list[dict[str, Any]]:

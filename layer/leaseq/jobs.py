@@ -12,7 +12,13 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from leaseq.decoding import UndecodableJson
-from leaseq.limits import MAX_ATTEMPTS, MAX_ENQUEUE_BYTES, enqueue_size_problem
+from leaseq.limits import (
+    MAX_ATTEMPTS,
+    MAX_ENQUEUE_BYTES,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+    enqueue_size_problem,
+)
 from leaseq.storable import (
     MAX_DOCUMENT_BYTES,
     MAX_PAYLOAD_DEPTH,
@@ -51,7 +57,10 @@ class EnqueueRequest(BaseModel):
 
     ``operation_key`` names the operation for its tenant: enqueueing it again (a
     producer's retry) finds the job already there instead of making a second.
-    ``max_attempts`` left None takes the queue's default of 6. The operation key, the
+    ``max_attempts`` left None takes the queue's default of 6. ``priority`` is 1 (least
+    urgent) .. 9 (most urgent); None takes 5. Within its tenant's turn a claim takes the
+    more urgent job first, but a job is overtaken only by work that became due less than
+    (priority difference) x the owner's priority step after it. The operation key, the
     kind and the correlation id are plain text: no control, format (invisible or
     bidirectional) or line separator character (:func:`leaseq.storable.character_problem`),
     as each is written into log lines and listings as it is. Letters of any script are
@@ -83,6 +92,7 @@ class EnqueueRequest(BaseModel):
     # Strict: pydantic would otherwise read true as 1 and "5" as 5.
     max_attempts: int | None = Field(default=None, ge=1, le=MAX_ATTEMPTS, strict=True)
     correlation_id: str | None = Field(default=None, min_length=1, max_length=200)
+    priority: int | None = Field(default=None, ge=MIN_PRIORITY, le=MAX_PRIORITY, strict=True)
 
     @field_validator("operation_key", "kind")
     @classmethod

@@ -27,6 +27,12 @@ MAX_ENQUEUE_BYTES = 16 * 1024 * 1024
 MAX_PAGE = 10_000
 #: Attempts a job may be given (EnqueueRequest.max_attempts, RetryPolicy.max_attempts).
 MAX_ATTEMPTS = 20
+#: A job's priority: 1 is the least urgent, 9 the most; 5 when none is given
+#: (EnqueueRequest.priority, app.enqueue_jobs). Aging bounds how long a job can be
+#: overtaken: see sql/README.md, "Priorities".
+MIN_PRIORITY = 1
+MAX_PRIORITY = 9
+DEFAULT_PRIORITY = 5
 #: The shortest and the longest lease a claim or renewal may take.
 MIN_LEASE = timedelta(seconds=1)
 MAX_LEASE = timedelta(days=1)

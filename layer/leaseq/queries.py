@@ -14,7 +14,8 @@ from typing import Final, LiteralString
 ENQUEUE_JOBS: Final[LiteralString] = (
     "select ord, job_id, status, state, error from app.enqueue_jobs("
     "%(tenant_ids)s::uuid[], %(operation_keys)s::text[], %(kinds)s::text[], %(payloads)s::jsonb[],"
-    " %(available_ats)s::timestamptz[], %(max_attempts)s::integer[], %(correlation_ids)s::text[])"
+    " %(available_ats)s::timestamptz[], %(max_attempts)s::integer[], %(correlation_ids)s::text[],"
+    " %(priorities)s::integer[])"
 )
 
 # The claims' kind filter (kinds, exclude_kinds) is NULL, NULL for every kind.
@@ -111,6 +112,15 @@ QUEUE_STATUS: Final[LiteralString] = (
     " next_ready_in, cancel_requested from app.queue_status(%(tenant_id)s)"
 )
 GET_JOB: Final[LiteralString] = "select * from app.get_job(%(job_id)s)"
+JOB_WAIT_REASONS: Final[LiteralString] = (
+    "select * from app.job_wait_reasons(%(job_ids)s::uuid[])"
+)
+READER_JOB_WAIT_REASONS: Final[LiteralString] = (
+    "select * from app.reader_job_wait_reasons(%(job_ids)s::uuid[])"
+)
+WAITING_JOBS: Final[LiteralString] = (
+    "select tenant_id, reason, jobs, next_at from app.waiting_jobs(%(tenant_id)s)"
+)
 JOB_TIMELINE: Final[LiteralString] = (
     "select sequence, event_type, actor, details, created_at"
     " from app.job_timeline(%(job_id)s, %(limit)s)"

@@ -80,6 +80,11 @@ class QueueViews(Protocol):
         """The job's audit events in order (app.job_timeline)."""
         ...
 
+    def job_wait(self, job_id: UUID) -> Row | None:
+        """Why the job is not running: its priority and wait reason, or None for an
+        unknown id (app.job_wait_reasons)."""
+        ...
+
 
 def _list_args(where: JobFilter, after: Cursor | None) -> dict[str, Any]:
     return {"tenant_id": where.tenant_id, "kind": where.kind, "since": where.since,
@@ -118,6 +123,11 @@ class OperatorViews:
     def job_timeline(self, job_id: UUID, limit: int = 1000) -> list[Row]:
         """See :meth:`QueueViews.job_timeline`."""
         return self.client.job_timeline(job_id, limit)
+
+    def job_wait(self, job_id: UUID) -> Row | None:
+        """See :meth:`QueueViews.job_wait`."""
+        rows = self.client.job_wait_reasons([job_id])
+        return rows[0] if rows else None
 
     def redrive_jobs(self, actor: str, job_ids: Sequence[UUID],
                      reason: str | None = None) -> list[Row]:
@@ -171,3 +181,9 @@ class TenantViews:
     def job_timeline(self, job_id: UUID, limit: int = 1000) -> list[Row]:
         """See :meth:`QueueViews.job_timeline` (only this reader's tenant)."""
         return self.client.reader_job_timeline(self.tenant_id, job_id, limit)
+
+    def job_wait(self, job_id: UUID) -> Row | None:
+        """See :meth:`QueueViews.job_wait` (only this reader's tenant's jobs, and only
+        they are counted ahead)."""
+        rows = self.client.reader_job_wait_reasons(self.tenant_id, [job_id])
+        return rows[0] if rows else None

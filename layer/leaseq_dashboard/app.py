@@ -329,13 +329,14 @@ def build(source: ViewSource, policy: AccessPolicy, *, secure_cookies: bool = Tr
             return html("error.html", 404, who=who, title="No such job",
                         message=f"no job {wanted} (or not one you may see)")
         events = v.job_timeline(wanted)
+        wait = v.job_wait(wanted)
         action = None
         if who.may_act:
             action = {"dead": "redrive", "pending": "cancel", "retry_wait": "cancel",
                       "running": "cancel"}.get(job["state"])
             if job["state"] == "running" and job.get("cancel_requested_at") is not None:
                 action = None  # asked already: the job ends at its worker's next step
-        return html("job.html", who=who, job=job, events=events, action=action,
+        return html("job.html", who=who, job=job, events=events, wait=wait, action=action,
                     notice=query("done"))
 
     @app.post("/actions/<name>")

@@ -10,6 +10,8 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
+from leaseq.limits import MAX_PRIORITY, MIN_PRIORITY
+
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
 
@@ -51,6 +53,18 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def priority(text: str) -> int:
+    """A job's priority: 1 (least urgent) .. 9 (most urgent)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not MIN_PRIORITY <= value <= MAX_PRIORITY:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is outside {MIN_PRIORITY} (least urgent) .. {MAX_PRIORITY} (most urgent)")
     return value
 
 

@@ -116,8 +116,8 @@ def build_parser() -> Parser:
                        "JSON-lines file", description=(
                            "Enqueue one job (--tenant, --kind, --payload) or many (--file, one "
                            "JSON object per line with tenant_id, operation_key, kind, payload"
-                           " and optionally max_attempts, available_at, correlation_id). "
-                           "Enqueueing is idempotent on (tenant, operation key)."))
+                           " and optionally max_attempts, available_at, correlation_id, "
+                           "priority). Enqueueing is idempotent on (tenant, operation key)."))
     enqueue.add_argument("--tenant", type=arguments.uuid_value,
                          help="the tenant (with --file: for lines without tenant_id)")
     enqueue.add_argument("--kind", help="the job kind, as registered by the handlers")
@@ -126,6 +126,10 @@ def build_parser() -> Parser:
     enqueue.add_argument("--key", help="the operation key (default: a new random key)")
     enqueue.add_argument("--max-attempts", type=arguments.positive_int)
     enqueue.add_argument("--correlation-id")
+    enqueue.add_argument("--priority", type=arguments.priority, metavar="1..9",
+                         help="1 (least urgent) .. 9 (most urgent); default 5. More urgent "
+                         "jobs of a tenant are claimed first, aged so that none waits more "
+                         "than 8 priority steps behind newer ones")
     enqueue.add_argument("--file", metavar="JOBS.jsonl", help="a JSON-lines file, or - for stdin")
     enqueue.add_argument("--handlers", metavar="MODULE",
                          help="check every job against this handlers module's registry (as "

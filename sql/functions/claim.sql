@@ -1,8 +1,19 @@
 -- leaseq functions: claim and renew leases.
 --
--- Claims lock the oldest ready rows with FOR UPDATE SKIP LOCKED, so concurrent claimers
--- never wait on, nor double-claim, each other's rows. A lease is 1 second .. 1 day; a
--- claim takes 1 .. 100 jobs.
+-- Claims lock the first ready rows in claim order with FOR UPDATE SKIP LOCKED, so
+-- concurrent claimers never wait on, nor double-claim, each other's rows. A lease is
+-- 1 second .. 1 day; a claim takes 1 .. 100 jobs.
+--
+-- Claim order, within a tenant (and a kind): claim_key, then created_at, then id. The key
+-- is available_at less (priority - 1) x app.settings.priority_step, written whenever a
+-- job becomes claimable (enqueue.sql tells why: aging), so a claim stays one walk of
+-- jobs_claimable_idx (tenant_id, claim_key, created_at, id) include (available_at). A job
+-- is claimable when available_at <= now; its key is never later than that, so the walk
+-- has claim_key <= now as its index bound and available_at <= now as a filter on the
+-- included column, which skips only the jobs due within the next (priority - 1) steps.
+-- Turns (below) still follow available_at: a tenant's next claimable time is the least
+-- available_at among its jobs keyed before the due time of its first job in claim order
+-- (any job due earlier has an earlier key), a bounded range of the same index.
 --
 -- The claim functions plan their statements once per session (plan_cache_mode =
 -- force_generic_plan). PL/pgSQL plans a statement with parameters again for every call
@@ -10,7 +21,7 @@
 -- always look costlier generically (their LIMIT and due-time cut-off are parameters):
 -- measured with bench/, planning was about 15% of the server's CPU per job in a no-op
 -- drain. Their best plan does not depend on the values (walk jobs_claimable_idx of one
--- tenant in (available_at, created_at, id) order, lock with SKIP LOCKED, stop at the
+-- tenant in (claim_key, created_at, id) order, lock with SKIP LOCKED, stop at the
 -- limit); tests/sql/test_query_plans.py checks exactly those plans on a large table.
 
 -- Claim rows this transaction has already locked FOR UPDATE: one INSERT ... SELECT of
@@ -53,20 +64,20 @@ begin
     where j.id = c.id
     returning j.*
   )
-  select * from claimed c order by c.available_at, c.created_at, c.id;
+  select * from claimed c order by c.claim_key, c.created_at, c.id;
 end;
 $$;
 revoke all on function app.claim_locked_jobs(uuid[], text, interval, timestamptz) from public;
 
--- Claims take the oldest ready rows with FOR UPDATE SKIP LOCKED in a subquery whose
--- LIMIT applies to rows this transaction actually locked, so concurrent claimers walk
--- past each other instead of queueing on the same rows; claim_locked_jobs then writes
+-- Claims take the first ready rows in claim order with FOR UPDATE SKIP LOCKED in a
+-- subquery whose LIMIT applies to rows this transaction actually locked, so concurrent
+-- claimers walk past each other instead of queueing on the same rows; claim_locked_jobs then writes
 -- all their 'claimed' audit rows with one INSERT ... SELECT and updates them with one
 -- UPDATE. Argument checks are plain expressions; the helper that raises the detailed
 -- message only runs when one fails.
 --
 -- With a kind filter (p_kinds: only these kinds; p_exclude_kinds: every kind but these;
--- app.check_kind_filter) the candidates are each kind's oldest ready jobs, from
+-- app.check_kind_filter) the candidates are each kind's first ready jobs, from
 -- jobs_kind_claimable_idx (tenant, kind, claim order), so jobs of other kinds are never
 -- read: the up to p_limit first of every kind, merged in claim order and then locked in
 -- that order (SKIP LOCKED, LIMIT p_limit), so only the rows claimed are locked. With
@@ -103,8 +114,9 @@ begin
       from app.jobs j
       where j.tenant_id = p_tenant_id
         and j.state in ('pending', 'retry_wait')
+        and j.claim_key <= v_now
         and j.available_at <= v_now
-      order by j.available_at, j.created_at, j.id
+      order by j.claim_key, j.created_at, j.id
       for update skip locked
       limit p_limit
     ) c;
@@ -139,16 +151,17 @@ begin
     from (
       select j.id
       from (
-        select head.id, head.available_at, head.created_at
+        select head.id, head.claim_key, head.created_at
         from (select distinct u.kind from unnest(v_kinds) as u(kind)) k
         cross join lateral (
-          select q.id, q.available_at, q.created_at
+          select q.id, q.claim_key, q.created_at
           from app.jobs q
           where q.tenant_id = p_tenant_id
             and q.kind = k.kind
             and q.state in ('pending', 'retry_wait')
+            and q.claim_key <= v_now
             and q.available_at <= v_now
-          order by q.available_at, q.created_at, q.id
+          order by q.claim_key, q.created_at, q.id
           limit p_limit
         ) head
       ) candidate
@@ -156,8 +169,9 @@ begin
       -- claimable jobs instead. The state and time are checked again on the locked row.
       join app.jobs j on j.id = candidate.id
       where j.state in ('pending', 'retry_wait')
+        and j.claim_key <= v_now
         and j.available_at <= v_now
-      order by candidate.available_at, candidate.created_at, candidate.id
+      order by candidate.claim_key, candidate.created_at, candidate.id
       for update of j skip locked
       limit p_limit
     ) c;
@@ -273,8 +287,8 @@ end;
 $$;
 revoke all on function app.wake_tenants(uuid[], timestamptz[], text[]) from public;
 
--- Tenants with a job ready now, in tenant_id order, with their oldest ready job's
--- available_at. Only tenants whose turn is due can have one (see above), so this reads
+-- Tenants with a job ready now, in tenant_id order, with the available_at of their
+-- first ready job in claim order. Only tenants whose turn is due can have one (see above), so this reads
 -- the due turns (tenant_turns_due_idx) and probes each tenant's first ready entry in
 -- jobs_claimable_idx: its cost follows the tenants with ready work (or a stale turn),
 -- never those whose work is all in the future. Planned for each call's time (custom
@@ -306,8 +320,9 @@ begin
     from app.jobs j
     where j.tenant_id = t.tenant_id
       and j.state in ('pending', 'retry_wait')
+      and j.claim_key <= v_now
       and j.available_at <= v_now
-    order by j.available_at
+    order by j.claim_key
     limit 1
   ) r
   order by t.tenant_id
@@ -464,15 +479,16 @@ begin
       from unnest(v_pick) with ordinality as t(tenant_id, pos)
       cross join lateral (
         select picked.id,
-               row_number() over (order by picked.available_at, picked.created_at, picked.id)
+               row_number() over (order by picked.claim_key, picked.created_at, picked.id)
                  as round
         from (
-          select j.id, j.available_at, j.created_at
+          select j.id, j.claim_key, j.created_at
           from app.jobs j
           where j.tenant_id = t.tenant_id
             and j.state in ('pending', 'retry_wait')
+            and j.claim_key <= v_now
             and j.available_at <= v_now
-          order by j.available_at, j.created_at, j.id
+          order by j.claim_key, j.created_at, j.id
           for update skip locked
           limit v_share
         ) picked
@@ -496,9 +512,10 @@ begin
         from app.jobs j
         where j.tenant_id = t.tenant_id
           and j.state in ('pending', 'retry_wait')
+          and j.claim_key <= v_now
           and j.available_at <= v_now
           and j.id <> all (v_ids)
-        order by j.available_at, j.created_at, j.id
+        order by j.claim_key, j.created_at, j.id
         for update skip locked
         limit p_limit - cardinality(v_ids)
       ) picked
@@ -521,8 +538,9 @@ begin
            from app.jobs j
            where j.tenant_id = t.tenant_id
              and j.state in ('pending', 'retry_wait')
+             and j.claim_key <= v_now
              and j.available_at <= v_now
-           order by j.available_at
+           order by j.claim_key
            limit 1) is null;
     v_rotate := (select t.tenant_id
                  from app.tenant_turns t
@@ -538,12 +556,17 @@ begin
       update app.tenant_turns tt
       set turn_at = case
             when tt.tenant_id = any (v_free) then (
-              select j.available_at
+              select min(j.available_at)
               from app.jobs j
               where j.tenant_id = tt.tenant_id
                 and j.state in ('pending', 'retry_wait')
-              order by j.available_at
-              limit 1)
+                and j.claim_key <= (
+                  select f.available_at
+                  from app.jobs f
+                  where f.tenant_id = tt.tenant_id
+                    and f.state in ('pending', 'retry_wait')
+                  order by f.claim_key
+                  limit 1))
             else v_now
           end
       where tt.tenant_id = any (case when v_rotate then v_held else v_idle end);
@@ -554,13 +577,19 @@ begin
     if cardinality(v_free) > 0 then
       update app.kind_turns kt
       set turn_at = (
-            select j.available_at
+            select min(j.available_at)
             from app.jobs j
             where j.tenant_id = kt.tenant_id
               and j.kind = kt.kind
               and j.state in ('pending', 'retry_wait')
-            order by j.available_at
-            limit 1)
+              and j.claim_key <= (
+                select f.available_at
+                from app.jobs f
+                where f.tenant_id = kt.tenant_id
+                  and f.kind = kt.kind
+                  and f.state in ('pending', 'retry_wait')
+                order by f.claim_key
+                limit 1))
       where kt.tenant_id = any (v_free)
         and kt.turn_at <= v_now;
     end if;
@@ -719,21 +748,22 @@ begin
       from unnest(v_pick) with ordinality as t(tenant_id, pos)
       cross join lateral (
         select locked.id,
-               row_number() over (order by locked.available_at, locked.created_at, locked.id)
+               row_number() over (order by locked.claim_key, locked.created_at, locked.id)
                  as round
         from (
-          select j.id, j.available_at, j.created_at
+          select j.id, j.claim_key, j.created_at
           from (
-            select head.id, head.available_at, head.created_at
+            select head.id, head.claim_key, head.created_at
             from app.kind_turns kt
             cross join lateral (
-              select q.id, q.available_at, q.created_at
+              select q.id, q.claim_key, q.created_at
               from app.jobs q
               where q.tenant_id = kt.tenant_id
                 and q.kind = kt.kind
                 and q.state in ('pending', 'retry_wait')
+                and q.claim_key <= v_now
                 and q.available_at <= v_now
-              order by q.available_at, q.created_at, q.id
+              order by q.claim_key, q.created_at, q.id
               limit v_share
             ) head
             where kt.tenant_id = t.tenant_id
@@ -742,8 +772,9 @@ begin
           ) candidate
           join app.jobs j on j.id = candidate.id  -- by id alone, as in claim_jobs
           where j.state in ('pending', 'retry_wait')
+            and j.claim_key <= v_now
             and j.available_at <= v_now
-          order by candidate.available_at, candidate.created_at, candidate.id
+          order by candidate.claim_key, candidate.created_at, candidate.id
           for update of j skip locked
           limit v_share
         ) locked
@@ -762,18 +793,19 @@ begin
     from (
       select j.id
       from (
-        select head.id, head.available_at, head.created_at, t.pos
+        select head.id, head.claim_key, head.created_at, t.pos
         from unnest(v_served) with ordinality as t(tenant_id, pos)
         join app.kind_turns kt on kt.tenant_id = t.tenant_id
         cross join lateral (
-          select q.id, q.available_at, q.created_at
+          select q.id, q.claim_key, q.created_at
           from app.jobs q
           where q.tenant_id = kt.tenant_id
             and q.kind = kt.kind
             and q.state in ('pending', 'retry_wait')
+            and q.claim_key <= v_now
             and q.available_at <= v_now
             and q.id <> all (v_ids)
-          order by q.available_at, q.created_at, q.id
+          order by q.claim_key, q.created_at, q.id
           limit p_limit - cardinality(v_ids)
         ) head
         where kt.turn_at <= v_now
@@ -781,8 +813,9 @@ begin
       ) candidate
       join app.jobs j on j.id = candidate.id
       where j.state in ('pending', 'retry_wait')
+        and j.claim_key <= v_now
         and j.available_at <= v_now
-      order by candidate.pos, candidate.available_at, candidate.created_at, candidate.id
+      order by candidate.pos, candidate.claim_key, candidate.created_at, candidate.id
       for update of j skip locked
       limit p_limit - cardinality(v_ids)
     ) m;
@@ -808,8 +841,9 @@ begin
               where q.tenant_id = kt.tenant_id
                 and q.kind = kt.kind
                 and q.state in ('pending', 'retry_wait')
+                and q.claim_key <= v_now
                 and q.available_at <= v_now
-              order by q.available_at
+              order by q.claim_key
               limit 1) is null as idle
       from app.kind_turns kt
       where kt.tenant_id = any (v_held)
@@ -845,20 +879,26 @@ begin
              from app.jobs j
              where j.tenant_id = t.tenant_id
                and j.state in ('pending', 'retry_wait')
+               and j.claim_key <= v_now
                and j.available_at <= v_now
-             order by j.available_at
+             order by j.claim_key
              limit 1) is null;
     end if;
     -- Tenants' turns before kinds' turns, the order in which producers write them.
     if cardinality(v_settle) > 0 then
       update app.tenant_turns tt
       set turn_at = (
-            select j.available_at
+            select min(j.available_at)
             from app.jobs j
             where j.tenant_id = tt.tenant_id
               and j.state in ('pending', 'retry_wait')
-            order by j.available_at
-            limit 1)
+              and j.claim_key <= (
+                select f.available_at
+                from app.jobs f
+                where f.tenant_id = tt.tenant_id
+                  and f.state in ('pending', 'retry_wait')
+                order by f.claim_key
+                limit 1))
       where tt.tenant_id = any (v_settle);
     end if;
     if v_rotate or v_idle is not null then
@@ -867,26 +907,38 @@ begin
       from (
         select p.tenant_id, p.kind,
                case when p.idle and p.tenant_id = any (v_free) then (
-                      select q.available_at
+                      select min(q.available_at)
                       from app.jobs q
                       where q.tenant_id = p.tenant_id
                         and q.kind = p.kind
                         and q.state in ('pending', 'retry_wait')
-                      order by q.available_at
-                      limit 1)
+                        and q.claim_key <= (
+                          select f.available_at
+                          from app.jobs f
+                          where f.tenant_id = p.tenant_id
+                            and f.kind = p.kind
+                            and f.state in ('pending', 'retry_wait')
+                          order by f.claim_key
+                          limit 1))
                     else v_now end as turn_at
         from unnest(v_pair_tenants, v_pair_kinds, v_pair_idle) as p(tenant_id, kind, idle)
         where v_rotate or p.idle
         union all
         -- A tenant with no ready job at all: its due turns of other kinds are stale too.
         select o.tenant_id, o.kind, (
-                 select q.available_at
+                 select min(q.available_at)
                  from app.jobs q
                  where q.tenant_id = o.tenant_id
                    and q.kind = o.kind
                    and q.state in ('pending', 'retry_wait')
-                 order by q.available_at
-                 limit 1)
+                   and q.claim_key <= (
+                     select f.available_at
+                     from app.jobs f
+                     where f.tenant_id = o.tenant_id
+                       and f.kind = o.kind
+                       and f.state in ('pending', 'retry_wait')
+                     order by f.claim_key
+                     limit 1))
         from app.kind_turns o
         where o.tenant_id = any (v_settle)
           and o.turn_at <= v_now
@@ -937,7 +989,7 @@ begin
      from app.jobs j
      where j.state in ('pending', 'retry_wait')
        and j.tenant_id >= v_from
-     order by j.tenant_id, j.available_at
+     order by j.tenant_id, j.claim_key
      limit 1)
     union all
     select following.tenant_id, following.available_at, t.n + 1
@@ -947,12 +999,21 @@ begin
       from app.jobs j
       where j.state in ('pending', 'retry_wait')
         and j.tenant_id > t.tenant_id
-      order by j.tenant_id, j.available_at
+      order by j.tenant_id, j.claim_key
       limit 1
     ) following
     where t.n <= p_limit
   ), page as (
-    select t.tenant_id, t.available_at from tenants t where t.n <= p_limit
+    -- The tenant's next claimable time: its first job in claim order is due at
+    -- t.available_at, so every job due earlier has a claim key before that.
+    select t.tenant_id,
+           (select min(n.available_at)
+            from app.jobs n
+            where n.tenant_id = t.tenant_id
+              and n.state in ('pending', 'retry_wait')
+              and n.claim_key <= t.available_at) as available_at
+    from tenants t
+    where t.n <= p_limit
   ), repaired as (
     insert into app.tenant_turns as tt (tenant_id, turn_at)
     select p.tenant_id, p.available_at
@@ -978,7 +1039,7 @@ begin
      where j.state in ('pending', 'retry_wait')
        and j.tenant_id >= v_from
        and j.tenant_id <= v_last
-     order by j.tenant_id, j.kind, j.available_at
+     order by j.tenant_id, j.kind, j.claim_key
      limit 1)
     union all
     select following.tenant_id, following.kind, following.available_at
@@ -989,13 +1050,22 @@ begin
       where j.state in ('pending', 'retry_wait')
         and (j.tenant_id, j.kind) > (k.tenant_id, k.kind)
         and j.tenant_id <= v_last
-      order by j.tenant_id, j.kind, j.available_at
+      order by j.tenant_id, j.kind, j.claim_key
       limit 1
     ) following
+  ), kind_next as (
+    select k.tenant_id, k.kind,
+           (select min(n.available_at)
+            from app.jobs n
+            where n.tenant_id = k.tenant_id
+              and n.kind = k.kind
+              and n.state in ('pending', 'retry_wait')
+              and n.claim_key <= k.available_at) as available_at
+    from kinds k
   ), repaired as (
     insert into app.kind_turns as kt (tenant_id, kind, turn_at)
     select k.tenant_id, k.kind, k.available_at
-    from kinds k
+    from kind_next k
     where not coalesce((select t.turn_at <= greatest(k.available_at, v_now)
                         from app.kind_turns t
                         where t.tenant_id = k.tenant_id and t.kind = k.kind), false)

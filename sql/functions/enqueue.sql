@@ -4,6 +4,7 @@
 --   enqueue batch      1 .. 1000 jobs
 --   available_at       clamped to now when in the past, at most 365 days ahead
 --   max_attempts       1 .. 20
+--   priority           1 (least urgent) .. 9 (most urgent), 5 when NULL or not given
 --   payload            a JSON object of at most 256 KiB (as text), nested at most 100
 --                      levels deep, no number longer than 1000 characters as text
 --                      (app.document_problem: a worker could not decode either)
@@ -15,6 +16,94 @@
 --                      characters)
 --   kind               non-blank, at most 128 characters, plain text
 --   correlation id     1 .. 200 characters, plain text
+
+-- The signatures before priorities (0021_job_priorities drops them too): gone here as
+-- well, so that these files applied over an older schema leave no overload that makes
+-- a call of the old shape ambiguous.
+drop function if exists app.enqueue_jobs(uuid[], text[], text[], jsonb[], timestamptz[],
+                                         integer[], text[]);
+drop function if exists app.enqueue_job(uuid, text, text, jsonb, timestamptz, integer);
+
+-- Priorities and the claim key. A claim takes a tenant's claimable jobs (available_at
+-- <= now) in claim-key order, then oldest created first; the key is written whenever a
+-- job becomes claimable (here, and at a retry, a released lease, a give-back or a
+-- redrive):
+--
+--     claim_key = available_at - (priority - 1) * app.settings.priority_step
+--
+-- so a job of priority p counts as due (p - 1) steps before it is: a job is overtaken
+-- only by jobs of higher priority that became due less than (priority difference) x
+-- step after it, at most 8 steps for priority 1 behind 9 (the aging bound).
+
+-- The owner's priority step (app.settings.priority_step); 55000 when the row is gone.
+create or replace function app.priority_step()
+returns interval
+language plpgsql
+stable
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+  v_step interval;
+begin
+  select s.priority_step into v_step from app.settings s;
+  if not found then
+    raise exception using
+      errcode = '55000',
+      message = 'app.settings has no row, so the priority step is unknown',
+      hint = 'Restore it as the schema owner: insert into app.settings default values.';
+  end if;
+  return v_step;
+end;
+$$;
+revoke all on function app.priority_step() from public;
+
+-- The owner sets the priority step (1 second .. 1 day; 22023 outside): the aging bound
+-- is 8 steps. Keys already written keep the step they were written with. Runs with the
+-- caller's rights and is granted to nobody, so only the owner (who alone may update
+-- app.settings) can change it; the answer is the step now in force.
+create or replace function app.set_priority_step(p_step interval)
+returns interval
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+  v_step interval;
+begin
+  perform app.check_interval('p_step', p_step, interval '1 second', interval '1 day');
+  update app.settings s
+  set priority_step = p_step,
+      updated_at = clock_timestamp()
+  returning s.priority_step into v_step;
+  if not found then
+    raise exception using
+      errcode = '55000',
+      message = 'app.settings has no row, so the priority step cannot be set',
+      hint = 'Restore it as the schema owner: insert into app.settings default values.';
+  end if;
+  return v_step;
+end;
+$$;
+revoke all on function app.set_priority_step(interval) from public;
+
+-- A row written without a key (inserted by hand, or by a tool that writes the table),
+-- or whose available_at or priority is changed by hand without its key, gets the key
+-- they give it. The functions write the key themselves, so the triggers' function never
+-- runs on their paths: a claim's UPDATE names neither column, and a finish that names
+-- available_at either keeps it or writes the key too (the WHEN test is all it costs).
+-- The triggers jobs_fill_claim_key and jobs_refresh_claim_key are the migration's
+-- (0021_job_priorities).
+create or replace function app.fill_claim_key()
+returns trigger
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+  new.claim_key := new.available_at - (new.priority - 1) * app.priority_step();
+  return new;
+end;
+$$;
+revoke all on function app.fill_claim_key() from public;
+
 
 -- Set-based enqueue of up to 1000 jobs. Each input position gets one output row:
 --   status 'created'  a new job, with exactly one 'created' event;
@@ -48,7 +137,8 @@ create or replace function app.enqueue_jobs(
   p_payloads jsonb[],
   p_available_ats timestamptz[] default null,
   p_max_attempts integer[] default null,
-  p_correlation_ids text[] default null
+  p_correlation_ids text[] default null,
+  p_priorities integer[] default null
 )
 returns table (ord integer, job_id uuid, status text, state app.job_state, error text)
 language plpgsql
@@ -58,6 +148,7 @@ as $$
 #variable_conflict use_column
 declare
   v_now timestamptz := clock_timestamp();
+  v_step interval := app.priority_step();
   v_count integer := coalesce(cardinality(p_tenant_ids), 0);
   v_item record;
   v_problem text;
@@ -79,7 +170,8 @@ begin
      or array_ndims(p_payloads) <> 1 or array_lower(p_payloads, 1) <> 1
      or array_ndims(p_available_ats) <> 1 or array_lower(p_available_ats, 1) <> 1
      or array_ndims(p_max_attempts) <> 1 or array_lower(p_max_attempts, 1) <> 1
-     or array_ndims(p_correlation_ids) <> 1 or array_lower(p_correlation_ids, 1) <> 1 then
+     or array_ndims(p_correlation_ids) <> 1 or array_lower(p_correlation_ids, 1) <> 1
+     or array_ndims(p_priorities) <> 1 or array_lower(p_priorities, 1) <> 1 then
     perform app.check_array('p_tenant_ids', p_tenant_ids);
     perform app.check_array('p_operation_keys', p_operation_keys);
     perform app.check_array('p_kinds', p_kinds);
@@ -87,6 +179,7 @@ begin
     perform app.check_array('p_available_ats', p_available_ats);
     perform app.check_array('p_max_attempts', p_max_attempts);
     perform app.check_array('p_correlation_ids', p_correlation_ids);
+    perform app.check_array('p_priorities', p_priorities);
   end if;
   perform app.check_range('number of jobs', v_count, 1, 1000);
   if coalesce(cardinality(p_operation_keys), -1) <> v_count
@@ -94,7 +187,8 @@ begin
      or coalesce(cardinality(p_payloads), -1) <> v_count
      or (p_available_ats is not null and cardinality(p_available_ats) <> v_count)
      or (p_max_attempts is not null and cardinality(p_max_attempts) <> v_count)
-     or (p_correlation_ids is not null and cardinality(p_correlation_ids) <> v_count) then
+     or (p_correlation_ids is not null and cardinality(p_correlation_ids) <> v_count)
+     or (p_priorities is not null and cardinality(p_priorities) <> v_count) then
     perform app.raise_invalid('enqueue arrays must all have the same length');
   end if;
 
@@ -130,6 +224,10 @@ begin
           and coalesce(p_max_attempts[v_item.n], 6) not between 1 and 20 then
       v_problem := format('max_attempts must be between 1 and 20 (got %s)',
                           p_max_attempts[v_item.n]);
+    elsif p_priorities is not null
+          and coalesce(p_priorities[v_item.n], 5) not between 1 and 9 then
+      v_problem := format('priority must be between 1 (least urgent) and 9 (most urgent) '
+                          '(got %s)', p_priorities[v_item.n]);
     elsif p_correlation_ids is not null
           and length(p_correlation_ids[v_item.n]) not between 1 and 200 then
       v_problem := 'correlation_id must have 1 to 200 characters';
@@ -163,21 +261,27 @@ begin
       p_tenant_ids, p_operation_keys, p_kinds, p_payloads,
       coalesce(p_available_ats, array_fill(null::timestamptz, array[v_count])),
       coalesce(p_max_attempts, array_fill(null::integer, array[v_count])),
-      coalesce(p_correlation_ids, array_fill(null::text, array[v_count]))
-    ) with ordinality as u(tenant_id, operation_key, kind, payload, available_at, max_attempts, correlation_id, n)
+      coalesce(p_correlation_ids, array_fill(null::text, array[v_count])),
+      coalesce(p_priorities, array_fill(null::integer, array[v_count]))
+    ) with ordinality as u(tenant_id, operation_key, kind, payload, available_at, max_attempts,
+                           correlation_id, priority, n)
     where v_errors[u.n] is null
   ), inserted as (
     insert into app.jobs (
       tenant_id, operation_key, kind, payload, available_at, max_attempts,
-      correlation_id, created_at, updated_at
+      correlation_id, priority, claim_key, created_at, updated_at
     )
-    select i.tenant_id, i.operation_key, i.kind, i.payload,
-           greatest(coalesce(i.available_at, v_now), v_now),
-           coalesce(i.max_attempts, 6), i.correlation_id, v_now, v_now
+    select i.tenant_id, i.operation_key, i.kind, i.payload, d.due,
+           coalesce(i.max_attempts, 6), i.correlation_id, d.priority,
+           d.due - (d.priority - 1) * v_step, v_now, v_now
     from input i
+    cross join lateral (
+      select greatest(coalesce(i.available_at, v_now), v_now) as due,
+             coalesce(i.priority, 5)::smallint as priority
+    ) d
     order by i.n
     on conflict (tenant_id, operation_key) do nothing
-    returning id, tenant_id, kind, available_at, max_attempts, correlation_id
+    returning id, tenant_id, kind, available_at, max_attempts, correlation_id, priority
   )
   , audit as (
     insert into app.job_events (tenant_id, job_id, event_type, actor, details, created_at)
@@ -186,6 +290,7 @@ begin
              'kind', ins.kind,
              'availableAt', ins.available_at,
              'maxAttempts', ins.max_attempts,
+             'priority', ins.priority,
              'correlationId', ins.correlation_id)),
            v_now
     from inserted ins
@@ -236,8 +341,8 @@ $$;
 -- tenants app.tenant_producers binds its login to (app.check_producer_tenants, first,
 -- refuses the whole call with 42501 before anything is looked up, so another tenant's
 -- keys cannot even be probed).
-revoke all on function app.enqueue_jobs(uuid[], text[], text[], jsonb[], timestamptz[], integer[], text[]) from public;
-grant execute on function app.enqueue_jobs(uuid[], text[], text[], jsonb[], timestamptz[], integer[], text[]) to leaseq_producer, leaseq_tenant_producer;
+revoke all on function app.enqueue_jobs(uuid[], text[], text[], jsonb[], timestamptz[], integer[], text[], integer[]) from public;
+grant execute on function app.enqueue_jobs(uuid[], text[], text[], jsonb[], timestamptz[], integer[], text[], integer[]) to leaseq_producer, leaseq_tenant_producer;
 
 -- One job, through enqueue_jobs. A rejected item raises its 22023 (a single call has
 -- no other item to keep), a conflict raises 23505; the row is returned otherwise.
@@ -247,7 +352,8 @@ create or replace function app.enqueue_job(
   p_kind text,
   p_payload jsonb,
   p_available_at timestamptz default null,
-  p_max_attempts integer default 6
+  p_max_attempts integer default 6,
+  p_priority integer default 5
 )
 returns app.jobs
 language plpgsql
@@ -260,9 +366,15 @@ declare
 begin
   perform app.check_producer_tenants(array[p_tenant_id]);
   perform app.check_range('p_max_attempts', p_max_attempts, 1, 20);
+  if p_priority is null or p_priority not between 1 and 9 then
+    perform app.raise_invalid(format('p_priority must be between 1 (least urgent) and 9 '
+                                     '(most urgent) (got %s)',
+                                     coalesce(p_priority::text, 'NULL')));
+  end if;
   select * into v_result
   from app.enqueue_jobs(array[p_tenant_id], array[p_operation_key], array[p_kind],
-                        array[p_payload], array[p_available_at], array[p_max_attempts]);
+                        array[p_payload], array[p_available_at], array[p_max_attempts],
+                        null, array[p_priority]);
   if v_result.status = 'rejected' then
     perform app.raise_invalid(v_result.error);
   end if;
@@ -280,5 +392,5 @@ begin
   return v_job;
 end;
 $$;
-revoke all on function app.enqueue_job(uuid, text, text, jsonb, timestamptz, integer) from public;
-grant execute on function app.enqueue_job(uuid, text, text, jsonb, timestamptz, integer) to leaseq_producer, leaseq_tenant_producer;
+revoke all on function app.enqueue_job(uuid, text, text, jsonb, timestamptz, integer, integer) from public;
+grant execute on function app.enqueue_job(uuid, text, text, jsonb, timestamptz, integer, integer) to leaseq_producer, leaseq_tenant_producer;

@@ -15,6 +15,7 @@ set search_path = pg_catalog, pg_temp
 as $$
 declare
   v_now timestamptz := clock_timestamp();
+  v_step interval := app.priority_step();
   v_count integer;
   v_retrying uuid[];
   v_retrying_kinds text[];
@@ -35,6 +36,8 @@ begin
                      else 'retry_wait'::app.job_state end,
         available_at = case when j.attempts >= j.max_attempts or e.cancelling
                             then j.available_at else v_now end,
+        claim_key = case when j.attempts >= j.max_attempts or e.cancelling then j.claim_key
+                         else v_now - (j.priority - 1) * v_step end,
         last_error = jsonb_build_object('code', 'LEASE_EXPIRED',
                                         'retryable', j.attempts < j.max_attempts
                                                      and not e.cancelling,

@@ -79,6 +79,7 @@ as $$
 #variable_conflict use_column
 declare
   v_now timestamptz := clock_timestamp();
+  v_step interval := app.priority_step();
   v_count integer := coalesce(cardinality(p_job_ids), 0);
   v_bad record;
   v_retry_tenants uuid[];
@@ -170,6 +171,10 @@ begin
         available_at = case when i.outcome = 'retry' and j.attempts < j.max_attempts
                                  and j.cancel_requested_at is null
                             then v_now + i.delay else j.available_at end,
+        claim_key = case when i.outcome = 'retry' and j.attempts < j.max_attempts
+                              and j.cancel_requested_at is null
+                         then v_now + i.delay - (j.priority - 1) * v_step
+                         else j.claim_key end,
         lease_owner = null,
         lease_token = null,
         lease_expires_at = null,
@@ -300,6 +305,7 @@ as $$
 #variable_conflict use_column
 declare
   v_now timestamptz := clock_timestamp();
+  v_step interval := app.priority_step();
   v_count integer := coalesce(cardinality(p_job_ids), 0);
 begin
   perform app.check_owner(p_owner);
@@ -348,6 +354,8 @@ begin
                         else j.attempts - 1 end,
         available_at = case when j.cancel_requested_at is not null then j.available_at
                             else v_now end,
+        claim_key = case when j.cancel_requested_at is not null then j.claim_key
+                         else v_now - (j.priority - 1) * v_step end,
         completed_at = case when i.too_often or j.cancel_requested_at is not null then v_now
                             else j.completed_at end,
         last_error = case when j.cancel_requested_at is not null then j.last_error

@@ -45,6 +45,7 @@ as $$
 #variable_conflict use_column
 declare
   v_now timestamptz := clock_timestamp();
+  v_step interval := app.priority_step();
   v_redriven_ids uuid[];
   v_redriven_tenants uuid[];
   v_redriven_kinds text[];
@@ -68,6 +69,7 @@ begin
     set state = 'pending',
         attempts = 0,
         available_at = v_now,
+        claim_key = v_now - (j.priority - 1) * v_step,
         completed_at = null,
         updated_at = v_now
     from victims v

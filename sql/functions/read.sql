@@ -752,3 +752,158 @@ end;
 $$;
 revoke all on function app.reader_job_timeline(uuid, integer) from public;
 grant execute on function app.reader_job_timeline(uuid, integer) to authenticated;
+
+-- Why a job is not running (sql/README.md, "Waiting jobs"). reason is one of:
+--   scheduled        pending, not due yet: until is when it becomes claimable;
+--   retry_wait       waiting for its retry: until is when it becomes claimable;
+--   behind_priority  claimable, with claimable jobs of higher priority ahead of it in
+--                    its tenant's claim order (higher_priority_ahead of jobs_ahead);
+--   queued           claimable, behind jobs_ahead of no higher priority (its tenant's
+--                    backlog, oldest first);
+--   ready            claimable and first in its tenant's claim order: the next claim
+--                    that serves its tenant (or its kind) takes it;
+--   NULL             not waiting (running or finished).
+-- Reserved for later releases, never written today: held_by_limit (a concurrency or
+-- rate limit holds it back), cancel_requested (a cancel is on its way). A caller must
+-- show an unknown reason as it is. Jobs ahead are counted up to 10,000 (10,000 means at
+-- least that many): the count reads the tenant's claimable jobs ahead in
+-- jobs_claimable_idx and stops there.
+--
+-- The reader's form (SECURITY INVOKER: row-level security keeps it, and the jobs it
+-- counts ahead, to the reader's tenant) holds the one definition; the operator's form
+-- below calls it with the owner's rights. At most 500 ids per call (22023).
+create or replace function app.reader_job_wait_reasons(p_job_ids uuid[])
+returns table (
+  job_id uuid,
+  tenant_id uuid,
+  state app.job_state,
+  priority smallint,
+  available_at timestamptz,
+  claim_key timestamptz,
+  reason text,
+  until timestamptz,
+  jobs_ahead integer,
+  higher_priority_ahead integer
+)
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+#variable_conflict use_column
+begin
+  if p_job_ids is null or cardinality(p_job_ids) not between 1 and 500 then
+    raise exception using errcode = '22023',
+      message = format('number of jobs must be between 1 and 500 (got %s)',
+                       coalesce(cardinality(p_job_ids)::text, 'NULL'));
+  end if;
+  return query
+  select j.id, j.tenant_id, j.state, j.priority, j.available_at, j.claim_key,
+         case
+           when j.state not in ('pending', 'retry_wait') then null
+           when j.available_at > clock_timestamp() then
+             case when j.state = 'retry_wait' then 'retry_wait' else 'scheduled' end
+           when a.higher > 0 then 'behind_priority'
+           when a.ahead > 0 then 'queued'
+           else 'ready'
+         end,
+         case when j.state in ('pending', 'retry_wait') and j.available_at > clock_timestamp()
+              then j.available_at end,
+         a.ahead, a.higher
+  from app.jobs j
+  left join lateral (
+    select count(*)::integer as ahead,
+           count(*) filter (where q.priority > j.priority)::integer as higher
+    from (
+      select q.priority
+      from app.jobs q
+      where q.tenant_id = j.tenant_id
+        and q.state in ('pending', 'retry_wait')
+        and q.claim_key <= j.claim_key
+        and q.available_at <= clock_timestamp()
+        and (q.claim_key, q.created_at, q.id) < (j.claim_key, j.created_at, j.id)
+      limit 10000
+    ) q
+  ) a on j.state in ('pending', 'retry_wait') and j.available_at <= clock_timestamp()
+  where j.id = any (p_job_ids);
+end;
+$$;
+revoke all on function app.reader_job_wait_reasons(uuid[]) from public;
+grant execute on function app.reader_job_wait_reasons(uuid[]) to authenticated;
+
+-- The operator's and the dashboard's form: every tenant's jobs.
+create or replace function app.job_wait_reasons(p_job_ids uuid[])
+returns table (
+  job_id uuid,
+  tenant_id uuid,
+  state app.job_state,
+  priority smallint,
+  available_at timestamptz,
+  claim_key timestamptz,
+  reason text,
+  until timestamptz,
+  jobs_ahead integer,
+  higher_priority_ahead integer
+)
+language plpgsql
+stable
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+  return query select * from app.reader_job_wait_reasons(p_job_ids);
+end;
+$$;
+revoke all on function app.job_wait_reasons(uuid[]) from public;
+grant execute on function app.job_wait_reasons(uuid[]) to leaseq_operator, leaseq_dashboard;
+
+-- The waiting jobs of each tenant by reason (the reasons of
+-- app.reader_job_wait_reasons, counted for every pending and retry_wait job): for
+-- leaseq status. A ready job counts as
+-- behind_priority when a claimable job of higher priority is ahead of it in its
+-- tenant's claim order; next_at is the earliest time a job of the row becomes
+-- claimable (scheduled, retry_wait), or the oldest due time (the others). Reads every
+-- waiting job of the tenants asked for: an operator's read, not a hot path.
+create or replace function app.waiting_jobs(p_tenant_id uuid default null)
+returns table (tenant_id uuid, reason text, jobs bigint, next_at timestamptz)
+language plpgsql
+stable
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+#variable_conflict use_column
+declare
+  v_now timestamptz := clock_timestamp();
+begin
+  return query
+  with waiting as (
+    select j.tenant_id, j.state, j.available_at,
+           j.available_at <= v_now as due,
+           j.priority < max(j.priority) over (
+             partition by j.tenant_id, j.available_at <= v_now
+             order by j.claim_key, j.created_at, j.id
+             rows between unbounded preceding and 1 preceding) as behind,
+           row_number() over (
+             partition by j.tenant_id, j.available_at <= v_now
+             order by j.claim_key, j.created_at, j.id) as place
+    from app.jobs j
+    where j.state in ('pending', 'retry_wait')
+      and (p_tenant_id is null or j.tenant_id = p_tenant_id)
+  )
+  select w.tenant_id,
+         case
+           when not w.due then
+             case when w.state = 'retry_wait' then 'retry_wait' else 'scheduled' end
+           when w.behind then 'behind_priority'
+           when w.place > 1 then 'queued'
+           else 'ready'
+         end as reason,
+         count(*),
+         min(w.available_at)
+  from waiting w
+  group by 1, 2
+  order by 1, 2;
+end;
+$$;
+revoke all on function app.waiting_jobs(uuid) from public;
+grant execute on function app.waiting_jobs(uuid) to leaseq_operator;

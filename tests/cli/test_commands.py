@@ -58,6 +58,42 @@ def test_enqueue_one_job_then_status_counts_it_for_its_tenant(cli: Cli, owner: C
     assert "oldest ready" in table.out
 
 
+def test_enqueue_with_a_priority_stores_it_and_refuses_one_outside_1_to_9(
+    cli: Cli, owner: Conn
+) -> None:
+    tenant = new_tenant()
+    result = cli("enqueue", "--tenant", str(tenant), "--kind", "k", "--priority", "8", "--json")
+    assert result.code == 0, result.err
+    (created,) = result.json()["jobs"]
+    assert job(owner, uuid.UUID(created["job_id"]))["priority"] == 8
+    for bad in ("0", "10", "high"):
+        refused = cli("enqueue", "--tenant", str(tenant), "--kind", "k", "--priority", bad)
+        assert refused.code == 2
+        assert "--priority" in refused.err
+    assert owner.execute("select count(*) as n from app.jobs").fetchone() == {"n": 1}
+
+
+def test_enqueue_file_lines_carry_their_priority_and_a_bad_one_names_its_line(
+    cli: Cli, tmp_path: Path, owner: Conn
+) -> None:
+    tenant = str(new_tenant())
+    path = _write_jobs(tmp_path / "jobs.jsonl", [
+        {"tenant_id": tenant, "operation_key": "a", "kind": "k", "payload": {}, "priority": 2},
+        {"tenant_id": tenant, "operation_key": "b", "kind": "k", "payload": {}},
+    ])
+    assert cli("enqueue", "--file", str(path)).code == 0
+    stored = owner.execute("select operation_key, priority from app.jobs order by 1").fetchall()
+    assert [(r["operation_key"], r["priority"]) for r in stored] == [("a", 2), ("b", 5)]
+    with_flag = cli("enqueue", "--file", str(path), "--priority", "9")
+    assert with_flag.code == 2
+    assert "each line may carry its priority" in with_flag.err
+    bad = _write_jobs(tmp_path / "bad.jsonl", [
+        {"tenant_id": tenant, "operation_key": "c", "kind": "k", "payload": {}, "priority": 12}])
+    refused = cli("enqueue", "--file", str(bad))
+    assert refused.code == 2
+    assert f"{bad} line 1: priority: Input should be less than or equal to 9" in refused.err
+
+
 def test_enqueue_from_a_json_lines_file_is_idempotent_when_loaded_again(
     cli: Cli, tmp_path: Path, owner: Conn
 ) -> None:
@@ -161,6 +197,37 @@ def test_jobs_show_prints_the_job_and_its_timeline(cli: Cli, worker: Conn) -> No
     assert document["job"]["state"] == "dead"
     assert [e["event_type"] for e in document["events"]] == ["created", "claimed", "dead"]
     assert "lease_token" not in document["job"]
+
+
+def test_jobs_show_and_status_say_why_a_pending_job_is_not_running(
+    cli: Cli, worker: Conn, owner: Conn
+) -> None:
+    tenant = new_tenant()
+    urgent = enqueue(worker, tenant, "urgent")["id"]
+    owner.execute("update app.jobs set priority = 9 where id = %s", (urgent,))
+    normal = enqueue(worker, tenant, "normal")["id"]
+    later = enqueue(worker, tenant, "later")["id"]
+    owner.execute("update app.jobs set available_at = clock_timestamp() + interval '1 hour'"
+                  " where id = %s", (later,))
+
+    shown = cli("jobs", "show", str(normal))
+    assert shown.code == 0, shown.err
+    assert "behind higher-priority work: 1 ahead in its tenant, 1 of higher priority" in (
+        " ".join(shown.out.split()))
+    document = cli("jobs", "show", str(normal), "--json").json()
+    assert (document["wait"]["reason"], document["wait"]["jobs_ahead"],
+            document["wait"]["priority"]) == ("behind_priority", 1, 5)
+    assert "not yet due, until" in cli("jobs", "show", str(later)).out
+    assert cli("jobs", "show", str(urgent), "--json").json()["wait"]["reason"] == "ready"
+
+    status = cli("status", "--tenant", str(tenant), "--json").json()
+    (entry,) = status["tenants"]
+    assert {reason: w["jobs"] for reason, w in entry["waiting"].items()} == {
+        "behind_priority": 1, "ready": 1, "scheduled": 1}
+    table = " ".join(cli("status", "--tenant", str(tenant)).out.split())
+    for words in ("waiting jobs", "behind higher-priority work", "ready, next in its tenant",
+                  "not yet due"):
+        assert words in table
 
 
 def test_jobs_show_of_an_unknown_id_exits_4_with_one_line(cli: Cli) -> None:

@@ -140,6 +140,8 @@ def test_a_redrive_from_the_job_page_is_confirmed_changes_the_job_and_is_audited
     # The error document is shown as JSON: the hostile message, quotes escaped JSON's way.
     assert json.dumps(HOSTILE_ERROR, ensure_ascii=False) in page.locator("pre.error").inner_text()
     assert "</pre><script>" in page.locator("pre").nth(1).inner_text()
+    assert page.locator("dd.priority").inner_text().startswith("5 ")
+    assert page.locator("dd.wait").count() == 0  # a dead job waits for nothing
     shots(page, "job")
 
     page.fill("form.act input[name=reason]", "fixed the template")
@@ -152,6 +154,9 @@ def test_a_redrive_from_the_job_page_is_confirmed_changes_the_job_and_is_audited
     page.wait_for_url(f"**/jobs/{dead}?done=*")
     assert "redrive: 1 job(s)" in page.locator(".notice").inner_text()
     assert page.locator("h1 .badge").inner_text() == "pending"
+    # Pending again and due now: the page says where it stands in its tenant's order.
+    assert page.locator("dd.wait").get_attribute("data-reason") in (
+        "ready", "queued", "behind_priority")
     timeline = page.locator("table.timeline").inner_text()
     assert "redriven" in timeline
     assert f"dashboard:{OPERATOR}" in timeline

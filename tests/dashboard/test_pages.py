@@ -9,7 +9,7 @@ from collections.abc import Callable
 from tests.dashboard.client import Client
 from tests.dashboard.conftest import OPERATOR, TENANT_VIEWER, VIEWER, Served
 from tests.dashboard.seed import HOSTILE_ERROR, HOSTILE_KIND
-from tests.sql.calls import events, job
+from tests.sql.calls import enqueue, events, job
 from tests.support.postgres import Conn
 
 Serve = Callable[[str], Served]
@@ -204,3 +204,36 @@ def test_keyset_pages_walk_a_long_list_without_repeats(
         found = re.search(r'href="([^"]+)" rel="next"', body)
         path = found.group(1).replace("&amp;", "&") if found else None
     assert len(seen) == 120 == len(set(seen))
+
+
+def test_the_job_page_shows_the_priority_and_why_a_pending_job_waits(
+    serve: Serve, owner: Conn
+) -> None:
+    served = serve(OPERATOR)
+    tenant = served.seeded.tenants[0]
+    urgent = enqueue(owner, tenant, "page-urgent")["id"]
+    owner.execute("update app.jobs set priority = 9 where id = %s", (urgent,))
+    normal = enqueue(owner, tenant, "page-normal")["id"]
+    client = served.client()
+
+    page = " ".join(client.get(f"/jobs/{normal}").body.split())
+    assert '<dd class="priority">5 ' in page
+    assert 'data-reason="behind_priority"' in page
+    assert "behind higher-priority work:" in page
+    assert "of higher priority" in page
+    assert '<dd class="priority">9 ' in client.get(f"/jobs/{urgent}").body
+    dead = served.seeded.jobs["dead"][0]
+    assert 'class="wait"' not in client.get(f"/jobs/{dead}").body
+
+
+def test_a_tenant_viewer_sees_why_its_own_job_waits(serve: Serve, owner: Conn) -> None:
+    served = serve(TENANT_VIEWER)
+    mine = served.seeded.tenants[0]
+    later = owner.execute("select clock_timestamp() + interval '2 hours' as t").fetchone()
+    assert later is not None
+    scheduled = enqueue(owner, mine, "viewer-later", available_at=later["t"])["id"]
+
+    page = served.client().get(f"/jobs/{scheduled}").body
+
+    assert 'data-reason="scheduled"' in page
+    assert "not yet due, until" in page

@@ -158,7 +158,7 @@ def enqueue_items(draw: st.DrawFn) -> Any:
         if draw(st.integers(0, 2)) == 0:
             item[name] = draw(values)
     if draw(st.integers(0, 19)) == 0:
-        item[draw(st.sampled_from(["lease_token", "state", "attempts", "priority"]))] = draw(
+        item[draw(st.sampled_from(["lease_token", "state", "attempts", "queue"]))] = draw(
             json_values)
     for name in ("tenant_id", "operation_key", "kind", "payload"):
         if draw(st.integers(0, 39)) == 0:

@@ -62,11 +62,12 @@ app.dead_jobs(uuid,text,integer)                                                
 app.discard_job(uuid,uuid,text,uuid,jsonb)                                                       x   x   .    .     x    .    .    .    .
 app.document_problem(jsonb,text,integer)                                                         x   .   .    .     .    .    .    .    .
 app.end_stalled_sessions()                                                                       x   x   .    .     .    x    .    .    .
-app.enqueue_job(uuid,text,text,jsonb,timestamp with time zone,integer)                           x   x   x    x     .    .    .    .    .
-app.enqueue_jobs(uuid[],text[],text[],jsonb[],timestamp with time zone[],integer[],text[])       x   x   x    x     .    .    .    .    .
+app.enqueue_job(uuid,text,text,jsonb,timestamp with time zone,integer,integer)                   x   x   x    x     .    .    .    .    .
+app.enqueue_jobs(uuid[],text[],text[],jsonb[],timestamp with time zone[],integer[],text[],integer[])  x   x   x    x     .    .    .    .    .
 app.error_document(jsonb)                                                                        x   .   .    .     .    .    .    .    .
 app.explain_invalid_outcome(bigint,uuid,uuid,uuid,text,jsonb,interval)                           x   .   .    .     .    .    .    .    .
 app.fail_job(uuid,uuid,text,uuid,jsonb,interval)                                                 x   x   .    .     x    .    .    .    .
+app.fill_claim_key()                                                                             x   .   .    .     .    .    .    .    .
 app.finish_and_claim_jobs(text,uuid[],uuid[],uuid[],text[],jsonb[],interval[],integer,interval,text[],text[])  x   x   .    .     x    .    .    .    .
 app.finish_jobs(text,uuid[],uuid[],uuid[],text[],jsonb[],interval[])                             x   x   .    .     x    .    .    .    .
 app.get_job(uuid)                                                                                x   x   .    .     .    .    x    .    .
@@ -75,11 +76,13 @@ app.get_job_result_by_key(uuid,text)                                            
 app.is_blank(text)                                                                               x   .   .    .     .    .    .    .    .
 app.job_activity(uuid,text,interval,integer,integer)                                             x   x   .    .     .    .    x    .    .
 app.job_timeline(uuid,integer)                                                                   x   x   .    .     .    .    x    .    .
+app.job_wait_reasons(uuid[])                                                                     x   x   .    .     .    .    x    .    .
 app.join_worker_pool(text,text,uuid,integer,interval)                                            x   x   .    .     x    .    .    .    .
 app.leave_worker_pool(text)                                                                      x   x   .    .     x    .    .    .    .
 app.list_jobs(app.job_state,uuid,text,timestamp with time zone,timestamp with time zone,timestamp with time zone,uuid,integer)  x   x   .    .     .    .    x    .    .
 app.oldest_ready_at()                                                                            x   x   .    .     x    .    x    .    .
 app.pool_limits()                                                                                x   .   .    .     .    .    .    .    .
+app.priority_step()                                                                              x   .   .    .     .    .    .    .    .
 app.prune_jobs(interval,integer)                                                                 x   x   .    .     .    .    x    .    .
 app.prune_retained_jobs(interval,integer)                                                        x   x   .    .     .    x    .    .    .
 app.queue_depth(uuid,text,integer)                                                               x   x   .    .     .    .    x    .    .
@@ -88,12 +91,12 @@ app.raise_invalid(text)                                                         
 app.reader_get_job(uuid)                                                                         x   .   .    .     .    .    .    x    .
 app.reader_job_activity(uuid,text,interval,integer,integer)                                      x   .   .    .     .    .    .    x    .
 app.reader_job_timeline(uuid,integer)                                                            x   .   .    .     .    .    .    x    .
+app.reader_job_wait_reasons(uuid[])                                                              x   .   .    .     .    .    .    x    .
 app.reader_list_jobs(app.job_state,uuid,text,timestamp with time zone,timestamp with time zone,timestamp with time zone,uuid,integer)  x   .   .    .     .    .    .    x    .
 app.reader_queue_depth(uuid,text,integer)                                                        x   .   .    .     .    .    .    x    .
 app.ready_tenants(integer)                                                                       x   x   .    .     x    .    .    .    .
 app.redrive_jobs(text,uuid,uuid[],text,integer,text)                                             x   x   .    .     .    .    x    .    .
 app.redrive_jobs_by_id(text,uuid[],text)                                                         x   x   .    .     .    .    x    .    .
-app.request_job_cancel(text,uuid[],text)                                                         x   x   .    .     .    .    x    .    .
 app.release_all_expired_jobs(integer)                                                            x   x   .    .     .    x    .    .    .
 app.release_expired(uuid,integer)                                                                x   .   .    .     .    .    .    .    .
 app.release_expired_jobs(uuid,integer)                                                           x   x   .    .     .    x    .    .    .
@@ -102,9 +105,12 @@ app.release_worker_place(uuid)                                                  
 app.renew_job_lease(uuid,uuid,text,uuid,interval)                                                x   x   .    .     x    .    .    .    .
 app.renew_job_lease_status(uuid,uuid,text,uuid,interval)                                         x   x   .    .     x    .    .    .    .
 app.repair_tenant_turns(integer)                                                                 x   x   .    .     .    x    x    .    .
+app.request_job_cancel(text,uuid[],text)                                                         x   x   .    .     .    .    x    .    .
 app.reserve_worker_places(integer,integer,interval)                                              x   x   .    .     x    .    .    .    .
 app.role_duration_setting(oid,text)                                                              x   .   .    .     .    .    .    .    .
+app.set_priority_step(interval)                                                                  x   .   .    .     .    .    .    .    .
 app.set_worker_pool_limits(integer,interval,interval)                                            x   .   .    .     .    .    .    .    .
+app.waiting_jobs(uuid)                                                                           x   x   .    .     .    .    x    .    .
 app.wake_tenants(uuid[],timestamp with time zone[],text[])                                       x   .   .    .     .    .    .    .    .
 app.wake_worker_place()                                                                          x   x   x    x     x    .    .    .    .
 app.worker_pool_size()                                                                           x   x   .    .     x    .    x    .    .

@@ -62,6 +62,20 @@ def test_a_batch_gets_the_request_id_as_correlation_id_where_an_item_has_none(
     assert [by_id[r["job_id"]]["correlation_id"] for r in answer["results"]] == [
         "req-batch", "req-batch", "upload-77"]
     assert by_id[answer["results"][0]["job_id"]]["max_attempts"] == 3
+    assert [by_id[r["job_id"]]["priority"] for r in answer["results"]] == [8, 5, 5]
+
+
+@pytest.mark.parametrize("priority", [0, 10, "9", True])
+def test_an_item_with_a_priority_outside_1_to_9_is_rejected_with_its_field(
+        enqueue_app: ModuleType, owner: Conn, priority: Any) -> None:
+    event = load_event("enqueue_batch")
+    event["jobs"][1]["priority"] = priority
+
+    answer = invoke(enqueue_app, event)
+
+    assert [r["status"] for r in answer["results"]] == ["created", "rejected", "created"]
+    assert [e["field"] for e in answer["results"][1]["errors"]] == ["priority"]
+    assert len(jobs(owner)) == 2
 
 
 def test_an_eventbridge_event_gets_the_event_id_as_correlation_id(
@@ -137,7 +151,8 @@ def _direct(**changes: Any) -> dict[str, Any]:
     (_direct(kind="\u200b"), "kind: Value error, must not be blank"),
     (_direct(max_attempts=0), "max_attempts: Input should be greater than or equal to 1"),
     (_direct(available_at="2030-01-01T00:00:00"), "available_at: Value error, must include a"),
-    (_direct(priority=1), "priority: Extra inputs are not permitted"),
+    (_direct(queue="fast"), "queue: Extra inputs are not permitted"),
+    (_direct(priority=0), "priority: Input should be greater than or equal to 1"),
     (_direct(operation_key="   "), "operation_key: Value error, must not be blank"),
     (_direct(kind="send\nwelcome"), "kind: Value error, must not contain control, format "
      "(invisible or bidirectional) or line separator characters (found U+000A at character "

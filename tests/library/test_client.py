@@ -265,3 +265,15 @@ def test_a_drain_survives_its_connection_being_killed_between_batches(
     assert {e["event_type"]: e["n"] for e in events} == {
         "claimed": 20, "created": 20, "succeeded": 20}
 
+
+
+def test_a_priority_given_on_the_callers_connection_orders_the_claim(
+        db: Database, client: QueueClient, owner: Conn) -> None:
+    tenant = uuid.uuid4()
+    with psycopg.connect(db.worker_dsn, autocommit=True) as conn, conn.transaction():
+        normal, urgent = enqueue_jobs(conn, [request(tenant, "normal"),
+                                             request(tenant, "urgent", priority=9)])
+    assert (job(owner, normal.job_id)["priority"], job(owner, urgent.job_id)["priority"]) == (
+        5, 9)
+    claimed = client.claim_jobs(tenant, "worker-1", 2, timedelta(seconds=30))
+    assert [j.id for j in claimed] == [urgent.job_id, normal.job_id]

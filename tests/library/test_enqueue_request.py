@@ -228,3 +228,23 @@ def test_bad_items_are_refused_one_by_one_and_the_rest_go_in_one_call(
     stored = {row["operation_key"]: row["available_at"] for row in rows}
     assert set(stored) == {"good-1", "far-east", "good-2"}
     assert stored["far-east"] == soon
+
+
+# Priority ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("priority", [1, 5, 9, None])
+def test_a_priority_from_1_to_9_or_none_is_accepted(priority: int | None) -> None:
+    assert make(priority=priority).priority == priority
+
+
+@pytest.mark.parametrize(("priority", "expected"), [
+    (0, "greater than or equal to 1"), (10, "less than or equal to 9"),
+    (-3, "greater than or equal to 1"), (True, "valid integer"), ("5", "valid integer"),
+    (5.0, "valid integer"),
+], ids=["zero", "ten", "negative", "bool", "text", "float"])
+def test_a_priority_outside_1_to_9_or_not_an_integer_is_refused(
+        priority: Any, expected: str) -> None:
+    message = refusal(priority=priority)
+    assert "priority" in message
+    assert expected in message

@@ -65,16 +65,16 @@ def test_a_schema_change_the_file_does_not_follow_fails_with_the_difference_and_
 ) -> None:
     database = _migrated(fresh_database)
     with database.connect(postgres.OWNER) as conn:  # what a new migration might do
-        conn.execute("alter table app.jobs add column priority integer not null default 0")
-        conn.execute("create index jobs_priority_idx on app.jobs (priority)")
+        conn.execute("alter table app.jobs add column weight integer not null default 0")
+        conn.execute("create index jobs_weight_idx on app.jobs (weight)")
 
     problem = write_schema.stale(write_schema.SCHEMA_FILE.read_text(encoding="utf-8"),
                                  write_schema.render(database.admin_dsn))
 
     assert problem is not None
     assert "run scripts/write-schema and commit the file" in problem
-    assert "\n+    priority integer DEFAULT 0 NOT NULL,\n" in problem
-    assert "\n+CREATE INDEX jobs_priority_idx ON app.jobs USING btree (priority);\n" in problem
+    assert "\n+    weight integer DEFAULT 0 NOT NULL,\n" in problem
+    assert "\n+CREATE INDEX jobs_weight_idx ON app.jobs USING btree (weight);\n" in problem
 
 
 def test_each_table_is_read_in_one_place_with_its_comments_keys_indexes_policies_and_grants(

@@ -31,6 +31,7 @@ DASHBOARD_FUNCTIONS = {
     "app.list_jobs(app.job_state,uuid,text,timestamp with time zone,"
     "timestamp with time zone,timestamp with time zone,uuid,integer)",
     "app.get_job(uuid)",
+    "app.job_wait_reasons(uuid[])",
     "app.job_timeline(uuid,integer)",
     "app.redrive_jobs_by_id(text,uuid[],text)",
     "app.cancel_jobs_by_id(text,uuid[],text)",

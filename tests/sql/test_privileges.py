@@ -20,8 +20,9 @@ from tests.support.postgres import Conn
 
 #: The runtime contract: these functions are executable by a login of every runtime duty.
 SERVICE_FUNCTIONS = {
-    "app.enqueue_job(uuid,text,text,jsonb,timestamp with time zone,integer)",
-    "app.enqueue_jobs(uuid[],text[],text[],jsonb[],timestamp with time zone[],integer[],text[])",
+    "app.enqueue_job(uuid,text,text,jsonb,timestamp with time zone,integer,integer)",
+    "app.enqueue_jobs(uuid[],text[],text[],jsonb[],timestamp with time zone[],integer[],text[],"
+    "integer[])",
     "app.claim_jobs(uuid,text,integer,interval,text[],text[])",
     "app.claim_ready_jobs(text,integer,interval,text[],text[])",
     "app.ready_tenants(integer)",
@@ -51,6 +52,7 @@ def _app_functions(conn: Conn) -> list[dict[str, Any]]:
                      order by a.i) as type_schemas
         from pg_proc p
         where p.pronamespace = 'app'::regnamespace
+          and p.prorettype <> 'trigger'::regtype  -- only a trigger calls these
         order by 2
         """
     ).fetchall()
@@ -178,6 +180,7 @@ READER_FUNCTIONS = {
     "app.reader_list_jobs(app.job_state,uuid,text,timestamp with time zone,"
     "timestamp with time zone,timestamp with time zone,uuid,integer)",
     "app.reader_get_job(uuid)",
+    "app.reader_job_wait_reasons(uuid[])",
     "app.reader_job_timeline(uuid,integer)",
 }
 

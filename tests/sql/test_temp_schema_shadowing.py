@@ -260,6 +260,7 @@ def _dashboard(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
                    " null, null, 5)", (tenant,))
     assert waiting, "no waiting job to cancel"
     call("get_job", "select * from app.get_job(%s)", (dead[0]["id"],))
+    call("job_wait_reasons", "select * from app.job_wait_reasons(%s)", ([waiting[0]["id"]],))
     call("job_timeline", "select * from app.job_timeline(%s, 100)", (dead[0]["id"],))
     call("queue_depth", "select * from app.queue_depth(%s, null, 5)", (tenant,))
     call("job_activity", "select * from app.job_activity(%s, null, '1 hour', 6, 5)", (tenant,))
@@ -286,6 +287,7 @@ def _operate(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
     call("request_job_cancel", "select * from app.request_job_cancel('op', %s, 'unwanted')",
          ([dead[0]["id"]],))
     call("queue_status", "select * from app.queue_status(%s)", (tenant,))
+    call("waiting_jobs", "select * from app.waiting_jobs(%s)", (tenant,))
     call("oldest_ready_at", "select app.oldest_ready_at()", ())
     call("worker_pool_size", "select * from app.worker_pool_size()", ())
     call("repair_tenant_turns", "select * from app.repair_tenant_turns(10)", ())

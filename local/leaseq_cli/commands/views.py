@@ -40,9 +40,34 @@ def _status_document(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "cancel_requested": sum(e["cancel_requested"] for e in tenants.values())}
 
 
+#: How the command line words each reason app.waiting_jobs and app.job_wait_reasons
+#: give (sql/README.md, "Waiting jobs"); a reason not listed is shown as it is.
+WAIT_REASONS = {
+    "scheduled": "not yet due",
+    "retry_wait": "retry waiting",
+    "behind_priority": "behind higher-priority work",
+    "queued": "queued behind older work",
+    "ready": "ready, next in its tenant",
+    "held_by_limit": "held by a limit",
+    "cancel_requested": "cancel requested",
+}
+
+
+def _add_waiting(document: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    by_tenant = {str(e["tenant_id"]): e for e in document["tenants"]}
+    for entry in document["tenants"]:
+        entry["waiting"] = {}
+    for row in rows:
+        entry = by_tenant.get(str(row["tenant_id"]))
+        if entry is not None:
+            entry["waiting"][row["reason"]] = {"jobs": int(row["jobs"]),
+                                               "next_at": row["next_at"]}
+
+
 def cmd_status(args: argparse.Namespace, ui: Ui) -> int:
     with client_for(args, ui) as client:
         document = _status_document(client.queue_status(args.tenant))
+        _add_waiting(document, client.waiting_jobs(args.tenant))
 
     def render(out: Console) -> None:
         if not document["tenants"]:
@@ -62,6 +87,13 @@ def cmd_status(args: argparse.Namespace, ui: Ui) -> int:
                           *[_count(s, document["totals"][s]) for s in STATES],
                           str(document["ready"]), "")
         out.print(shown)
+        waits = table("tenant", "why waiting", "jobs", "due", title="waiting jobs")
+        for entry in document["tenants"]:
+            for reason, wait in entry["waiting"].items():
+                waits.add_row(str(entry["tenant_id"]), WAIT_REASONS.get(reason, plain(reason)),
+                              str(wait["jobs"]), when(wait["next_at"]))
+        if waits.row_count:
+            out.print(waits)
         if document["totals"]["dead"]:
             out.print(f"[red]{document['totals']['dead']} dead[/]: see them with "
                       "leaseq dead list")
@@ -89,6 +121,7 @@ def cmd_jobs_show(args: argparse.Namespace, ui: Ui) -> int:
             raise NotFoundError(f"no job has id {args.job_id}; find ids with leaseq dead list, "
                                 "or in the output of leaseq enqueue")
         events = client.job_timeline(args.job_id, args.limit)
+        (wait,) = client.job_wait_reasons([args.job_id]) or ({},)
 
     def render(out: Console) -> None:
         facts = table("", "", title=f"job {job['id']}")
@@ -101,6 +134,8 @@ def cmd_jobs_show(args: argparse.Namespace, ui: Ui) -> int:
             ("attempts", f"{job['attempts']} of {job['max_attempts']}"),
             ("created", when(job["created_at"])),
             ("available at", when(job["available_at"])),
+            ("priority", f"{wait.get('priority', '-')} (1 least urgent .. 9 most)"),
+            ("waiting", _wait_text(wait)),
             ("completed", when(job["completed_at"])),
             ("lease", f"{plain(job['lease_owner'])} until {when(job['lease_expires_at'])}"
              if job["lease_owner"] else "-"),
@@ -120,7 +155,7 @@ def cmd_jobs_show(args: argparse.Namespace, ui: Ui) -> int:
                              compact(event["details"], 300))
         out.print(timeline)
 
-    ui.emit({"job": job, "events": events}, render)
+    ui.emit({"job": job, "wait": wait or None, "events": events}, render)
     return 0
 
 
@@ -132,6 +167,20 @@ def _cancel_request(job: dict[str, Any]) -> list[tuple[str, str]]:
     label = "cancel requested" if str(job["state"]) == "running" else "cancelled while running"
     return [(label, f"[magenta]by {plain(job['cancel_requested_by'])} at "
                     f"{when(job['cancel_requested_at'])}[/]")]
+
+
+def _wait_text(wait: dict[str, Any]) -> str:
+    """Why the job is not running, in words (app.job_wait_reasons)."""
+    reason = wait.get("reason")
+    if reason is None:
+        return "-"
+    words = WAIT_REASONS.get(reason, plain(reason))
+    if wait.get("until") is not None:
+        return f"{words}, until {when(wait['until'])}"
+    if reason in ("behind_priority", "queued"):
+        return (f"{words}: {wait['jobs_ahead']} ahead in its tenant, "
+                f"{wait['higher_priority_ahead']} of higher priority")
+    return words
 
 
 def _event_style(event: str) -> str:
