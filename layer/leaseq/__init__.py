@@ -25,6 +25,7 @@ from leaseq.reaper import ReapReport, reap_once
 from leaseq.recorder import JobRecord
 from leaseq.registry import Registration, Registry
 from leaseq.retry import RetryPolicy
+from leaseq.schedules import SHARED_TENANT, Schedule, TickedSchedule
 from leaseq.settings import (
     DatabaseSettings,
     LeaseqSettings,
@@ -36,6 +37,7 @@ from leaseq.signals import DiscardJob, JobTimeout, RetryJob
 from leaseq.worker import ClaimHook, DrainReport, Worker
 
 __all__ = [
+    "SHARED_TENANT",
     "ClaimHook",
     "ClaimedJob",
     "ConfigurationError",
@@ -72,7 +74,9 @@ __all__ = [
     "RetryJob",
     "RetryPolicy",
     "ScaleUp",
+    "Schedule",
     "SchemaVersionError",
+    "TickedSchedule",
     "TlsVerificationError",
     "UndecodableJson",
     "Worker",
