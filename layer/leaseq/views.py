@@ -80,6 +80,11 @@ class QueueViews(Protocol):
         """The job's audit events in order (app.job_timeline)."""
         ...
 
+    def list_schedules(self) -> list[Row] | None:
+        """Every schedule with its next slots, last slot and its job (app.list_schedules),
+        or None for a viewer who is shown no schedules (a tenant reader)."""
+        ...
+
 
 def _list_args(where: JobFilter, after: Cursor | None) -> dict[str, Any]:
     return {"tenant_id": where.tenant_id, "kind": where.kind, "since": where.since,
@@ -118,6 +123,10 @@ class OperatorViews:
     def job_timeline(self, job_id: UUID, limit: int = 1000) -> list[Row]:
         """See :meth:`QueueViews.job_timeline`."""
         return self.client.job_timeline(job_id, limit)
+
+    def list_schedules(self) -> list[Row] | None:
+        """See :meth:`QueueViews.list_schedules` (every tenant's)."""
+        return self.client.list_schedules(None, 3)
 
     def redrive_jobs(self, actor: str, job_ids: Sequence[UUID],
                      reason: str | None = None) -> list[Row]:
@@ -168,3 +177,8 @@ class TenantViews:
     def job_timeline(self, job_id: UUID, limit: int = 1000) -> list[Row]:
         """See :meth:`QueueViews.job_timeline` (only this reader's tenant)."""
         return self.client.reader_job_timeline(self.tenant_id, job_id, limit)
+
+    def list_schedules(self) -> list[Row] | None:
+        """None: schedules are the operators' rows, which a tenant reader may not read
+        (the shared tenant's and other tenants' among them)."""
+        return None

@@ -607,7 +607,8 @@ begin
 end;
 $$;
 revoke all on function app.list_schedules(uuid, integer) from public;
-grant execute on function app.list_schedules(uuid, integer) to leaseq_operator;
+-- The dashboard's login reads them too (its schedules page), as it reads every tenant's jobs.
+grant execute on function app.list_schedules(uuid, integer) to leaseq_operator, leaseq_dashboard;
 
 -- The reaper's tick: up to p_limit schedules whose cursor has come (oldest first, those
 -- another tick holds skipped), each in turn: its due slots per its fill policy enqueued

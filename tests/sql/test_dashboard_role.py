@@ -34,6 +34,7 @@ DASHBOARD_FUNCTIONS = {
     "app.job_timeline(uuid,integer)",
     "app.redrive_jobs_by_id(text,uuid[],text)",
     "app.cancel_jobs_by_id(text,uuid[],text)",
+    "app.list_schedules(uuid,integer)",
 }
 GROUP_ROLES = ("authenticated", "leaseq_producer", "leaseq_tenant_producer",
                "leaseq_worker", "leaseq_reaper", "leaseq_operator", "leaseq_dashboard")

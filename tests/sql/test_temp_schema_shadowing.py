@@ -266,6 +266,7 @@ def _dashboard(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
     call("job_timeline", "select * from app.job_timeline(%s, 100)", (dead[0]["id"],))
     call("queue_depth", "select * from app.queue_depth(%s, null, 5)", (tenant,))
     call("job_activity", "select * from app.job_activity(%s, null, '1 hour', 6, 5)", (tenant,))
+    call("list_schedules", "select * from app.list_schedules(null, 3)", ())
     call("cancel_jobs_by_id", "select * from app.cancel_jobs_by_id('dash', %s, 'unwanted')",
          ([waiting[0]["id"]],))
     assert call("redrive_jobs_by_id", "select * from app.redrive_jobs_by_id('dash', %s)",
