@@ -128,18 +128,8 @@ revoke all on function app.cron_field(text, text, text, integer, integer, text[]
 -- An expression taken apart: either every_seconds (an @every interval) or the cron sets,
 -- with whether the day fields and the hour field start with * (see the file's header).
 -- Raises 22023 for anything malformed, finer than a minute, or that can never fire.
-create or replace function app.schedule_spec(
-  p_expression text,
-  out every_seconds bigint,
-  out minutes integer[],
-  out hours integer[],
-  out days integer[],
-  out months integer[],
-  out weekdays integer[],
-  out days_star boolean,
-  out weekdays_star boolean,
-  out hours_star boolean
-)
+create or replace function app.schedule_spec(p_expression text)
+returns app.cron_spec
 language plpgsql
 immutable
 set search_path = pg_catalog, pg_temp
@@ -148,6 +138,7 @@ declare
   v_text text := lower(btrim(p_expression));
   v_fields text[];
   v_part text[];
+  v_spec app.cron_spec;
 begin
   if p_expression is null or v_text = '' then
     perform app.raise_invalid('schedule expression is required: a five-field cron '
@@ -162,24 +153,24 @@ begin
         'schedule expression %L: an interval is @every followed by numbers with units d, '
         'h, m or s, such as @every 10m or @every 1h30m', p_expression));
     end if;
-    every_seconds := 0;
+    v_spec.every_seconds := 0;
     for v_part in
       select regexp_matches(regexp_replace(v_text, '^@every\s+', ''), '([0-9]+)([dhms])', 'g')
     loop
-      every_seconds := every_seconds + v_part[1]::bigint * case v_part[2]
+      v_spec.every_seconds := v_spec.every_seconds + v_part[1]::bigint * case v_part[2]
         when 'd' then 86400 when 'h' then 3600 when 'm' then 60 else 1 end;
     end loop;
-    if every_seconds < 60 then
+    if v_spec.every_seconds < 60 then
       perform app.raise_invalid(format(
         'schedule expression %L: schedules finer than a minute are not supported (the '
         'reaper ticks once a minute); use @every 1m or more, or a job that loops',
         p_expression));
     end if;
-    if every_seconds > 366 * 86400 then
+    if v_spec.every_seconds > 366 * 86400 then
       perform app.raise_invalid(format(
         'schedule expression %L: an interval must be at most 366 days', p_expression));
     end if;
-    return;
+    return v_spec;
   end if;
   v_text := case v_text
     when '@yearly' then '0 0 1 1 *' when '@annually' then '0 0 1 1 *'
@@ -198,28 +189,29 @@ begin
       'day-of-month month day-of-week (no seconds, no year)', p_expression,
       cardinality(v_fields)));
   end if;
-  minutes := app.cron_field(p_expression, v_fields[1], 'minute', 0, 59, null);
-  hours := app.cron_field(p_expression, v_fields[2], 'hour', 0, 23, null);
-  days := app.cron_field(p_expression, v_fields[3], 'day-of-month', 1, 31, null);
-  months := app.cron_field(p_expression, v_fields[4], 'month', 1, 12,
+  v_spec.minutes := app.cron_field(p_expression, v_fields[1], 'minute', 0, 59, null);
+  v_spec.hours := app.cron_field(p_expression, v_fields[2], 'hour', 0, 23, null);
+  v_spec.days := app.cron_field(p_expression, v_fields[3], 'day-of-month', 1, 31, null);
+  v_spec.months := app.cron_field(p_expression, v_fields[4], 'month', 1, 12,
     array['jan','feb','mar','apr','may','jun','jul','aug','sep','oct','nov','dec']);
-  weekdays := app.cron_field(p_expression, v_fields[5], 'day-of-week', 0, 7,
+  v_spec.weekdays := app.cron_field(p_expression, v_fields[5], 'day-of-week', 0, 7,
     array['sun','mon','tue','wed','thu','fri','sat']);
-  if 7 = any (weekdays) then  -- 7 is Sunday too
-    weekdays := array(select distinct case when w = 7 then 0 else w end
-                      from unnest(weekdays) w order by 1);
+  if 7 = any (v_spec.weekdays) then  -- 7 is Sunday too
+    v_spec.weekdays := array(select distinct case when w = 7 then 0 else w end
+                      from unnest(v_spec.weekdays) w order by 1);
   end if;
-  days_star := v_fields[3] like '*%';
-  weekdays_star := v_fields[5] like '*%';
-  hours_star := v_fields[2] = '*';
+  v_spec.days_star := v_fields[3] like '*%';
+  v_spec.weekdays_star := v_fields[5] like '*%';
+  v_spec.hours_star := v_fields[2] = '*';
   -- Restricted days of the month with any day of the week: some month must have one.
-  if weekdays_star and not exists (
-      select 1 from unnest(months) m, unnest(days) d
+  if v_spec.weekdays_star and not exists (
+      select 1 from unnest(v_spec.months) m, unnest(v_spec.days) d
       where d <= case when m = 2 then 29 when m in (4, 6, 9, 11) then 30 else 31 end) then
     perform app.raise_invalid(format(
       'schedule expression %L can never fire: none of its months has any of its days of '
       'the month', p_expression));
   end if;
+  return v_spec;
 end;
 $$;
 revoke all on function app.schedule_spec(text) from public;
@@ -244,25 +236,29 @@ revoke all on function app.check_time_zone(text) from public;
 
 -- The slots of an expression read in p_time_zone that are after p_after and at most
 -- p_until, in order, at most p_limit of them (see the header for daylight saving time).
-create or replace function app.schedule_slots(p_expression text, p_time_zone text,
-                                              p_after timestamptz, p_until timestamptz,
-                                              p_limit integer)
+create or replace function app.spec_slots(p_spec app.cron_spec, p_time_zone text,
+                                          p_after timestamptz, p_until timestamptz,
+                                          p_limit integer)
 returns setof timestamptz
 language plpgsql
 stable
 set search_path = pg_catalog, pg_temp
 as $$
 declare
-  v_spec record;
+  v_spec app.cron_spec := p_spec;
   v_day date;
   v_last date;
   v_count integer := 0;
   v_rows integer;
+  v_start timestamptz;
+  v_end timestamptz;
+  v_hour integer;
+  v_hour_start timestamptz;
 begin
-  if p_after is null or p_until is null or p_until <= p_after or p_limit < 1 then
+  if p_spec is null or p_after is null or p_until is null or p_until <= p_after
+     or p_limit < 1 then
     return;
   end if;
-  select * into v_spec from app.schedule_spec(p_expression);
   if v_spec.every_seconds is not null then
     return query
     select to_timestamp((k * v_spec.every_seconds)::double precision)
@@ -284,42 +280,89 @@ begin
                       and extract(dow from v_day)::integer = any (v_spec.weekdays)
                  else extract(day from v_day)::integer = any (v_spec.days)
                       or extract(dow from v_day)::integer = any (v_spec.weekdays) end) then
-      return query
-        with wall as (
-          select v_day + make_time(h, m, 0) as local
-          from unnest(v_spec.hours) h, unnest(v_spec.minutes) m
-        ), placed as (
-          -- "local at time zone" is the later instant of a repeated time (and, for a
-          -- skipped one, the instant as far past the jump as it was past the last time
-          -- before it); "earlier" is the other reading of a repeated time.
-          select w.local, i.later,
-                 i.later + ((i.later at time zone p_time_zone) - (i.later at time zone 'UTC'))
-                         - (((i.later - interval '3 hours') at time zone p_time_zone)
-                            - ((i.later - interval '3 hours') at time zone 'UTC')) as earlier
-          from wall w, lateral (select w.local at time zone p_time_zone as later) i
-        ), slots as (
-          select case when p.earlier < p.later and (p.earlier at time zone p_time_zone) = p.local
-                      then p.earlier else p.later end as slot
-          from placed p
-          union
-          select p.later
-          from placed p
-          where v_spec.hours_star and p.earlier < p.later
-            and (p.earlier at time zone p_time_zone) = p.local
-        )
-        select s.slot from slots s
-        where s.slot > p_after and s.slot <= p_until
-        order by s.slot
-        limit p_limit - v_count;
-      get diagnostics v_rows = row_count;
-      v_count := v_count + v_rows;
-      if v_count >= p_limit then
-        return;
+      -- The day's first and next day's first instants. A day that is 24 hours long has
+      -- no clock change: its slots are plain arithmetic from its midnight. The rest (the
+      -- two days a year of a zone with daylight saving time) read each wall time in the
+      -- zone. Days wholly outside (p_after, p_until], with room for a clock change, are
+      -- skipped.
+      v_start := v_day::timestamp at time zone p_time_zone;
+      v_end := (v_day + 1)::timestamp at time zone p_time_zone;
+      if v_end <= p_after - interval '3 hours' or v_start > p_until + interval '3 hours' then
+        v_day := v_day + 1;
+        continue;
+      end if;
+      if v_end - v_start = interval '24 hours' then
+        -- Hour by hour (the sets are sorted), so a search for the next slot reads one
+        -- hour's minutes, not the day's.
+        foreach v_hour in array v_spec.hours loop
+          v_hour_start := v_start + make_interval(hours => v_hour);
+          continue when v_hour_start + interval '59 minutes' <= p_after;
+          exit when v_hour_start > p_until;
+          return query
+          select v_hour_start + make_interval(mins => m)
+          from unnest(v_spec.minutes) m
+          where v_hour_start + make_interval(mins => m) > p_after
+            and v_hour_start + make_interval(mins => m) <= p_until
+          order by m
+          limit p_limit - v_count;
+          get diagnostics v_rows = row_count;
+          v_count := v_count + v_rows;
+          if v_count >= p_limit then
+            return;
+          end if;
+        end loop;
+      else
+        return query
+          with wall as (
+            select v_day + make_time(h, m, 0) as local
+            from unnest(v_spec.hours) h, unnest(v_spec.minutes) m
+          ), placed as (
+            -- "local at time zone" is the later instant of a repeated time (and, for a
+            -- skipped one, the instant as far past the jump as it was past the last time
+            -- before it); "earlier" is the other reading of a repeated time.
+            select w.local, i.later,
+                   i.later + ((i.later at time zone p_time_zone) - (i.later at time zone 'UTC'))
+                           - (((i.later - interval '3 hours') at time zone p_time_zone)
+                              - ((i.later - interval '3 hours') at time zone 'UTC')) as earlier
+            from wall w, lateral (select w.local at time zone p_time_zone as later) i
+          ), slots as (
+            select case when p.earlier < p.later and (p.earlier at time zone p_time_zone) = p.local
+                        then p.earlier else p.later end as slot
+            from placed p
+            union
+            select p.later
+            from placed p
+            where v_spec.hours_star and p.earlier < p.later
+              and (p.earlier at time zone p_time_zone) = p.local
+          )
+          select s.slot from slots s
+          where s.slot > p_after and s.slot <= p_until
+          order by s.slot
+          limit p_limit - v_count;
+        get diagnostics v_rows = row_count;
+        v_count := v_count + v_rows;
+        if v_count >= p_limit then
+          return;
+        end if;
       end if;
     end if;
     v_day := v_day + 1;
   end loop;
 end;
+$$;
+revoke all on function app.spec_slots(app.cron_spec, text, timestamptz, timestamptz, integer) from public;
+
+-- The same, from the expression (parsed on every call).
+create or replace function app.schedule_slots(p_expression text, p_time_zone text,
+                                              p_after timestamptz, p_until timestamptz,
+                                              p_limit integer)
+returns setof timestamptz
+language sql
+stable
+set search_path = pg_catalog, pg_temp
+as $$
+  select s from app.spec_slots(app.schedule_spec(p_expression), p_time_zone, p_after,
+                               p_until, p_limit) s;
 $$;
 revoke all on function app.schedule_slots(text, text, timestamptz, timestamptz, integer) from public;
 
@@ -333,8 +376,8 @@ stable
 set search_path = pg_catalog, pg_temp
 as $$
   select coalesce(
-    (select s from app.schedule_slots(p_expression, p_time_zone, p_after,
-                                      p_after + interval '20 years', 1) s),
+    (select s from app.spec_slots(app.schedule_spec(p_expression), p_time_zone, p_after,
+                                  p_after + interval '20 years', 1) s),
     'infinity'::timestamptz);
 $$;
 revoke all on function app.next_schedule_slot(text, text, timestamptz) from public;
@@ -617,7 +660,8 @@ grant execute on function app.list_schedules(uuid, integer) to leaseq_operator, 
 -- slots enqueued (new jobs), existing (slots whose key already named their job), late
 -- (enqueued more than schedule_grace after their slot), skipped (never to be enqueued),
 -- the last slot and its job, and the new cursor. A caller repeats while a whole page
--- comes back.
+-- comes back. Each expression is parsed once; the page's slots are enqueued together,
+-- one app.enqueue_items call per 1000 (a call costs about as much as its first job).
 create or replace function app.tick_schedules(p_limit integer default 100)
 returns table (schedule_id uuid, tenant_id uuid, name text, enqueued integer,
                existing integer, late integer, skipped integer, last_slot timestamptz,
@@ -631,13 +675,38 @@ declare
   v_now timestamptz := now();
   v_grace interval;
   v_window interval;
-  v_schedule record;
+  v_schedule app.schedules;
+  v_spec app.cron_spec;
   v_on_time timestamptz[];
   v_missed timestamptz[];
   v_take timestamptz[];
   v_skipped integer;
   v_late integer;
-  v_results record;
+  v_count integer := 0;
+  v_tenants uuid[] := '{}';
+  v_keys text[] := '{}';
+  v_kinds text[] := '{}';
+  v_payloads jsonb[] := '{}';
+  v_attempts integer[] := '{}';
+  v_lo integer;
+  v_hi integer;
+  v_part_statuses text[];
+  v_part_jobs uuid[];
+  -- Per schedule ticked (index k): what it was and what this tick decided.
+  v_rows app.schedules[] := '{}';
+  v_lates integer[] := '{}';
+  v_skips integer[] := '{}';
+  v_nexts timestamptz[] := '{}';
+  -- Per slot to enqueue (index i), for one enqueue call per 1000 slots of the page.
+  v_owner integer[] := '{}';
+  v_slots timestamptz[] := '{}';
+  v_statuses text[] := '{}';
+  v_jobs uuid[] := '{}';
+  v_created integer[];
+  v_found integer[];
+  v_last_jobs uuid[];
+  v_last_slots timestamptz[];
+  v_group record;
 begin
   perform app.check_range('p_limit', p_limit, 1, 1000);
   select least(st.schedule_grace, st.schedule_window, st.min_retention / 2),
@@ -659,23 +728,24 @@ begin
   loop
     -- On time: due slots at most the grace old. Missed: older ones within the window
     -- (enumerated only as far back as the window reaches; older ones are counted below).
+    v_spec := app.schedule_spec(v_schedule.expression);
     v_on_time := array(
-      select x from app.schedule_slots(v_schedule.expression, v_schedule.time_zone,
+      select x from app.spec_slots(v_spec, v_schedule.time_zone,
                                        greatest(v_schedule.next_slot, v_now - v_grace)
                                          - interval '1 microsecond', v_now, 100000) x);
     v_missed := '{}';
     v_skipped := 0;
     if v_schedule.next_slot < v_now - v_grace then
       v_missed := array(
-        select x from app.schedule_slots(v_schedule.expression, v_schedule.time_zone,
-                                         greatest(v_schedule.next_slot, v_now - v_window)
+        select x from app.spec_slots(v_spec, v_schedule.time_zone,
+                                     greatest(v_schedule.next_slot, v_now - v_window)
                                            - interval '1 microsecond', v_now - v_grace,
                                          100000) x
         where x < v_now - v_grace);
       -- Slots older than the window are never enqueued: only counted (up to 100000).
       if v_schedule.next_slot < v_now - v_window then
         v_skipped := (
-          select count(*) from app.schedule_slots(v_schedule.expression, v_schedule.time_zone,
+          select count(*) from app.spec_slots(v_spec, v_schedule.time_zone,
                                                   v_schedule.next_slot - interval '1 microsecond',
                                                   v_now - v_window, 100000) x
           where x < v_now - v_window)::integer;
@@ -694,45 +764,76 @@ begin
     v_late := (select count(*) from unnest(v_take) t(x) where t.x < v_now - v_grace)::integer;
     v_skipped := v_skipped + cardinality(v_on_time) + cardinality(v_missed)
                  - cardinality(v_take);
-    schedule_id := v_schedule.id;
-    tenant_id := v_schedule.tenant_id;
-    name := v_schedule.name;
-    enqueued := 0;
-    existing := 0;
-    late := v_late;
-    skipped := v_skipped;
-    last_slot := v_schedule.last_slot;
-    last_job_id := v_schedule.last_job_id;
-    if cardinality(v_take) > 0 then
-      select count(*) filter (where e.status = 'created') as created,
-             count(*) filter (where e.status = 'existing') as found,
-             (array_agg(e.job_id order by e.ord desc))[1] as last_job
-      into v_results
-      from app.enqueue_items(
-        array_fill(v_schedule.tenant_id, array[cardinality(v_take)]),
-        array(select 'schedule:' || v_schedule.id || ':'
-                     || to_char(x at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
-              from unnest(v_take) with ordinality u(x, n) order by n),
-        array_fill(v_schedule.kind, array[cardinality(v_take)]),
-        array_fill(v_schedule.payload, array[cardinality(v_take)]),
-        null,
-        array_fill(v_schedule.max_attempts, array[cardinality(v_take)]),
-        null) e;
-      enqueued := v_results.created;
-      existing := v_results.found;
-      last_slot := v_take[cardinality(v_take)];
-      last_job_id := v_results.last_job;
-    end if;
-    next_slot := app.next_schedule_slot(v_schedule.expression, v_schedule.time_zone, v_now);
+    v_count := v_count + 1;
+    v_rows := v_rows || v_schedule;
+    v_lates := v_lates || v_late;
+    v_skips := v_skips || v_skipped;
+    v_nexts := v_nexts || coalesce(
+      (select x from app.spec_slots(v_spec, v_schedule.time_zone, v_now,
+                                    v_now + interval '20 years', 1) x),
+      'infinity'::timestamptz);
+    v_owner := v_owner || array_fill(v_count, array[cardinality(v_take)]);
+    v_slots := v_slots || v_take;
+    v_tenants := v_tenants || array_fill(v_schedule.tenant_id, array[cardinality(v_take)]);
+    v_keys := v_keys || array(
+      select 'schedule:' || v_schedule.id || ':'
+             || to_char(t.x at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+      from unnest(v_take) with ordinality t(x, n) order by t.n);
+    v_kinds := v_kinds || array_fill(v_schedule.kind, array[cardinality(v_take)]);
+    v_payloads := v_payloads || array_fill(v_schedule.payload, array[cardinality(v_take)]);
+    v_attempts := v_attempts || array_fill(v_schedule.max_attempts, array[cardinality(v_take)]);
+  end loop;
+
+  -- Every slot of the page through the idempotent enqueue, 1000 a call (its bound): one
+  -- call for the page's schedules, not one each.
+  for v_lo in select g.lo from generate_series(1, cardinality(v_slots), 1000) g(lo) loop
+    v_hi := least(v_lo + 999, cardinality(v_slots));
+    select array_agg(e.status order by e.ord), array_agg(e.job_id order by e.ord)
+    into v_part_statuses, v_part_jobs
+    from app.enqueue_items(v_tenants[v_lo:v_hi], v_keys[v_lo:v_hi], v_kinds[v_lo:v_hi],
+                           v_payloads[v_lo:v_hi], null, v_attempts[v_lo:v_hi], null) e;
+    v_statuses := v_statuses || v_part_statuses;
+    v_jobs := v_jobs || v_part_jobs;
+  end loop;
+
+  v_created := array_fill(0, array[v_count]);
+  v_found := array_fill(0, array[v_count]);
+  v_last_jobs := array_fill(null::uuid, array[v_count]);
+  v_last_slots := array_fill(null::timestamptz, array[v_count]);
+  for v_group in
+    select u.k, count(*) filter (where u.st = 'created')::integer as created,
+           count(*) filter (where u.st = 'existing')::integer as found,
+           (array_agg(u.j order by u.sl desc))[1] as last_job, max(u.sl) as last_slot
+    from unnest(v_owner, v_statuses, v_jobs, v_slots) u(k, st, j, sl)
+    group by u.k
+  loop
+    v_created[v_group.k] := v_group.created;
+    v_found[v_group.k] := v_group.found;
+    v_last_jobs[v_group.k] := v_group.last_job;
+    v_last_slots[v_group.k] := v_group.last_slot;
+  end loop;
+
+  for k in 1 .. v_count loop
+    schedule_id := (v_rows[k]).id;
+    tenant_id := (v_rows[k]).tenant_id;
+    name := (v_rows[k]).name;
+    enqueued := v_created[k];
+    existing := v_found[k];
+    late := v_lates[k];
+    skipped := v_skips[k];
+    last_slot := coalesce(v_last_slots[k], (v_rows[k]).last_slot);
+    last_job_id := case when v_last_slots[k] is null then (v_rows[k]).last_job_id
+                        else v_last_jobs[k] end;
+    next_slot := v_nexts[k];
     update app.schedules s
     set next_slot = tick_schedules.next_slot,
         last_slot = tick_schedules.last_slot,
         last_job_id = tick_schedules.last_job_id,
-        last_enqueued_at = case when cardinality(v_take) > 0 then v_now
-                                else s.last_enqueued_at end,
+        last_enqueued_at = case when v_last_slots[k] is null then s.last_enqueued_at
+                                else v_now end,
         slots_enqueued = s.slots_enqueued + tick_schedules.enqueued,
         slots_missed = s.slots_missed + tick_schedules.skipped + tick_schedules.late
-    where s.id = v_schedule.id;
+    where s.id = tick_schedules.schedule_id;
     return next;
   end loop;
 end;
