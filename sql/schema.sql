@@ -1,4 +1,4 @@
--- The tables of schema app as the migrations leave them (after 0021_job_priorities).
+-- The tables of schema app as the migrations leave them (after 0022_periodic_schedules).
 --
 -- Generated from a freshly migrated database by scripts/write-schema: do not edit. After adding
 -- a migration, run scripts/write-schema and commit this file with it;
@@ -12,6 +12,7 @@
 --   app.job_events
 --   app.jobs
 --   app.kind_turns
+--   app.schedules
 --   app.schema_functions
 --   app.schema_migrations
 --   app.settings
@@ -25,6 +26,19 @@
 
 -- SCHEMA: app
 CREATE SCHEMA app;
+
+-- TYPE: cron_spec
+CREATE TYPE app.cron_spec AS (
+	every_seconds bigint,
+	minutes integer[],
+	hours integer[],
+	days integer[],
+	months integer[],
+	weekdays integer[],
+	days_star boolean,
+	weekdays_star boolean,
+	hours_star boolean
+);
 
 -- DOMAIN: job_payload
 CREATE DOMAIN app.job_payload AS jsonb;
@@ -276,6 +290,55 @@ CREATE INDEX kind_turns_due_idx ON app.kind_turns USING btree (kind, turn_at, te
 ALTER TABLE app.kind_turns ENABLE ROW LEVEL SECURITY;
 
 -- ======================================================================================
+-- app.schedules
+-- ======================================================================================
+
+-- TABLE: schedules
+CREATE TABLE app.schedules (
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    tenant_id uuid NOT NULL,
+    name text NOT NULL,
+    kind text NOT NULL,
+    payload jsonb DEFAULT '{}'::jsonb NOT NULL,
+    expression text NOT NULL,
+    time_zone text DEFAULT 'UTC'::text NOT NULL,
+    fill_limit integer DEFAULT 0 NOT NULL,
+    max_attempts integer DEFAULT 6 NOT NULL,
+    paused boolean DEFAULT false NOT NULL,
+    source text DEFAULT 'operator'::text NOT NULL,
+    next_slot timestamp with time zone NOT NULL,
+    last_slot timestamp with time zone,
+    last_job_id uuid,
+    last_enqueued_at timestamp with time zone,
+    slots_enqueued bigint DEFAULT 0 NOT NULL,
+    slots_missed bigint DEFAULT 0 NOT NULL,
+    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    updated_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT schedules_expression_check CHECK (((length(expression) >= 1) AND (length(expression) <= 200))),
+    CONSTRAINT schedules_fill_limit_check CHECK (((fill_limit >= 0) AND (fill_limit <= 1000))),
+    CONSTRAINT schedules_kind_check CHECK (((length(kind) >= 1) AND (length(kind) <= 128))),
+    CONSTRAINT schedules_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 20))),
+    CONSTRAINT schedules_name_check CHECK (((length(name) >= 1) AND (length(name) <= 128))),
+    CONSTRAINT schedules_payload_check CHECK ((jsonb_typeof(payload) = 'object'::text)),
+    CONSTRAINT schedules_source_check CHECK ((source = ANY (ARRAY['operator'::text, 'code'::text]))),
+    CONSTRAINT schedules_time_zone_check CHECK (((length(time_zone) >= 1) AND (length(time_zone) <= 64)))
+);
+
+-- CONSTRAINT: schedules schedules_pkey
+ALTER TABLE ONLY app.schedules
+    ADD CONSTRAINT schedules_pkey PRIMARY KEY (id);
+
+-- CONSTRAINT: schedules schedules_tenant_name_key
+ALTER TABLE ONLY app.schedules
+    ADD CONSTRAINT schedules_tenant_name_key UNIQUE (tenant_id, name);
+
+-- INDEX: schedules_due_idx
+CREATE INDEX schedules_due_idx ON app.schedules USING btree (next_slot) WHERE (NOT paused);
+
+-- ROW SECURITY: schedules
+ALTER TABLE app.schedules ENABLE ROW LEVEL SECURITY;
+
+-- ======================================================================================
 -- app.schema_functions
 -- ======================================================================================
 
@@ -330,10 +393,14 @@ CREATE TABLE app.settings (
     -- Each login wakes a worker at most once per this long.
     wake_debounce interval DEFAULT '00:00:01'::interval NOT NULL,
     priority_step interval DEFAULT '00:01:00'::interval NOT NULL,
+    schedule_grace interval DEFAULT '00:05:00'::interval NOT NULL,
+    schedule_window interval DEFAULT '12:00:00'::interval NOT NULL,
     CONSTRAINT settings_max_workers_range CHECK (((max_workers >= 0) AND (max_workers <= 1000))),
     CONSTRAINT settings_min_retention_range CHECK (((min_retention >= '00:00:00'::interval) AND (min_retention <= '3650 days'::interval))),
     CONSTRAINT settings_one_row CHECK (singleton),
     CONSTRAINT settings_priority_step_range CHECK (((priority_step >= '00:00:01'::interval) AND (priority_step <= '1 day'::interval))),
+    CONSTRAINT settings_schedule_grace_range CHECK (((schedule_grace >= '00:01:00'::interval) AND (schedule_grace <= '01:00:00'::interval))),
+    CONSTRAINT settings_schedule_window_range CHECK (((schedule_window >= '00:01:00'::interval) AND (schedule_window <= '30 days'::interval))),
     CONSTRAINT settings_start_hold_range CHECK (((start_hold >= '00:00:01'::interval) AND (start_hold <= '00:15:00'::interval))),
     CONSTRAINT settings_wake_debounce_range CHECK (((wake_debounce >= '00:00:00'::interval) AND (wake_debounce <= '01:00:00'::interval)))
 );

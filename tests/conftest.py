@@ -103,11 +103,12 @@ def db(migrated_database: Database) -> Database:
     with migrated_database.connect(postgres.OWNER) as conn:
         conn.execute("truncate app.jobs, app.job_events, app.tenant_readers,"
                      " app.tenant_producers, app.tenant_turns, app.worker_pool, app.kind_turns,"
-                     " app.worker_wakes")
+                     " app.worker_wakes, app.schedules")
         conn.execute("update app.tenant_turn_sweep set next_tenant_id = null, swept_at = null")
         conn.execute("update app.worker_pool_state set changed_at = null")
         conn.execute("update app.settings set max_workers = default, start_hold = default,"
-                     " wake_debounce = default, priority_step = default")
+                     " wake_debounce = default, priority_step = default, schedule_grace = default,"
+                     " schedule_window = default, min_retention = default")
     return migrated_database
 
 

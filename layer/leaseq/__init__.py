@@ -27,6 +27,7 @@ from leaseq.recorder import JobRecord
 from leaseq.registry import Registration, Registry
 from leaseq.results import JobResult, wait_for_result
 from leaseq.retry import RetryPolicy
+from leaseq.schedules import SHARED_TENANT, Schedule, TickedSchedule
 from leaseq.settings import (
     DatabaseSettings,
     LeaseqSettings,
@@ -38,6 +39,7 @@ from leaseq.signals import DiscardJob, JobTimeout, RetryJob
 from leaseq.worker import ClaimHook, DrainReport, Worker
 
 __all__ = [
+    "SHARED_TENANT",
     "ClaimHook",
     "ClaimedJob",
     "ConfigurationError",
@@ -76,7 +78,9 @@ __all__ = [
     "RetryJob",
     "RetryPolicy",
     "ScaleUp",
+    "Schedule",
     "SchemaVersionError",
+    "TickedSchedule",
     "TlsVerificationError",
     "UndecodableJson",
     "Worker",

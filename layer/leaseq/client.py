@@ -51,6 +51,7 @@ from leaseq.jobs import (
 )
 from leaseq.pool import PoolLimits, PoolSize
 from leaseq.results import JobResult, poll_until_finished, read_result
+from leaseq.schedules import Schedule, TickedSchedule
 from leaseq.sessions import StalledSession
 
 T = TypeVar("T")
@@ -508,6 +509,56 @@ class QueueClient:
         return [StalledSession(pid=int(row["pid"]), login=str(row["login"]),
                                state=row["state"], stalled_for=row["stalled_for"],
                                outcome=row["outcome"]) for row in rows]
+
+    # Schedules (sql/functions/schedules.sql) ------------------------------------------
+
+    def tick_schedules(self, limit: int = 100) -> list[TickedSchedule]:
+        """Enqueue the due slots of up to ``limit`` schedules (the reaper's call; slots
+        from the database's clock); one :class:`TickedSchedule` per schedule ticked.
+        Fewer than ``limit`` means none are left due."""
+        rows = self._query(queries.TICK_SCHEDULES, {"limit": limit})
+        return [TickedSchedule(**row) for row in rows]
+
+    def put_schedule(self, schedule: Schedule, *, source: str = "operator") -> dict[str, Any]:
+        """Create or change a schedule; its id, ``status`` (created, updated, unchanged)
+        and next slot. An operator's (or the owner's) call."""
+        (row,) = self._query(queries.PUT_SCHEDULE, {
+            "tenant_id": schedule.tenant_id, "name": schedule.name, "kind": schedule.kind,
+            "expression": schedule.expression, "time_zone": schedule.time_zone,
+            "payload": Jsonb(schedule.payload), "fill_limit": schedule.fill_limit,
+            "max_attempts": schedule.max_attempts, "source": source})
+        return row
+
+    def pause_schedule(self, tenant_id: UUID, name: str, *, paused: bool = True
+                       ) -> dict[str, Any]:
+        """Pause (or, with ``paused=False``, resume) a schedule; InvalidRequestError when
+        there is none of that name. Slots missed while paused follow its fill limit."""
+        (row,) = self._query(queries.PAUSE_SCHEDULE,
+                             {"tenant_id": tenant_id, "name": name, "paused": paused})
+        return row
+
+    def remove_schedule(self, tenant_id: UUID, name: str) -> bool:
+        """Remove a schedule (its jobs stay); whether there was one."""
+        (row,) = self._query(queries.REMOVE_SCHEDULE, {"tenant_id": tenant_id, "name": name})
+        return bool(row["removed"])
+
+    def list_schedules(self, tenant_id: UUID | None = None, next_slots: int = 3
+                       ) -> list[dict[str, Any]]:
+        """Every schedule (of one tenant, or all): its definition, its next slots, the
+        last slot enqueued and its job's id and state, its counters."""
+        return self._query(queries.LIST_SCHEDULES, {"tenant_id": tenant_id, "next": next_slots})
+
+    def sync_schedules(self, schedules: Sequence[Schedule]) -> list[dict[str, Any]]:
+        """Make the code-declared schedules exactly ``schedules``: each created, updated
+        or unchanged, every other code-declared one removed (operators' are left alone)."""
+        return self._query(queries.SYNC_SCHEDULES, {
+            "tenant_ids": [s.tenant_id for s in schedules],
+            "names": [s.name for s in schedules], "kinds": [s.kind for s in schedules],
+            "expressions": [s.expression for s in schedules],
+            "time_zones": [s.time_zone for s in schedules],
+            "payloads": [Jsonb(s.payload) for s in schedules],
+            "fill_limits": [s.fill_limit for s in schedules],
+            "max_attempts": [s.max_attempts for s in schedules]})
 
     # Retention ----------------------------------------------------------------------
 

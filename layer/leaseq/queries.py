@@ -206,3 +206,31 @@ READER_JOB_TIMELINE: Final[LiteralString] = (
 SET_READER_TENANT: Final[LiteralString] = (
     "select set_config('app.tenant_id', %(tenant_id)s, true)"
 )
+
+# Schedules (sql/functions/schedules.sql): the reaper's tick, and the operators' (and the
+# owner's) definitions.
+TICK_SCHEDULES: Final[LiteralString] = (
+    "select schedule_id, tenant_id, name, enqueued, existing, late, skipped, last_slot,"
+    " last_job_id, next_slot from app.tick_schedules(%(limit)s)"
+)
+PUT_SCHEDULE: Final[LiteralString] = (
+    "select schedule_id, status, next_slot from app.put_schedule(%(tenant_id)s, %(name)s,"
+    " %(kind)s, %(expression)s, %(time_zone)s, %(payload)s, %(fill_limit)s, %(max_attempts)s,"
+    " %(source)s)"
+)
+PAUSE_SCHEDULE: Final[LiteralString] = (
+    "select schedule_id, paused, next_slot from app.pause_schedule(%(tenant_id)s, %(name)s,"
+    " %(paused)s)"
+)
+REMOVE_SCHEDULE: Final[LiteralString] = (
+    "select app.remove_schedule(%(tenant_id)s, %(name)s) as removed"
+)
+LIST_SCHEDULES: Final[LiteralString] = (
+    "select * from app.list_schedules(%(tenant_id)s, %(next)s)"
+)
+SYNC_SCHEDULES: Final[LiteralString] = (
+    "select schedule_id, tenant_id, name, status from app.sync_schedules("
+    "%(tenant_ids)s::uuid[], %(names)s::text[], %(kinds)s::text[], %(expressions)s::text[],"
+    " %(time_zones)s::text[], %(payloads)s::jsonb[], %(fill_limits)s::integer[],"
+    " %(max_attempts)s::integer[])"
+)

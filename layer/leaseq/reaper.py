@@ -1,6 +1,6 @@
 """reap_once(): end the sessions past their caps, give every tenant's expired leases
-back to the queue, check a page of tenants' turns, then apply the retention period to
-finished jobs.
+back to the queue, enqueue the schedules' due slots, check a page of tenants' turns, then
+apply the retention period to finished jobs.
 
 The sessions come first and cost one call (app.end_stalled_sessions, see
 :mod:`leaseq.sessions`): a reader or a runtime login that lifted its own timeout and
@@ -11,6 +11,12 @@ Each call of app.release_all_expired_jobs and app.prune_retained_jobs is bounded
 back and time remains, so one reaper invocation can never run past its own deadline.
 Releasing comes first: a job waiting for its lease to be released is late work, a
 finished job past its retention is only space.
+
+The schedules' tick (app.tick_schedules, see :mod:`leaseq.schedules`) comes after the
+releases: each call ticks up to ``limit`` due schedules (at most 1000), the pass repeats
+while whole pages come back and time remains, and a schedule another pass holds is
+skipped (its slots are that pass's). The slots are the database's, so a late or repeated
+pass enqueues what is due then and nothing twice.
 
 The prune (the paged loop of :mod:`leaseq.retention`, shared with an operator's prune)
 calls the reaper's own function, not the operator's app.prune_jobs: it refuses a
@@ -49,8 +55,10 @@ class ReapReport:
     """What one reaper pass did: the sessions past their caps it ended (or could not:
     ``sessions_refused``, ``sessions_unseen``), the expired leases it released (``released``, in
     ``calls`` calls; ``complete`` once a call came back short, so none were left), the
-    tenants' turns it checked and repaired, the finished jobs and events it deleted, and
-    the seconds left when it ended. The reaper function logs it and turns it into
+    schedules it ticked and their slots (enqueued as new jobs, already enqueued, enqueued
+    later than the grace, skipped: ``slots_missed`` is the last two), the tenants' turns
+    it checked and repaired, the finished jobs and events it deleted, and the seconds left
+    when it ended. The reaper function logs it and turns it into
     metrics."""
 
     released: int = 0
@@ -63,7 +71,17 @@ class ReapReport:
     sessions_ended: int = 0
     sessions_refused: int = 0
     sessions_unseen: int = 0
+    schedules_ticked: int = 0
+    slots_enqueued: int = 0
+    slots_existing: int = 0
+    slots_late: int = 0
+    slots_skipped: int = 0
     time_left: float = 0.0
+
+    @property
+    def slots_missed(self) -> int:
+        """Due slots not enqueued within the schedules' grace: late or skipped."""
+        return self.slots_late + self.slots_skipped
 
     def as_dict(self) -> dict[str, Any]:
         """The report as a log line's or a trace annotation's fields."""
@@ -72,14 +90,16 @@ class ReapReport:
 
 def reap_once(client: QueueClient, deadline: Deadline, *, limit: int = REAPER_LIMIT.default,
               max_calls: int = 100, margin: float = 2.0,
-              retention: timedelta | None = None, turn_pages: int = 10) -> ReapReport:
+              retention: timedelta | None = None, turn_pages: int = 10,
+              schedule_pages: int = 10) -> ReapReport:
     """Release expired leases of every tenant until none are left or time is short;
-    then check up to ``turn_pages`` pages of tenants' turns; then, with a ``retention``,
-    delete jobs that finished longer ago than that."""
+    then tick up to ``schedule_pages`` pages of due schedules; then check up to
+    ``turn_pages`` pages of tenants' turns; then, with a ``retention``, delete jobs that
+    finished longer ago than that."""
     if not REAPER_LIMIT.allows(limit):
         raise ValueError(f"limit must be between 1 and {MAX_PAGE} (got {limit!r})")
-    if turn_pages < 0:
-        raise ValueError("turn_pages must not be negative")
+    if turn_pages < 0 or schedule_pages < 0:
+        raise ValueError("turn_pages and schedule_pages must not be negative")
     if retention is not None and not timedelta(0) <= retention <= MAX_RETENTION:
         raise ValueError(f"retention must be between 0 and {MAX_RETENTION.days} days "
                          f"(got {retention})")
@@ -93,6 +113,7 @@ def reap_once(client: QueueClient, deadline: Deadline, *, limit: int = REAPER_LI
         if released < limit:
             report.complete = True
             break
+    _tick_schedules(client, deadline, report, min(limit, 1000), schedule_pages, margin)
     _repair_turns(client, deadline, report, limit, turn_pages, margin)
     if report.complete and retention is not None:
         _prune(client, deadline, report, retention, limit, max_calls, margin)
@@ -102,6 +123,9 @@ def reap_once(client: QueueClient, deadline: Deadline, *, limit: int = REAPER_LI
     if report.turns_repaired:
         logger.info("gave tenants with claimable jobs their missing turns", extra={
             "tenants": report.turns_repaired, "checked": report.turns_checked})
+    if report.slots_missed:
+        logger.warning("schedules' due slots were not enqueued within the grace", extra={
+            "late": report.slots_late, "skipped": report.slots_skipped})
     if report.pruned_jobs:
         logger.info("deleted jobs past their retention", extra={
             "jobs": report.pruned_jobs, "events": report.pruned_events})
@@ -129,6 +153,27 @@ def _end_stalled_sessions(client: QueueClient, report: ReapReport) -> None:
             "pg_signal_backend (to end them) and pg_read_all_stats (to see their state); "
             "grant both to it as an administrator", extra={
                 "refused": report.sessions_refused, "unseen": report.sessions_unseen})
+
+
+def _tick_schedules(client: QueueClient, deadline: Deadline, report: ReapReport, limit: int,
+                    pages: int, margin: float) -> None:
+    for _ in range(pages):
+        if deadline.remaining() <= margin:
+            return
+        ticked = client.tick_schedules(limit)
+        report.schedules_ticked += len(ticked)
+        for schedule in ticked:
+            report.slots_enqueued += schedule.enqueued
+            report.slots_existing += schedule.existing
+            report.slots_late += schedule.late
+            report.slots_skipped += schedule.skipped
+            if schedule.missed:
+                logger.warning("a schedule's due slots were not enqueued within the grace",
+                               extra={"schedule": schedule.name,
+                                      "tenant_id": str(schedule.tenant_id),
+                                      "late": schedule.late, "skipped": schedule.skipped})
+        if len(ticked) < limit:
+            return
 
 
 def _repair_turns(client: QueueClient, deadline: Deadline, report: ReapReport, limit: int,

@@ -20,6 +20,11 @@ payload against the handler's model::
 
     with conn.transaction():                      # in the producer's transaction
         send_welcome_email.defer(conn, tenant, f"welcome-{user.id}", Welcome(user=user.id))
+
+A kind may also be declared periodic (:meth:`Registry.periodic`), beside its handler: the
+registry then holds a :class:`leaseq.schedules.Schedule` for it, checked at import, which
+``leaseq schedules sync`` writes into the database as an operator. Workers never write
+schedules: their login has no right to.
 """
 
 from __future__ import annotations
@@ -35,15 +40,17 @@ from uuid import UUID
 import psycopg
 from pydantic import BaseModel, ValidationError
 
-from leaseq.errors import ConfigurationError, PayloadRejectedError, UnknownKindError
+from leaseq.errors import ConfigurationError, PayloadRejectedError, UnknownKindError, one_line
 from leaseq.jobs import EnqueueRequest, EnqueueResult
 from leaseq.retry import RetryPolicy
+from leaseq.schedules import SHARED_TENANT, Schedule
 from leaseq.storable import character_problem, is_blank
 
 if TYPE_CHECKING:
     from leaseq.job_context import JobContext
 
 JobHandler = Callable[[Any, "JobContext"], Any]
+F = TypeVar("F", bound=Callable[..., Any])
 P = TypeVar("P")
 R = TypeVar("R")
 
@@ -148,7 +155,7 @@ class Registry:
     ``timeout`` is its budget in seconds (the worker's ``job_timeout`` otherwise),
     ``payload`` a pydantic model the payload must fit, ``retry`` its backoff.
 
-    >>> from pydantic import BaseModel
+    >>> from pydantic import BaseModel, ValidationError
     >>> from leaseq import RetryPolicy
     >>> class Receipt(BaseModel):
     ...     order: int
@@ -163,6 +170,7 @@ class Registry:
 
     def __init__(self) -> None:
         self._by_kind: dict[str, Registration] = {}
+        self._schedules: dict[tuple[UUID, str], Schedule] = {}
 
     def register(
         self,
@@ -225,6 +233,76 @@ class Registry:
         if registration is None:
             raise UnknownKindError(kind, self.kinds)
         registration.check(payload)
+
+    def periodic(
+        self,
+        expression: str,
+        *,
+        tz: str = "UTC",
+        payload: dict[str, Any] | None = None,
+        kind: str | None = None,
+        name: str | None = None,
+        tenant: UUID = SHARED_TENANT,
+        fill: int = 0,
+        max_attempts: int = 6,
+    ) -> Callable[[F], F]:
+        """Declare a schedule for a kind: put it above :meth:`handler` (the kind is then
+        the decorated handler's), or give ``kind``. ``name`` (the kind by default) is
+        unique within ``tenant`` (the shared tenant by default); ``fill`` missed slots
+        are enqueued after an outage or a pause (0 skips them). An expression, time zone
+        or payload the database would refuse is a :class:`ConfigurationError` here.
+
+        >>> registry = Registry()
+        >>> @registry.periodic("*/5 * * * *", tz="Europe/Berlin", payload={"scope": "all"})
+        ... @registry.handler("cleanup")
+        ... def cleanup(payload, ctx): ...
+        >>> [(s.name, s.expression, s.time_zone) for s in registry.schedules]
+        [('cleanup', '*/5 * * * *', 'Europe/Berlin')]
+        """
+
+        def decorate(func: F) -> F:
+            found = kind
+            if found is None and isinstance(func, DeclaredKind):
+                found = func.kind
+            if found is None:
+                found = next((r.kind for r in self._by_kind.values() if r.handler is func),
+                             None)
+            if found is None:
+                raise ConfigurationError(
+                    f"periodic({expression!r}) decorates {getattr(func, '__name__', func)!r}, "
+                    "which is no registered handler: put it above @registry.handler(...), "
+                    "or give kind=")
+            self.add_schedule(expression, kind=found, tz=tz, payload=payload, name=name,
+                              tenant=tenant, fill=fill, max_attempts=max_attempts)
+            return func
+
+        return decorate
+
+    def add_schedule(self, expression: str, *, kind: str, tz: str = "UTC",
+                     payload: dict[str, Any] | None = None, name: str | None = None,
+                     tenant: UUID = SHARED_TENANT, fill: int = 0,
+                     max_attempts: int = 6) -> Schedule:
+        """The call form of :meth:`periodic`."""
+        try:
+            schedule = Schedule(tenant_id=tenant, name=name or kind, kind=kind,
+                                expression=expression, time_zone=tz, payload=payload or {},
+                                fill_limit=fill, max_attempts=max_attempts)
+        except ValidationError as exc:
+            raise ConfigurationError(
+                f"schedule {name or kind!r} of kind {kind!r} is invalid: {one_line(exc)}"
+            ) from exc
+        key = (schedule.tenant_id, schedule.name)
+        if key in self._schedules:
+            raise ConfigurationError(
+                f"schedule {schedule.name!r} is declared twice in tenant {schedule.tenant_id}; "
+                "give each schedule of a kind its own name=")
+        self._schedules[key] = schedule
+        return schedule
+
+    @property
+    def schedules(self) -> list[Schedule]:
+        """The declared schedules, by tenant and name."""
+        return [self._schedules[key] for key in sorted(self._schedules)]
 
     def get(self, kind: str) -> Registration | None:
         """The registration of ``kind``, or None (the worker records a job of a kind it

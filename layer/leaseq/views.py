@@ -83,6 +83,10 @@ class QueueViews(Protocol):
     def job_wait(self, job_id: UUID) -> Row | None:
         """Why the job is not running: its priority and wait reason, or None for an
         unknown id (app.job_wait_reasons)."""
+
+    def list_schedules(self) -> list[Row] | None:
+        """Every schedule with its next slots, last slot and its job (app.list_schedules),
+        or None for a viewer who is shown no schedules (a tenant reader)."""
         ...
 
 
@@ -128,6 +132,10 @@ class OperatorViews:
         """See :meth:`QueueViews.job_wait`."""
         rows = self.client.job_wait_reasons([job_id])
         return rows[0] if rows else None
+
+    def list_schedules(self) -> list[Row] | None:
+        """See :meth:`QueueViews.list_schedules` (every tenant's)."""
+        return self.client.list_schedules(None, 3)
 
     def redrive_jobs(self, actor: str, job_ids: Sequence[UUID],
                      reason: str | None = None) -> list[Row]:
@@ -187,3 +195,8 @@ class TenantViews:
         they are counted ahead)."""
         rows = self.client.reader_job_wait_reasons(self.tenant_id, [job_id])
         return rows[0] if rows else None
+
+    def list_schedules(self) -> list[Row] | None:
+        """None: schedules are the operators' rows, which a tenant reader may not read
+        (the shared tenant's and other tenants' among them)."""
+        return None

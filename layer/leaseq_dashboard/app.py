@@ -318,6 +318,11 @@ def build(source: ViewSource, policy: AccessPolicy, *, secure_cookies: bool = Tr
                     params=params, next_link=next_link, first_link=first_link,
                     action=action if who.may_act else None, notice=query("done"))
 
+    @app.get("/schedules")
+    def schedule_list() -> Response[str]:
+        who = viewer()
+        return html("schedules.html", who=who, schedules=views(who).list_schedules())
+
     @app.get("/jobs/<job_id>")
     def job_page(job_id: str) -> Response[str]:
         who = viewer()

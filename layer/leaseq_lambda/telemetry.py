@@ -399,12 +399,19 @@ def record_reap(metrics: Metrics, report: ReapReport) -> None:
     """A reaper pass's counts as metrics: leases released (crashed or killed workers),
     finished jobs pruned (the retention period at work), tenants' turns repaired (a
     defect or a hand edit; anything above 0 is worth a look), sessions ended past their
-    caps (a client that lifted its own timeout, or a stuck one; worth a look too)."""
+    caps (a client that lifted its own timeout, or a stuck one; worth a look too), and the
+    schedules' slots enqueued and missed (enqueued later than the grace, or skipped: a
+    missed tick, an outage, or a schedule resumed with missed slots)."""
     metrics.add_metric(name="JobsReleased", unit=MetricUnit.Count, value=report.released)
     metrics.add_metric(name="JobsPruned", unit=MetricUnit.Count, value=report.pruned_jobs)
     metrics.add_metric(name="TurnsRepaired", unit=MetricUnit.Count, value=report.turns_repaired)
     metrics.add_metric(name="StalledSessionsEnded", unit=MetricUnit.Count,
                        value=report.sessions_ended)
+    # Every pass, 0 included: the missed-tick alarm treats no data as breaching.
+    metrics.add_metric(name="ScheduleSlotsEnqueued", unit=MetricUnit.Count,
+                       value=report.slots_enqueued)
+    metrics.add_metric(name="ScheduleSlotsMissed", unit=MetricUnit.Count,
+                       value=report.slots_missed)
 
 
 def record_enqueue(metrics: Metrics, created: int, existing: int, rejected: int) -> None:

@@ -12,6 +12,9 @@ from typing import Any
 
 from leaseq.limits import MAX_PRIORITY, MIN_PRIORITY
 
+#: leaseq.schedules.SHARED_TENANT, without importing the library for --help.
+SHARED_TENANT = uuid.UUID(int=0)
+
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
 

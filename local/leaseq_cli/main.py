@@ -26,7 +26,7 @@ $LEASEQ_HOME/pgdata (default ./.leaseq), migrated automatically; `leaseq db stop
 stops it. With DATABASE_URL, commands use that server as its login, which needs the
 duty group of the command: leaseq_producer (enqueue), leaseq_worker and
 leaseq_operator (drain), leaseq_reaper (reap), leaseq_operator (status, jobs, dead,
-cancel, prune); `leaseq migrate` runs as the schema owner. With --stack NAME, they use
+cancel, prune, schedules); `leaseq migrate` runs as the schema owner. With --stack NAME, they use
 that deployed stack's database as its operators' login, signed in with an RDS IAM
 token."""
 
@@ -222,6 +222,55 @@ def build_parser() -> Parser:
                        help="jobs per batch, each its own short transaction (default 1000)")
     prune.add_argument("--max-batches", type=arguments.positive_int,
                        help="stop after this many batches (default: until done)")
+
+    schedules = _command(sub, "schedules", _needs_subcommand, "periodic jobs: schedules the "
+                         "reaper's tick turns into one job per slot")
+    schedules_sub = schedules.add_subparsers(title="commands", metavar="COMMAND",
+                                             parser_class=Parser)
+    schedules_sub.required = True
+    add = _command(schedules_sub, "add", c.cmd_schedules_add, "add a schedule, or change the "
+                   "one of that name", description=(
+                       "Add a schedule, or change the one of that name in the tenant.\n"
+                       "EXPRESSION is five-field cron (minute hour day-of-month month\n"
+                       "day-of-week, such as '30 2 * * *'), a macro (@hourly, @daily,\n"
+                       "@weekly, @monthly, @yearly) or an interval of at least a minute\n"
+                       "(@every 10m). Each slot becomes one job of --kind in the tenant."))
+    add.add_argument("name", metavar="NAME", help="unique within the tenant")
+    add.add_argument("expression", metavar="EXPRESSION")
+    add.add_argument("--kind", required=True, help="the kind of the jobs it makes")
+    add.add_argument("--tz", default="UTC", metavar="ZONE",
+                     help="IANA time zone the expression is read in (default UTC)")
+    add.add_argument("--payload", type=arguments.json_object, help="the jobs' payload, a JSON "
+                     "object (default {})")
+    add.add_argument("--fill", type=int, default=0, metavar="N",
+                     help="after an outage or a pause, enqueue up to N missed slots "
+                     "(default 0: skip them)")
+    add.add_argument("--max-attempts", type=arguments.positive_int, default=6)
+    listing = _command(schedules_sub, "list", c.cmd_schedules_list, "schedules, their next "
+                       "slots, the last slot enqueued and its job")
+    listing.add_argument("--next", type=int, default=3, metavar="N",
+                         help="show this many next slots (default 3)")
+    for name, run, text in (
+            ("pause", c.cmd_schedules_pause, "pause a schedule: no slot is enqueued"),
+            ("resume", c.cmd_schedules_resume, "resume a paused schedule (missed slots "
+             "follow its --fill)"),
+            ("remove", c.cmd_schedules_remove, "remove a schedule; its jobs stay")):
+        one = _command(schedules_sub, name, run, text)
+        one.add_argument("name", metavar="NAME")
+    sync = _command(schedules_sub, "sync", c.cmd_schedules_sync, "write the schedules a "
+                    "handlers module declares (@registry.periodic) and remove the code-"
+                    "declared ones it no longer does")
+    sync.add_argument("--handlers", metavar="MODULE",
+                      help="module exposing `registry` (default: $LEASEQ_HANDLERS)")
+    add.add_argument("--tenant", type=arguments.uuid_value, default=arguments.SHARED_TENANT,
+                     help="the tenant of its jobs (default: the shared tenant, "
+                     f"{arguments.SHARED_TENANT})")
+    listing.add_argument("--tenant", type=arguments.uuid_value,
+                         help="only this tenant's schedules (default: every tenant's)")
+    for name in ("pause", "resume", "remove"):
+        schedules_sub.choices[name].add_argument(
+            "--tenant", type=arguments.uuid_value, default=arguments.SHARED_TENANT,
+            help="the schedule's tenant (default: the shared tenant)")
 
     dashboard = _command(sub, "dashboard", c.cmd_dashboard, "the web dashboard on "
                          "127.0.0.1: queue depth, stuck jobs, timelines, redrive and cancel",

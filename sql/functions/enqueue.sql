@@ -130,7 +130,11 @@ revoke all on function app.fill_claim_key() from public;
 -- part). leaseq.limits.MAX_ENQUEUE_BYTES is
 -- the same number, and the library refuses such a call before sending it, with the
 -- same message.
-create or replace function app.enqueue_jobs(
+-- app.enqueue_items is that enqueue without the producer's tenant check, for the
+-- functions that enqueue on their own authority (the schedule tick, whose tenants are the
+-- owner's rows): only the owner may execute it. app.enqueue_jobs, below, is the
+-- producers' door: the tenant check, then this.
+create or replace function app.enqueue_items(
   p_tenant_ids uuid[],
   p_operation_keys text[],
   p_kinds text[],
@@ -161,7 +165,6 @@ declare
   v_new_ats timestamptz[];
   v_new_kinds text[];
 begin
-  perform app.check_producer_tenants(p_tenant_ids);
   -- Every array's shape in one plain expression; the shared check, which names the
   -- argument, runs only when it fails.
   if array_ndims(p_tenant_ids) <> 1 or array_lower(p_tenant_ids, 1) <> 1
@@ -335,6 +338,31 @@ begin
   from unnest(v_errors) with ordinality as e(error, n)
   where e.error is not null
   order by 1;
+end;
+$$;
+revoke all on function app.enqueue_items(uuid[], text[], text[], jsonb[], timestamptz[], integer[], text[], integer[]) from public;
+
+create or replace function app.enqueue_jobs(
+  p_tenant_ids uuid[],
+  p_operation_keys text[],
+  p_kinds text[],
+  p_payloads jsonb[],
+  p_available_ats timestamptz[] default null,
+  p_max_attempts integer[] default null,
+  p_correlation_ids text[] default null,
+  p_priorities integer[] default null
+)
+returns table (ord integer, job_id uuid, status text, state app.job_state, error text)
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+  perform app.check_producer_tenants(p_tenant_ids);
+  return query
+  select * from app.enqueue_items(p_tenant_ids, p_operation_keys, p_kinds, p_payloads,
+                                  p_available_ats, p_max_attempts, p_correlation_ids,
+                                  p_priorities);
 end;
 $$;
 -- Producers: leaseq_producer into any tenant, leaseq_tenant_producer only into the

@@ -69,3 +69,13 @@ def serve(db: Database, seeded: Seeded) -> Iterator[Callable[[str], Served]]:
     for server, source in servers:
         server.stop()
         source.close()
+
+
+@pytest.fixture
+def reaper_tick(worker: Conn) -> Callable[[], None]:
+    """One tick of the schedules, as the reaper makes it (the suite's all-duty login)."""
+
+    def tick() -> None:
+        worker.execute("select * from app.tick_schedules(100)")
+
+    return tick

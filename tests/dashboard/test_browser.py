@@ -264,3 +264,35 @@ def test_a_dns_rebinding_page_in_the_operators_browser_reads_and_changes_nothing
         context.close()
     assert job(owner, victim)["state"] == "dead"
     assert "redriven" not in [e["event_type"] for e in events(owner, victim)]
+
+
+def test_the_schedules_page_lists_next_slots_and_opens_the_last_job(
+    serve: Serve, page: Any, owner: Conn, reaper_tick: Callable[[], None],
+    shots: Callable[[Any, str], Path],
+) -> None:
+    served = serve(OPERATOR)
+    tenant = served.seeded.tenants[0]
+    for name, expression in (("nightly-report", "30 2 * * *"), ("minutely", "* * * * *")):
+        owner.execute("select * from app.put_schedule(%s, %s, 'report.build', %s,"
+                      " 'Europe/Berlin')", (tenant, name, expression))
+    owner.execute("update app.schedules set next_slot = date_trunc('minute', now())"
+                  " where name = 'minutely'")
+    reaper_tick()
+    owner.execute("select * from app.pause_schedule(%s, 'nightly-report')", (tenant,))
+    browser.enter(page, served)
+    page.click("header nav >> text=Schedules")
+    assert page.title() == "Schedules · leaseq"
+    rows = page.locator("table.schedules tbody tr")
+    assert rows.count() == 2
+    texts = rows.all_inner_texts()
+    minutely = next(t for t in texts if "minutely" in t)
+    assert "* * * * *" in minutely
+    assert "Europe/Berlin" in minutely
+    assert "pending" in minutely
+    assert "paused" in next(t for t in texts if "nightly-report" in t)
+    assert page.locator("table.schedules tr.active td.next-slots span").count() == 3
+    shots(page, "schedules")
+    page.locator("table.schedules tr.active td.last-job a").click()
+    assert page.locator("text=report.build").count() >= 1
+    assert "/jobs/" in page.url
+    assert page.dialogs == []

@@ -237,3 +237,39 @@ def test_a_tenant_viewer_sees_why_its_own_job_waits(serve: Serve, owner: Conn) -
 
     assert 'data-reason="scheduled"' in page
     assert "not yet due, until" in page
+
+
+def _schedule(owner: Conn, tenant: str, name: str, expression: str) -> None:
+    owner.execute("select * from app.put_schedule(%s, %s, 'report.build', %s, 'Europe/Berlin')",
+                  (tenant, name, expression))
+
+
+def test_the_schedules_page_shows_next_slots_the_last_slot_and_its_job(
+    serve: Serve, owner: Conn, reaper_tick: Callable[[], None]
+) -> None:
+    served = serve(OPERATOR)
+    tenant = str(served.seeded.tenants[0])
+    _schedule(owner, tenant, "<b>nightly</b>", "30 2 * * *")
+    _schedule(owner, tenant, "minutely", "* * * * *")
+    owner.execute("update app.schedules set next_slot = date_trunc('minute', now())"
+                  " where name = 'minutely'")
+    reaper_tick()
+    (last_job,) = [r["last_job_id"] for r in owner.execute(
+        "select last_job_id from app.schedules where name = 'minutely'").fetchall()]
+    page = served.client().get("/schedules")
+    assert page.status == 200
+    assert "&lt;b&gt;nightly&lt;/b&gt;" in page.body
+    assert "<b>nightly</b>" not in page.body
+    assert "30 2 * * *" in page.body
+    assert f'href="/jobs/{last_job}"' in page.body
+    assert page.body.count("next-slots") == 2
+    assert 'href="/schedules"' in served.client().get("/").body
+
+
+def test_a_tenant_viewer_is_shown_no_schedules(serve: Serve, owner: Conn) -> None:
+    served = serve(TENANT_VIEWER)
+    _schedule(owner, str(served.seeded.tenants[0]), "nightly", "30 2 * * *")
+    page = served.client().get("/schedules")
+    assert page.status == 200
+    assert "nightly" not in page.body
+    assert "Schedules are shown to operators" in page.body

@@ -52,16 +52,20 @@ app.check_producer_tenants(uuid[])                                              
 app.check_range(text,integer,integer,integer)                                                    x   .   .    .     .    .    .    .    .
 app.check_reason(text)                                                                           x   .   .    .     .    .    .    .    .
 app.check_required(text,anyelement)                                                              x   .   .    .     .    .    .    .    .
+app.check_schedule(uuid,text,text,text,text,jsonb,integer,integer)                               x   .   .    .     .    .    .    .    .
+app.check_time_zone(text)                                                                        x   .   .    .     .    .    .    .    .
 app.claim_jobs(uuid,text,integer,interval,text[],text[])                                         x   x   .    .     x    .    .    .    .
 app.claim_locked_jobs(uuid[],text,interval,timestamp with time zone)                             x   .   .    .     .    .    .    .    .
 app.claim_ready_jobs(text,integer,interval,text[],text[])                                        x   x   .    .     x    .    .    .    .
 app.claim_ready_jobs_of_kinds(text,integer,interval,text[],text[])                               x   .   .    .     .    .    .    .    .
 app.complete_job(uuid,uuid,text,uuid,jsonb)                                                      x   x   .    .     x    .    .    .    .
+app.cron_field(text,text,text,integer,integer,text[])                                            x   .   .    .     .    .    .    .    .
 app.current_tenant_id()                                                                          x   .   .    .     .    .    .    x    .
 app.dead_jobs(uuid,text,integer)                                                                 x   x   .    .     .    .    x    .    .
 app.discard_job(uuid,uuid,text,uuid,jsonb)                                                       x   x   .    .     x    .    .    .    .
 app.document_problem(jsonb,text,integer)                                                         x   .   .    .     .    .    .    .    .
 app.end_stalled_sessions()                                                                       x   x   .    .     .    x    .    .    .
+app.enqueue_items(uuid[],text[],text[],jsonb[],timestamp with time zone[],integer[],text[],integer[])  x   .   .    .     .    .    .    .    .
 app.enqueue_job(uuid,text,text,jsonb,timestamp with time zone,integer,integer)                   x   x   x    x     .    .    .    .    .
 app.enqueue_jobs(uuid[],text[],text[],jsonb[],timestamp with time zone[],integer[],text[],integer[])  x   x   x    x     .    .    .    .    .
 app.error_document(jsonb)                                                                        x   .   .    .     .    .    .    .    .
@@ -80,11 +84,15 @@ app.job_wait_reasons(uuid[])                                                    
 app.join_worker_pool(text,text,uuid,integer,interval)                                            x   x   .    .     x    .    .    .    .
 app.leave_worker_pool(text)                                                                      x   x   .    .     x    .    .    .    .
 app.list_jobs(app.job_state,uuid,text,timestamp with time zone,timestamp with time zone,timestamp with time zone,uuid,integer)  x   x   .    .     .    .    x    .    .
+app.list_schedules(uuid,integer)                                                                 x   x   .    .     .    .    x    .    .
+app.next_schedule_slot(text,text,timestamp with time zone)                                       x   .   .    .     .    .    .    .    .
 app.oldest_ready_at()                                                                            x   x   .    .     x    .    x    .    .
+app.pause_schedule(uuid,text,boolean)                                                            x   x   .    .     .    .    x    .    .
 app.pool_limits()                                                                                x   .   .    .     .    .    .    .    .
 app.priority_step()                                                                              x   .   .    .     .    .    .    .    .
 app.prune_jobs(interval,integer)                                                                 x   x   .    .     .    .    x    .    .
 app.prune_retained_jobs(interval,integer)                                                        x   x   .    .     .    x    .    .    .
+app.put_schedule(uuid,text,text,text,text,jsonb,integer,integer,text)                            x   x   .    .     .    .    x    .    .
 app.queue_depth(uuid,text,integer)                                                               x   x   .    .     .    .    x    .    .
 app.queue_status(uuid)                                                                           x   x   .    .     .    .    x    .    .
 app.raise_invalid(text)                                                                          x   .   .    .     .    .    .    .    .
@@ -102,14 +110,20 @@ app.release_expired(uuid,integer)                                               
 app.release_expired_jobs(uuid,integer)                                                           x   x   .    .     .    x    .    .    .
 app.release_jobs(text,uuid[],uuid[],uuid[])                                                      x   x   .    .     x    .    .    .    .
 app.release_worker_place(uuid)                                                                   x   x   x    x     x    .    .    .    .
+app.remove_schedule(uuid,text)                                                                   x   x   .    .     .    .    x    .    .
 app.renew_job_lease(uuid,uuid,text,uuid,interval)                                                x   x   .    .     x    .    .    .    .
 app.renew_job_lease_status(uuid,uuid,text,uuid,interval)                                         x   x   .    .     x    .    .    .    .
 app.repair_tenant_turns(integer)                                                                 x   x   .    .     .    x    x    .    .
 app.request_job_cancel(text,uuid[],text)                                                         x   x   .    .     .    .    x    .    .
 app.reserve_worker_places(integer,integer,interval)                                              x   x   .    .     x    .    .    .    .
 app.role_duration_setting(oid,text)                                                              x   .   .    .     .    .    .    .    .
+app.schedule_slots(text,text,timestamp with time zone,timestamp with time zone,integer)          x   .   .    .     .    .    .    .    .
+app.schedule_spec(text)                                                                          x   .   .    .     .    .    .    .    .
 app.set_priority_step(interval)                                                                  x   .   .    .     .    .    .    .    .
 app.set_worker_pool_limits(integer,interval,interval)                                            x   .   .    .     .    .    .    .    .
+app.spec_slots(app.cron_spec,text,timestamp with time zone,timestamp with time zone,integer)     x   .   .    .     .    .    .    .    .
+app.sync_schedules(uuid[],text[],text[],text[],text[],jsonb[],integer[],integer[])               x   x   .    .     .    .    x    .    .
+app.tick_schedules(integer)                                                                      x   x   .    .     .    x    .    .    .
 app.waiting_jobs(uuid)                                                                           x   x   .    .     .    .    x    .    .
 app.wake_tenants(uuid[],timestamp with time zone[],text[])                                       x   .   .    .     .    .    .    .    .
 app.wake_worker_place()                                                                          x   x   x    x     x    .    .    .    .
@@ -133,6 +147,7 @@ app.tenant_turn_sweep SIUDT  -   -    -     -    -    -    -    -
 app.worker_pool       SIUDT  -   -    -     -    -    -    -    -
 app.worker_pool_state SIUDT  -   -    -     -    -    -    -    -
 app.worker_wakes      SIUDT  -   -    -     -    -    -    -    -
+app.schedules         SIUDT  -   -    -     -    -    -    -    -
 """
 
 #: Columns a role with SELECT on the table may still not read.

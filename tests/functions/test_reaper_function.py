@@ -91,3 +91,36 @@ def test_a_worker_tick_sent_to_the_reaper_is_rejected(reaper_app: ModuleType) ->
     answer = reaper_app.lambda_handler(load_event("worker_schedule"), FakeLambdaContext())
     assert answer["status"] == "rejected"
     assert "this is the reaper function" in answer["reason"]
+
+
+def test_the_tick_enqueues_due_schedule_slots_and_counts_the_missed_ones(
+        reaper_app: ModuleType, db: Database, owner: Conn,
+        read_output: Callable[[], Output]) -> None:
+    """A skipping schedule three days behind: its slots are skipped, and counted; a
+    second schedule due now is enqueued. Both metrics are published on every pass."""
+    tenant = uuid.uuid4()
+    row = owner.execute("select extract(hour from now() - interval '3 hours')::int as h"
+                        ).fetchone()
+    assert row is not None
+    for name, expression in ((("daily", f"0 {row['h']} * * *"), ("minutely", "* * * * *"))):
+        owner.execute("select * from app.put_schedule(%s, %s, 'report', %s)",
+                      (tenant, name, expression))
+    owner.execute("update app.schedules set next_slot = now() - interval '3 days'"
+                  " where name = 'daily'")
+    owner.execute("update app.schedules set next_slot = date_trunc('minute', now())"
+                  " where name = 'minutely'")
+    read_output()
+
+    summary = reaper_app.lambda_handler(load_event("reaper_schedule"), FakeLambdaContext())
+
+    assert summary["schedules_ticked"] == 2
+    assert summary["slots_skipped"] == 3
+    assert summary["slots_enqueued"] in (1, 2)  # the minute may have turned
+    out = read_output()
+    assert out.metric("ScheduleSlotsMissed") == [3]
+    assert out.metric("ScheduleSlotsEnqueued") == [summary["slots_enqueued"]]
+    (line,) = out.messages("a schedule's due slots were not enqueued within the grace")
+    assert (line["schedule"], line["skipped"]) == ("daily", 3)
+
+    reaper_app.lambda_handler(load_event("reaper_schedule"), FakeLambdaContext())
+    assert read_output().metric("ScheduleSlotsMissed") == [0]

@@ -1389,6 +1389,22 @@ def test_alarms_cover_dead_jobs_queue_age_errors_silence_and_throttles(
         assert properties["ComparisonOperator"] == "LessThanThreshold"
 
 
+def test_a_missed_schedule_slot_or_a_silent_reaper_raises_the_schedules_alarm(
+    cfn: dict[str, Any],
+) -> None:
+    """The reaper publishes ScheduleSlotsMissed on every pass (0 included), so a slot
+    enqueued late or skipped breaches, and so does a five-minute gap with no pass."""
+    alarm = cfn["Resources"]["ScheduleSlotsMissedAlarm"]
+    assert alarm_metrics(alarm) == {("Leaseq", "ScheduleSlotsMissed", "leaseq")}
+    properties = alarm["Properties"]
+    assert (properties["Statistic"], properties["Threshold"],
+            properties["ComparisonOperator"], properties["TreatMissingData"]) == (
+        "Sum", 1, "GreaterThanOrEqualToThreshold", "breaching")
+    assert properties["Period"] * properties["EvaluationPeriods"] == 300
+    assert properties["AlarmActions"] == {
+        "Fn::If": ["HasAlarmTopic", [{"Ref": "AlarmTopicArn"}], {"Ref": "AWS::NoValue"}]}
+
+
 def test_the_database_created_here_has_alarms_for_its_cpu_and_its_proxys_connections(
     sam: dict[str, Any], cfn: dict[str, Any],
 ) -> None:

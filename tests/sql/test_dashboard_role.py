@@ -36,6 +36,7 @@ DASHBOARD_FUNCTIONS = {
     "app.redrive_jobs_by_id(text,uuid[],text)",
     "app.cancel_jobs_by_id(text,uuid[],text)",
     "app.request_job_cancel(text,uuid[],text)",
+    "app.list_schedules(uuid,integer)",
 }
 GROUP_ROLES = ("authenticated", "leaseq_producer", "leaseq_tenant_producer",
                "leaseq_worker", "leaseq_reaper", "leaseq_operator", "leaseq_dashboard")

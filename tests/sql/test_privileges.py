@@ -461,6 +461,7 @@ def test_owner_is_not_a_superuser_and_does_not_bypass_rls(owner: Conn) -> None:
         "job_events": (True, False),
         "jobs": (True, False),
         "kind_turns": (True, False),
+        "schedules": (True, False),
         "schema_functions": (False, False),
         "schema_migrations": (False, False),
         "settings": (False, False),

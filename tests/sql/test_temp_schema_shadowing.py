@@ -249,6 +249,12 @@ def _reap(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
     call("prune_retained_jobs", "select * from app.prune_retained_jobs('1 day', 10)", ())
     call("repair_tenant_turns", "select * from app.repair_tenant_turns(10)", ())
     call("end_stalled_sessions", "select * from app.end_stalled_sessions()", ())
+    admin.execute("insert into app.schedules (tenant_id, name, kind, expression, next_slot)"
+                  " values (%s, 'shadowed', 'report.build', '* * * * *',"
+                  " now() - interval '90 seconds')", (tenant,))
+    ticked = call("tick_schedules", "select * from app.tick_schedules(10)", ())
+    assert ticked, "no schedule to tick"
+    assert ticked[0]["enqueued"] >= 1, "no slot to enqueue"
 
 
 def _dashboard(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
@@ -264,6 +270,7 @@ def _dashboard(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
     call("job_timeline", "select * from app.job_timeline(%s, 100)", (dead[0]["id"],))
     call("queue_depth", "select * from app.queue_depth(%s, null, 5)", (tenant,))
     call("job_activity", "select * from app.job_activity(%s, null, '1 hour', 6, 5)", (tenant,))
+    call("list_schedules", "select * from app.list_schedules(null, 3)", ())
     call("cancel_jobs_by_id", "select * from app.cancel_jobs_by_id('dash', %s, 'unwanted')",
          ([waiting[0]["id"]],))
     call("request_job_cancel", "select * from app.request_job_cancel('dash', %s, 'unwanted')",
@@ -298,6 +305,14 @@ def _operate(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
         call("list_jobs", "select * from app.list_jobs(%s, %s, 'email.send', null, null,"
              " null, null, 5)", (state, tenant))
     call("prune_jobs", "select * from app.prune_jobs('0 seconds', 10)", ())
+    call("put_schedule", "select * from app.put_schedule(%s, 'nightly', 'report.build',"
+         " '30 2 * * *', 'Europe/Berlin', '{}', 1, 6, 'operator')", (tenant,))
+    call("pause_schedule", "select * from app.pause_schedule(%s, 'nightly', true)", (tenant,))
+    call("list_schedules", "select * from app.list_schedules(%s, 3)", (tenant,))
+    call("remove_schedule", "select app.remove_schedule(%s, 'nightly')", (tenant,))
+    call("sync_schedules", "select * from app.sync_schedules(array[%s]::uuid[],"
+         " array['cleanup'], array['report.build'], array['@every 5m'], array['UTC'],"
+         " array['{}']::jsonb[], array[0], array[6])", (tenant,))
 
 
 #: The duties in the order a job meets them; each arranges what the next one needs.

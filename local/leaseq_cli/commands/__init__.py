@@ -11,6 +11,14 @@ from leaseq_cli.commands.database import (
 from leaseq_cli.commands.enqueue import cmd_enqueue, cmd_enqueue_resubmit
 from leaseq_cli.commands.operate import cmd_cancel, cmd_dead_retry, cmd_prune
 from leaseq_cli.commands.run import cmd_demo, cmd_drain, cmd_reap
+from leaseq_cli.commands.schedules import (
+    cmd_schedules_add,
+    cmd_schedules_list,
+    cmd_schedules_pause,
+    cmd_schedules_remove,
+    cmd_schedules_resume,
+    cmd_schedules_sync,
+)
 from leaseq_cli.commands.views import cmd_dead_list, cmd_jobs_show, cmd_status
 
 __all__ = [
@@ -30,5 +38,11 @@ __all__ = [
     "cmd_migrate",
     "cmd_prune",
     "cmd_reap",
+    "cmd_schedules_add",
+    "cmd_schedules_list",
+    "cmd_schedules_pause",
+    "cmd_schedules_remove",
+    "cmd_schedules_resume",
+    "cmd_schedules_sync",
     "cmd_status",
 ]
