@@ -55,6 +55,7 @@ from leaseq import (
     WorkerSettings,
     connect,
 )
+from leaseq.deadline import Deadline
 from leaseq.worker import ClaimHook
 
 Connection = Any  # leaseq.db.Connection; kept loose so tests may pass any connect function
@@ -253,14 +254,14 @@ class Runtime:
 
     def worker(self, owner: str, *,
                on_job: Callable[[JobRecord], None] | None = None,
-               time_left: float | None = None,
+               deadline: Deadline | None = None,
                poll_idle: float | None = None,
                on_claim: ClaimHook | None = None) -> Worker:
         """A worker for one invocation: the cached client and registry, this owner id.
 
         The worker's invocation time is LEASEQ_WORKER_TIMEOUT_SECONDS, else the time
-        left at the start of the first invocation (``time_left``; Lambda timeouts are
-        whole seconds, so rounded up): settings that cannot run a job, and kinds whose
+        left at the start of the first invocation (``deadline``'s remaining time; Lambda
+        timeouts are whole seconds, so rounded up): settings that cannot run a job, and kinds whose
         timeout no invocation can fit, fail the invocation with a ConfigurationError; so
         does a kind of LEASEQ_KINDS that the handlers module has no handler for. The kind
         filter (LEASEQ_KINDS, LEASEQ_EXCLUDE_KINDS) reaches the config with the rest.
@@ -271,6 +272,7 @@ class Runtime:
         """
         ws = self.settings.worker
         if self._worker_timeout is None:
+            time_left = deadline.remaining() if deadline is not None else None
             self._worker_timeout = ws.worker_timeout_seconds or (
                 float(math.ceil(time_left)) if time_left else None)
         values = {**ws.config_values(), "worker_timeout": self._worker_timeout}
