@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, ClassVar, Concatenate, Final, ParamSpec, TypeVar
+from typing import Any, ClassVar, Concatenate, Final, ParamSpec, TypeAlias, TypeVar
 from uuid import UUID
 
 from leaseq.client import QueueClient
@@ -55,7 +55,9 @@ __all__ = [
     "OperatorClient",
     "ProducerClient",
     "ReaderClient",
+    "ReaperCalls",
     "ReaperClient",
+    "WorkerCalls",
     "WorkerClient",
 ]
 
@@ -214,3 +216,10 @@ class ReaderClient(DutyClient):
     reader_list_jobs = _call(QueueClient.reader_list_jobs)
     reader_get_job = _call(QueueClient.reader_get_job)
     reader_job_timeline = _call(QueueClient.reader_job_timeline)
+
+
+#: What the worker's code (the drain, its recorder, the worker pool) takes: the worker's
+#: face, or the all-duties client.
+WorkerCalls: TypeAlias = QueueClient | WorkerClient
+#: What the reaper's code takes: the reaper's face, or the all-duties client.
+ReaperCalls: TypeAlias = QueueClient | ReaperClient

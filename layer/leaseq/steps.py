@@ -37,9 +37,9 @@ from datetime import datetime, timedelta
 from typing import Protocol
 
 from leaseq.budget import budget_of, fits
-from leaseq.client import QueueClient
 from leaseq.config import FINISH_RESERVE, WorkerConfig, needed_for
 from leaseq.deadline import Deadline, lease_for
+from leaseq.duties import WorkerCalls
 from leaseq.job_context import job_log_fields
 from leaseq.jobs import ClaimedJob, JobState
 from leaseq.outcomes import Judge
@@ -89,7 +89,7 @@ class DrainSteps:
 
     def __init__(
         self,
-        client: QueueClient,
+        client: WorkerCalls,
         registry: Registry,
         config: WorkerConfig,
         judge: Judge,

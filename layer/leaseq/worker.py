@@ -31,9 +31,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from leaseq.budget import check_registry
-from leaseq.client import QueueClient
 from leaseq.config import FINISH_RESERVE, WorkerConfig
 from leaseq.deadline import Deadline
+from leaseq.duties import WorkerCalls
 from leaseq.in_turn import drain_in_turn
 from leaseq.outcomes import Judge
 from leaseq.recorder import JobRecord
@@ -77,7 +77,7 @@ class Worker:
 
     def __init__(
         self,
-        client: QueueClient,
+        client: WorkerCalls,
         registry: Registry,
         config: WorkerConfig,
         *,

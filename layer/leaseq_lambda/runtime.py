@@ -56,6 +56,7 @@ from leaseq import (
     connect,
 )
 from leaseq.deadline import Deadline
+from leaseq.duties import ReaperClient, WorkerClient
 from leaseq.worker import ClaimHook
 
 Connection = Any  # leaseq.db.Connection; kept loose so tests may pass any connect function
@@ -232,6 +233,15 @@ class Runtime:
         """Start of an invocation: make sure the connection still works."""
         self.client.check()
 
+    def worker_client(self) -> WorkerClient:
+        """The worker function's face of the client: the worker's calls only, over the
+        environment's one connection."""
+        return WorkerClient(self.client)
+
+    def reaper_client(self) -> ReaperClient:
+        """The reaper function's face of the client: the reaper's calls only."""
+        return ReaperClient(self.client)
+
     def registry(self) -> Registry:
         """The handlers' registry, imported on first use (a worker's; the reaper never
         imports the handlers module, the enqueue function only through
@@ -287,7 +297,8 @@ class Runtime:
             values["poll_idle"] = poll_idle
             names["poll_idle"] = f"this invocation's poll_idle (in place of {names['poll_idle']})"
         config = WorkerConfig(owner=owner, retry=retry, setting_names=names, **values)
-        return Worker(self.client, self.registry(), config, on_job=on_job, on_claim=on_claim)
+        return Worker(self.worker_client(), self.registry(), config, on_job=on_job,
+                      on_claim=on_claim)
 
     def oldest_ready_age(self, now: datetime | None = None) -> float:
         """Seconds the oldest claimable job of any tenant has waited (0 when none).

@@ -45,6 +45,7 @@ import psycopg
 from leaseq import ClaimedJob, InvalidRequestError, LeaseqError, QueueClient
 from leaseq import client as client_calls
 from leaseq.deadline import Deadline
+from leaseq.duties import WorkerCalls
 from leaseq.pool import PoolSize, ScaleUp
 from leaseq.settings import PoolSettings
 
@@ -107,7 +108,7 @@ def lambda_starter(function_name: str, lambda_client: Any | None = None) -> Invo
     return invoke
 
 
-def _release(client: QueueClient, place: UUID) -> None:
+def _release(client: WorkerCalls, place: UUID) -> None:
     """Give back a reserved place or a wake's ticket whose invocation never started
     (never raises: one that cannot be given back expires after the start hold)."""
     try:
@@ -117,7 +118,7 @@ def _release(client: QueueClient, place: UUID) -> None:
                        "start hold", extra={"place": str(place), "error": exc.message})
 
 
-def _start(client: QueueClient, invoke: Invoke, place: UUID, reason: StartReason) -> None:
+def _start(client: WorkerCalls, invoke: Invoke, place: UUID, reason: StartReason) -> None:
     try:
         invoke(pool_start_event(reason, place))
     except Exception as exc:
@@ -150,7 +151,7 @@ class PoolMembership:
                 pool.finish(deadline)
     """
 
-    def __init__(self, client: QueueClient, settings: PoolSettings, owner: str, *,
+    def __init__(self, client: WorkerCalls, settings: PoolSettings, owner: str, *,
                  invoke: Invoke | None = None) -> None:
         self.client = client
         self.settings = settings
@@ -277,7 +278,7 @@ class FanOut:
         worker = Worker(client, registry, config, on_claim=fan_out)
     """
 
-    def __init__(self, client: QueueClient, settings: PoolSettings, *,
+    def __init__(self, client: WorkerCalls, settings: PoolSettings, *,
                  invoke: Invoke | None = None, scale_up: ScaleUp | None = None) -> None:
         self.client = client
         self.settings = settings

@@ -44,7 +44,7 @@ def lambda_handler(event: Any, context: LambdaContext) -> dict[str, Any]:
         rt.check()
         owner = owner_id(context, rt.settings.worker.worker_id)
         deadline = LambdaDeadline(context)
-        pool = scaling.PoolMembership(rt.client, rt.settings.pool, owner)
+        pool = scaling.PoolMembership(rt.worker_client(), rt.settings.pool, owner)
         if not pool.join(tick, deadline):
             size = pool.size()
             telemetry.record_pool(metrics, size, full=True)
