@@ -41,6 +41,14 @@ from typing import Any, Final
 from uuid import UUID
 
 import psycopg
+from leaseq.duties import DASHBOARD as DASHBOARD
+from leaseq.duties import DUTY_GROUPS as DUTY_GROUPS
+from leaseq.duties import OPERATOR as OPERATOR
+from leaseq.duties import PRODUCER as PRODUCER
+from leaseq.duties import READER_GROUP as READER_GROUP
+from leaseq.duties import REAPER as REAPER
+from leaseq.duties import TENANT_PRODUCER as TENANT_PRODUCER
+from leaseq.duties import WORKER as WORKER
 from leaseq.errors import ConfigurationError
 from leaseq_dashboard.sources import READER_LOGIN_PREFIX, reader_login
 from psycopg import sql
@@ -54,17 +62,9 @@ RDS_IAM: Final = "rds_iam"
 #: member, except the previous version's single login while CloudFormation rolls an update
 #: back to it.
 SERVICE_ROLE: Final = "service_role"
-#: Tenant readers (row-level security); never a function's login.
-READER_GROUP: Final = "authenticated"
-
-#: The NOLOGIN duty groups the schema migrations create, by the duty they grant.
-PRODUCER: Final = "leaseq_producer"
-TENANT_PRODUCER: Final = "leaseq_tenant_producer"
-WORKER: Final = "leaseq_worker"
-REAPER: Final = "leaseq_reaper"
-OPERATOR: Final = "leaseq_operator"
-DASHBOARD: Final = "leaseq_dashboard"
-DUTY_GROUPS: Final = (PRODUCER, TENANT_PRODUCER, WORKER, REAPER, OPERATOR, DASHBOARD)
+# The duty groups (PRODUCER ... DASHBOARD, DUTY_GROUPS) and the tenant readers' group
+# (READER_GROUP) are leaseq.duties' names, imported above and read from this module by
+# the resource's handler (app.py).
 #: The idle-in-transaction cap of a reader session (app.current_tenant_id applies the same).
 READER_IDLE_CAP_MS: Final = 60_000
 

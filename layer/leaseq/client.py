@@ -199,7 +199,10 @@ def _seconds(name: str, value: float) -> timedelta:
 
 
 class QueueClient:
-    """The queue's SQL contract as methods, named after the functions they call."""
+    """The queue's SQL contract as methods, named after the functions they call: every
+    duty's calls over one connection. Code that does one duty takes that duty's face of
+    it (:mod:`leaseq.duties`: ``WorkerClient(client)`` and the others), which offers only
+    the calls the duty's SQL group may execute."""
 
     def __init__(
         self,

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from leaseq.client import QueueClient
 from leaseq.deadline import Deadline
+from leaseq.duties import ReaperCalls
 from leaseq.limits import MAX_PAGE, MAX_RETENTION, Bounds
 from leaseq.retention import prune_in_pages
 
@@ -88,7 +88,7 @@ class ReapReport:
         return dict(self.__dict__)
 
 
-def reap_once(client: QueueClient, deadline: Deadline, *, limit: int = REAPER_LIMIT.default,
+def reap_once(client: ReaperCalls, deadline: Deadline, *, limit: int = REAPER_LIMIT.default,
               max_calls: int = 100, margin: float = 2.0,
               retention: timedelta | None = None, turn_pages: int = 10,
               schedule_pages: int = 10) -> ReapReport:
@@ -132,7 +132,7 @@ def reap_once(client: QueueClient, deadline: Deadline, *, limit: int = REAPER_LI
     return report
 
 
-def _end_stalled_sessions(client: QueueClient, report: ReapReport) -> None:
+def _end_stalled_sessions(client: ReaperCalls, report: ReapReport) -> None:
     """End the sessions past their caps first: one of them may be what keeps a
     migration or vacuum waiting. Each ended session is worth a look (a client that
     lifted its own timeout, or a stuck one); a missing grant is said on every pass."""
@@ -155,7 +155,7 @@ def _end_stalled_sessions(client: QueueClient, report: ReapReport) -> None:
                 "refused": report.sessions_refused, "unseen": report.sessions_unseen})
 
 
-def _tick_schedules(client: QueueClient, deadline: Deadline, report: ReapReport, limit: int,
+def _tick_schedules(client: ReaperCalls, deadline: Deadline, report: ReapReport, limit: int,
                     pages: int, margin: float) -> None:
     for _ in range(pages):
         if deadline.remaining() <= margin:
@@ -176,7 +176,7 @@ def _tick_schedules(client: QueueClient, deadline: Deadline, report: ReapReport,
             return
 
 
-def _repair_turns(client: QueueClient, deadline: Deadline, report: ReapReport, limit: int,
+def _repair_turns(client: ReaperCalls, deadline: Deadline, report: ReapReport, limit: int,
                   pages: int, margin: float) -> None:
     for _ in range(pages):
         if deadline.remaining() <= margin:
@@ -188,7 +188,7 @@ def _repair_turns(client: QueueClient, deadline: Deadline, report: ReapReport, l
             return
 
 
-def _prune(client: QueueClient, deadline: Deadline, report: ReapReport, retention: timedelta,
+def _prune(client: ReaperCalls, deadline: Deadline, report: ReapReport, retention: timedelta,
            limit: int, max_calls: int, margin: float) -> None:
     pruned = prune_in_pages(client.prune_retained_jobs, retention, limit=limit,
                             max_pages=max_calls,

@@ -30,7 +30,7 @@ from datetime import timedelta
 from typing import Any, Literal, NamedTuple
 from uuid import UUID
 
-from leaseq.client import QueueClient
+from leaseq.duties import WorkerCalls
 from leaseq.errors import InvalidRequestError, LeaseqError
 from leaseq.job_context import job_log_fields
 from leaseq.jobs import ClaimedJob, JobOutcome, JobState
@@ -80,7 +80,7 @@ class Recorder:
     statements on its one connection.
     """
 
-    def __init__(self, client: QueueClient, owner: str, report: DrainReport,
+    def __init__(self, client: WorkerCalls, owner: str, report: DrainReport,
                  on_job: Callable[[JobRecord], None] | None, interval: float,
                  clock: Callable[[], float] = time.monotonic, *,
                  kinds: Sequence[str] | None = None,

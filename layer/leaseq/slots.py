@@ -21,6 +21,9 @@ handler's help, when a capped lease (``max_lease``) would end before the job's b
 A renewal also says whether an operator cancelled the job: its handler then sees
 ``ctx.cancelled``, and an ``async def`` handler's task is cancelled ``cancel_grace``
 seconds later.
+The steps it shares with the one-at-a-time drain (:mod:`leaseq.in_turn`), claim, fit,
+renew and give back, are :class:`leaseq.steps.DrainSteps`'s; nothing here calls back
+into the worker.
 All database calls of the loop run in one thread of their own, so the loop never waits
 for the network, and a stalled loop can only be a handler's doing (:mod:`leaseq.watchdog`).
 """
@@ -36,70 +39,24 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import timedelta
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
-from leaseq.budget import budget_of, fits
-from leaseq.config import FINISH_RESERVE, WorkerConfig
-from leaseq.deadline import Deadline, lease_for
+from leaseq.config import FINISH_RESERVE
+from leaseq.deadline import Deadline
 from leaseq.errors import LeaseqError
 from leaseq.execution import Attempt
 from leaseq.job_context import JobContext, job_log_fields
 from leaseq.jobs import ClaimedJob, JobOutcome
 from leaseq.limits import MAX_CLAIM
-from leaseq.outcomes import Judge
 from leaseq.polling import PollSchedule
 from leaseq.recorder import JobRun, Recorder
-from leaseq.registry import Registration, Registry
+from leaseq.registry import Registration
 from leaseq.report import DrainReport, Stopped, log_start
+from leaseq.steps import DrainSteps
 from leaseq.watchdog import LoopWatchdog
 
 logger = logging.getLogger("leaseq.worker")
 T = TypeVar("T")
-
-
-class LoopWorker(Protocol):
-    """What the event-loop drain uses of its worker (:class:`leaseq.worker.Worker` is
-    the one): its settings, kinds and judge, its clock, and the steps both drains share.
-
-    A protocol rather than the class itself, so that this module needs nothing of the
-    worker's: the worker calls the drain here, never the other way round.
-    """
-
-    @property
-    def config(self) -> WorkerConfig:
-        """The worker's settings."""
-
-    @property
-    def registry(self) -> Registry:
-        """The handlers, by kind."""
-
-    @property
-    def judge(self) -> Judge:
-        """Prepares each job's payload and turns its handler's end into an outcome."""
-
-    @property
-    def timer(self) -> Callable[[], float]:
-        """The clock of the jobs' run times."""
-
-    def recorder(self, report: DrainReport) -> Recorder:
-        """The recorder of one drain's outcomes, counting into ``report``."""
-
-    def claim(self, recorder: Recorder, limit: int, lease: timedelta) -> list[ClaimedJob]:
-        """Claim up to ``limit`` jobs, carrying the outcomes waiting to be recorded."""
-
-    def give_back(self, jobs: list[ClaimedJob], recorder: Recorder,
-                  deadline: Deadline) -> None:
-        """Hand back claimed jobs that were never started."""
-
-    def queue_lag(self, job: ClaimedJob) -> float:
-        """Seconds ``job`` waited between becoming due and being claimed."""
-
-    def renew(self, job: ClaimedJob, deadline: Deadline) -> float | None:
-        """Extend ``job``'s lease; its new end (in time-left units), or None if lost."""
-
-    def renew_status(self, job: ClaimedJob, deadline: Deadline) -> tuple[float | None, bool]:
-        """:meth:`renew`, and whether an operator asked to cancel the job."""
 
 
 #: Handler threads of this process that overran their budget and still run: each keeps
@@ -114,7 +71,7 @@ def straggling_threads() -> int:
     return len(_straggling_threads)
 
 
-def drain_on_new_loop(worker: LoopWorker, deadline: Deadline) -> DrainReport:
+def drain_on_new_loop(steps: DrainSteps, deadline: Deadline) -> DrainReport:
     """Run :func:`drain_on_loop` on an event loop of its own, then close that loop.
 
     Not ``asyncio.run``: when it ends it waits for every task it cancels, so one
@@ -130,7 +87,7 @@ def drain_on_new_loop(worker: LoopWorker, deadline: Deadline) -> DrainReport:
                           "use `await worker.drain_async(deadline)` there")
     loop = asyncio.new_event_loop()
     try:
-        return loop.run_until_complete(drain_on_loop(worker, deadline))
+        return loop.run_until_complete(drain_on_loop(steps, deadline))
     finally:
         left = [task for task in asyncio.all_tasks(loop) if not task.done()]
         for task in left:
@@ -145,13 +102,13 @@ def drain_on_new_loop(worker: LoopWorker, deadline: Deadline) -> DrainReport:
         loop.close()
 
 
-async def drain_on_loop(worker: LoopWorker, deadline: Deadline) -> DrainReport:
+async def drain_on_loop(steps: DrainSteps, deadline: Deadline) -> DrainReport:
     """The event-loop drain, on the running loop (see the module docstring)."""
-    report = DrainReport(concurrency=worker.config.concurrency)
-    recorder = worker.recorder(report)
+    report = DrainReport(concurrency=steps.config.concurrency)
+    recorder = steps.recorder(report)
     recorder.start()
     try:
-        await SlotDrain(worker, deadline, report, recorder).run()
+        await SlotDrain(steps, deadline, report, recorder).run()
     finally:
         recorder.stop()
         recorder.record()
@@ -187,10 +144,10 @@ class Slot:
 class SlotDrain:
     """One drain on the event loop: claims, slots, renewals (see the module docstring)."""
 
-    def __init__(self, worker: LoopWorker, deadline: Deadline, report: DrainReport,
+    def __init__(self, steps: DrainSteps, deadline: Deadline, report: DrainReport,
                  recorder: Recorder) -> None:
-        self.worker = worker
-        self.config = worker.config
+        self.steps = steps
+        self.config = steps.config
         self.deadline = deadline
         self.report = report
         self.recorder = recorder
@@ -247,7 +204,7 @@ class SlotDrain:
     async def _run(self) -> None:
         cfg = self.config
         # Sync handlers only: their own limit is the drain's (leaseq.config.SYNC_CONCURRENCY).
-        slots = cfg.concurrency if self.worker.registry.has_async else cfg.sync_limit
+        slots = cfg.concurrency if self.steps.registry.has_async else cfg.sync_limit
         capacity = slots - straggling_threads()
         if capacity <= 0:
             logger.error("every slot is held by a handler thread that overran its budget; "
@@ -270,7 +227,7 @@ class SlotDrain:
                 task.result()
             await self._fill(capacity)
             now = self.loop.time()
-            if self._claiming and not fits(self.deadline.remaining(), cfg.job_timeout, cfg):
+            if self._claiming and not self.steps.can_claim(self.deadline.remaining()):
                 self._stop_claiming("deadline")
             room = capacity + spare - len(self._slots) - len(self._waiting)
             timeouts: list[float] = []
@@ -351,17 +308,17 @@ class SlotDrain:
         """One claim (with the outcomes waiting to be recorded); its jobs wait for slots."""
         cfg = self.config
         time_left = self.deadline.remaining()
-        lease = lease_for(time_left, margin=cfg.lease_margin, cap=cfg.max_lease)
+        lease = self.steps.lease(time_left)
         assert lease is not None  # the time left fits a job, so it fits a lease
         # In the database thread: the worker's on_claim hook is told there, too.
-        jobs = await self._db_call(self.worker.claim, self.recorder, limit, lease)
+        jobs = await self._db_call(self.steps.claim, self.recorder, limit, lease)
         now = self.loop.time()
         if not jobs:
             busy = bool(self._slots or self._waiting)
             self._emptied = busy  # look again once the running jobs are done
             self.report.polls += 1
             wait = self._poll.after_empty(busy=busy)
-            if wait is None or not fits(self.deadline.remaining() - wait, cfg.job_timeout, cfg):
+            if wait is None or not self.steps.can_claim(self.deadline.remaining() - wait):
                 self._stop_claiming("queue_empty")
             else:
                 self._next_claim = now + wait
@@ -390,21 +347,18 @@ class SlotDrain:
             and not slot.overran)
         while self._waiting and len(self._slots) < capacity:
             job, lease_end, lease_seconds = self._waiting.popleft()
-            registration = self.worker.registry.get(job.kind)
-            budget = budget_of(registration, cfg)
+            plan = self.steps.kind(job.kind)
+            registration = plan.registration
             time_left = self.deadline.remaining()
-            if not fits(time_left, budget, cfg):
-                logger.warning("job given back: its budget does not fit the time left", extra={
-                    **job_log_fields(job), "budget": budget, "time_left": round(time_left, 3),
-                    "needed": budget + cfg.lease_margin + FINISH_RESERVE})
+            if not self.steps.fits(job, plan, time_left):
                 unfit.append(job)
                 continue
             is_sync = registration is not None and not registration.is_async
             if is_sync and sync_busy >= cfg.sync_limit:
                 deferred.append((job, lease_end, lease_seconds))
                 continue
-            slot = Slot(job, registration, budget, lease_end, lease_seconds,
-                        needs_until=time_left - budget - FINISH_RESERVE)
+            slot = Slot(job, registration, plan.budget, lease_end, lease_seconds,
+                        needs_until=plan.record_by(time_left))
             self._slots[self._watch(self.loop.create_task(self._run_slot(slot)))] = slot
             sync_busy += is_sync
         self._waiting.extendleft(reversed(deferred))
@@ -414,24 +368,24 @@ class SlotDrain:
         if unfit:
             # Claiming again could only take the same jobs and give them back.
             self._stop_claiming("deadline")
-            await self._db_call(self.worker.give_back, unfit, self.recorder, self.deadline)
+            await self._db_call(self.steps.give_back, unfit, self.recorder, self.deadline)
 
     # One slot -------------------------------------------------------------------
 
     async def _run_slot(self, slot: Slot) -> None:
-        worker, job = self.worker, slot.job
-        lag = worker.queue_lag(job)
-        started = worker.timer()
-        prepared = worker.judge.prepare(job, slot.registration)
+        steps, job = self.steps, slot.job
+        lag = steps.queue_lag(job)
+        started = steps.timer()
+        prepared = steps.judge.prepare(job, slot.registration)
         if prepared.refused is not None:
-            self._add(slot, prepared.refused, worker.timer() - started, lag)
+            self._add(slot, prepared.refused, steps.timer() - started, lag)
             return
         assert slot.registration is not None
         if slot.lease_too_short and not await self._renew(slot):
             self.recorder.report_job(job, "lease_lost", None)
             return
         if slot.cancel_seen:  # cancelled before it started: it does not run
-            self._add(slot, worker.judge.cancelled(job), worker.timer() - started, lag)
+            self._add(slot, steps.judge.cancelled(job), steps.timer() - started, lag)
             return
         begun = time.monotonic()
         budget = slot.budget
@@ -451,8 +405,8 @@ class SlotDrain:
         if slot.lost:
             self.recorder.report_job(job, "lease_lost", None)
         else:
-            outcome = worker.judge.judge(job, slot.registration, execution)
-            self._add(slot, outcome, worker.timer() - started, lag)
+            outcome = steps.judge.judge(job, slot.registration, execution)
+            self._add(slot, outcome, steps.timer() - started, lag)
         if not execution.overran:
             return
         slot.overran = True
@@ -496,7 +450,7 @@ class SlotDrain:
     async def _renew(self, slot: Slot) -> bool:
         slot.renewing = True
         try:
-            renewed, cancel = await self._db_call(self.worker.renew_status, slot.job,
+            renewed, cancel = await self._db_call(self.steps.renew_status, slot.job,
                                                   self.deadline)
         finally:
             slot.renewing = False
@@ -504,7 +458,7 @@ class SlotDrain:
 
     def _renew_in_thread(self, slot: Slot) -> bool:
         """ctx.renew_lease() from a handler's own thread (the client is thread-safe)."""
-        renewed, cancel = self.worker.renew_status(slot.job, self.deadline)
+        renewed, cancel = self.steps.renew_status(slot.job, self.deadline)
         if renewed is None or cancel:
             self.loop.call_soon_threadsafe(self._renewed, slot, renewed, cancel)
             if cancel and slot.context is not None:

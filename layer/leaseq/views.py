@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from uuid import UUID
 
 from leaseq.client import QueueClient
+from leaseq.duties import ReaderClient
 
 #: Job states, in the order a dashboard lists them.
 STATES: tuple[str, ...] = ("pending", "running", "retry_wait", "succeeded", "dead", "cancelled")
@@ -160,7 +161,7 @@ class OperatorViews:
 class TenantViews:
     """One tenant's jobs, read as a tenant reader: row-level security filters them."""
 
-    def __init__(self, client: QueueClient, tenant_id: UUID) -> None:
+    def __init__(self, client: QueueClient | ReaderClient, tenant_id: UUID) -> None:
         self.client = client
         self.tenant_id = tenant_id
 

@@ -25,6 +25,7 @@ from uuid import UUID
 
 from leaseq.client import DEFAULT_MAX_IDLE_SECONDS, QueueClient
 from leaseq.db import Connection
+from leaseq.duties import ReaderClient
 from leaseq.views import OperatorViews, TenantViews
 
 #: The name every tenant reader login starts with; the rest is the tenant's 32 hex digits.
@@ -79,7 +80,7 @@ class DashboardViewSource:
             self._readers[tenant_id] = client
         self._readers.move_to_end(tenant_id)
         client.check()
-        return TenantViews(client, tenant_id)
+        return TenantViews(ReaderClient(client), tenant_id)
 
     @property
     def reader_tenants(self) -> tuple[UUID, ...]:

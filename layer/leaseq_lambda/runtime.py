@@ -55,6 +55,8 @@ from leaseq import (
     WorkerSettings,
     connect,
 )
+from leaseq.deadline import Deadline
+from leaseq.duties import ReaperClient, WorkerClient
 from leaseq.worker import ClaimHook
 
 Connection = Any  # leaseq.db.Connection; kept loose so tests may pass any connect function
@@ -231,6 +233,15 @@ class Runtime:
         """Start of an invocation: make sure the connection still works."""
         self.client.check()
 
+    def worker_client(self) -> WorkerClient:
+        """The worker function's face of the client: the worker's calls only, over the
+        environment's one connection."""
+        return WorkerClient(self.client)
+
+    def reaper_client(self) -> ReaperClient:
+        """The reaper function's face of the client: the reaper's calls only."""
+        return ReaperClient(self.client)
+
     def registry(self) -> Registry:
         """The handlers' registry, imported on first use (a worker's; the reaper never
         imports the handlers module, the enqueue function only through
@@ -253,14 +264,14 @@ class Runtime:
 
     def worker(self, owner: str, *,
                on_job: Callable[[JobRecord], None] | None = None,
-               time_left: float | None = None,
+               deadline: Deadline | None = None,
                poll_idle: float | None = None,
                on_claim: ClaimHook | None = None) -> Worker:
         """A worker for one invocation: the cached client and registry, this owner id.
 
         The worker's invocation time is LEASEQ_WORKER_TIMEOUT_SECONDS, else the time
-        left at the start of the first invocation (``time_left``; Lambda timeouts are
-        whole seconds, so rounded up): settings that cannot run a job, and kinds whose
+        left at the start of the first invocation (``deadline``'s remaining time; Lambda
+        timeouts are whole seconds, so rounded up): settings that cannot run a job, and kinds whose
         timeout no invocation can fit, fail the invocation with a ConfigurationError; so
         does a kind of LEASEQ_KINDS that the handlers module has no handler for. The kind
         filter (LEASEQ_KINDS, LEASEQ_EXCLUDE_KINDS) reaches the config with the rest.
@@ -271,6 +282,7 @@ class Runtime:
         """
         ws = self.settings.worker
         if self._worker_timeout is None:
+            time_left = deadline.remaining() if deadline is not None else None
             self._worker_timeout = ws.worker_timeout_seconds or (
                 float(math.ceil(time_left)) if time_left else None)
         values = {**ws.config_values(), "worker_timeout": self._worker_timeout}
@@ -285,7 +297,8 @@ class Runtime:
             values["poll_idle"] = poll_idle
             names["poll_idle"] = f"this invocation's poll_idle (in place of {names['poll_idle']})"
         config = WorkerConfig(owner=owner, retry=retry, setting_names=names, **values)
-        return Worker(self.client, self.registry(), config, on_job=on_job, on_claim=on_claim)
+        return Worker(self.worker_client(), self.registry(), config, on_job=on_job,
+                      on_claim=on_claim)
 
     def oldest_ready_age(self, now: datetime | None = None) -> float:
         """Seconds the oldest claimable job of any tenant has waited (0 when none).

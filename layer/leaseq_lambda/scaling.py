@@ -44,6 +44,8 @@ from uuid import UUID
 import psycopg
 from leaseq import ClaimedJob, InvalidRequestError, LeaseqError, QueueClient
 from leaseq import client as client_calls
+from leaseq.deadline import Deadline
+from leaseq.duties import WorkerCalls
 from leaseq.pool import PoolSize, ScaleUp
 from leaseq.settings import PoolSettings
 
@@ -106,7 +108,7 @@ def lambda_starter(function_name: str, lambda_client: Any | None = None) -> Invo
     return invoke
 
 
-def _release(client: QueueClient, place: UUID) -> None:
+def _release(client: WorkerCalls, place: UUID) -> None:
     """Give back a reserved place or a wake's ticket whose invocation never started
     (never raises: one that cannot be given back expires after the start hold)."""
     try:
@@ -116,7 +118,7 @@ def _release(client: QueueClient, place: UUID) -> None:
                        "start hold", extra={"place": str(place), "error": exc.message})
 
 
-def _start(client: QueueClient, invoke: Invoke, place: UUID, reason: StartReason) -> None:
+def _start(client: WorkerCalls, invoke: Invoke, place: UUID, reason: StartReason) -> None:
     try:
         invoke(pool_start_event(reason, place))
     except Exception as exc:
@@ -140,16 +142,16 @@ class PoolMembership:
     For example::
 
         pool = PoolMembership(client, settings.pool, owner)
-        if pool.join(tick, deadline.remaining()):
+        if pool.join(tick, deadline):
             try:
-                worker = runtime.worker(owner, poll_idle=pool.poll_idle,
+                worker = runtime.worker(owner, deadline=deadline, poll_idle=pool.poll_idle,
                                         on_claim=pool.fan_out)
                 worker.drain(deadline)
             finally:
-                pool.finish(deadline.remaining())
+                pool.finish(deadline)
     """
 
-    def __init__(self, client: QueueClient, settings: PoolSettings, owner: str, *,
+    def __init__(self, client: WorkerCalls, settings: PoolSettings, owner: str, *,
                  invoke: Invoke | None = None) -> None:
         self.client = client
         self.settings = settings
@@ -163,16 +165,17 @@ class PoolMembership:
     def enabled(self) -> bool:
         return self.settings.enabled
 
-    def join(self, tick: Tick, time_left: float) -> bool:
+    def join(self, tick: Tick, deadline: Deadline) -> bool:
         """Take the tick's reservation, or free room; False when the pool is full (a
         duplicate or retried start event, a tick while the pool is at its maximum):
-        the invocation must then return without claiming."""
+        the invocation must then return without claiming. The place expires a margin
+        after the invocation's ``deadline``."""
         self.tick = tick
         if not self.enabled:
             return True
         self.joined = self.client.join_worker_pool(
             self.owner, tick.pool_reason, tick.reservation, self.settings.max_workers,
-            time_left + POOL_EXPIRY_MARGIN)
+            deadline.remaining() + POOL_EXPIRY_MARGIN)
         if self.joined:
             self.fan_out = FanOut(self.client, self.settings, invoke=self._invoke)
         return self.joined
@@ -223,12 +226,14 @@ class PoolMembership:
             return True
         return False
 
-    def finish(self, time_left: float) -> FanOutReport | None:
+    def finish(self, deadline: Deadline) -> FanOutReport | None:
         """End of the invocation: stop the fan-out (waiting for a start under way at most
-        ``time_left``, and :data:`CLOSE_SECONDS`) and free the place at once. Never
-        raises: a place not freed expires with the invocation. None with the pool off."""
+        until half a second before ``deadline``, and :data:`CLOSE_SECONDS`) and free the
+        place at once. Never raises: a place not freed expires with the invocation. None
+        with the pool off."""
         report = None
         if self.fan_out is not None:
+            time_left = deadline.remaining()
             report = self.fan_out.close(min(CLOSE_SECONDS, max(0.0, time_left - 0.5)))
         if self.joined:
             try:
@@ -273,7 +278,7 @@ class FanOut:
         worker = Worker(client, registry, config, on_claim=fan_out)
     """
 
-    def __init__(self, client: QueueClient, settings: PoolSettings, *,
+    def __init__(self, client: WorkerCalls, settings: PoolSettings, *,
                  invoke: Invoke | None = None, scale_up: ScaleUp | None = None) -> None:
         self.client = client
         self.settings = settings

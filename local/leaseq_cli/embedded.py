@@ -80,6 +80,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from leaseq import duties
 from leaseq.db import connect
 from leaseq.migrate import MigrationReport, migrate
 from psycopg import sql
@@ -92,7 +93,7 @@ OWNER_ROLE = "leaseq_owner"
 #: The login the commands use (``leaseq db url --role worker``).
 WORKER_ROLE = "leaseq_cli"
 #: The command line does every duty: it enqueues, drains, reaps and operates.
-WORKER_GROUPS = ("leaseq_producer", "leaseq_worker", "leaseq_reaper", "leaseq_operator")
+WORKER_GROUPS = (duties.PRODUCER, duties.WORKER, duties.REAPER, duties.OPERATOR)
 #: The login earlier releases made under what is now the worker group's name.
 LEGACY_WORKER_ROLE = "leaseq_worker"
 #: The bootstrap superuser initdb creates.

@@ -17,6 +17,7 @@ from leaseq import (
     ClaimedJob,
     EnqueueRequest,
     InvalidRequestError,
+    MonotonicDeadline,
     QueueClient,
     ScaleUp,
     connect,
@@ -207,8 +208,9 @@ def test_a_started_invocation_takes_its_reservation_and_a_second_delivery_gets_o
     first = PoolMembership(client, pool, "worker-b")
     duplicate = PoolMembership(client, pool, "worker-c")
 
-    assert first.join(tick, 30.0)
-    assert not duplicate.join(tick, 30.0)  # the same event again: the pool is full
+    assert first.join(tick, MonotonicDeadline(30.0))
+    # The same event again: the pool is full.
+    assert not duplicate.join(tick, MonotonicDeadline(30.0))
     assert {p["owner"] for p in places(admin)} == {"worker-a", "worker-b"}
     assert [p["id"] for p in places(admin) if p["owner"] == "worker-b"] == [reserved]
     assert duplicate.fan_out is None
@@ -225,9 +227,9 @@ def test_after_a_worker_login_reserved_the_pool_for_a_day_the_schedules_invocati
 
     membership = PoolMembership(client, settings(max_workers=8), "scheduled")
 
-    assert membership.join(Tick("scheduler"), 30.0)
+    assert membership.join(Tick("scheduler"), MonotonicDeadline(30.0))
     assert [p["owner"] for p in places(admin)].count("scheduled") == 1
-    membership.finish(30.0)
+    membership.finish(MonotonicDeadline(30.0))
 
 
 def test_in_a_pool_full_of_running_invocations_the_tick_drains_in_the_extra_place_and_fans_out_none(
@@ -236,10 +238,10 @@ def test_in_a_pool_full_of_running_invocations_the_tick_drains_in_the_extra_plac
         assert client.join_worker_pool(f"running-{n}", "fanout", None, 1000, 960)
     membership = PoolMembership(client, settings(max_workers=4), "scheduled")
 
-    assert membership.join(Tick("scheduler"), 30.0)
+    assert membership.join(Tick("scheduler"), MonotonicDeadline(30.0))
     assert membership.fan_out is not None
     membership.fan_out(claim(client, 3, 2), 2)
-    report = membership.finish(30.0)
+    report = membership.finish(MonotonicDeadline(30.0))
 
     assert report is not None
     assert (report.started, report.pool_full) == (0, 1)  # fan-out stays within the maximum
@@ -250,25 +252,25 @@ def test_in_a_pool_full_of_running_invocations_the_tick_drains_in_the_extra_plac
 def test_a_place_expires_with_its_invocation_and_finish_frees_it_at_once(
         client: QueueClient, admin: Conn) -> None:
     membership = PoolMembership(client, settings(), "worker-a")
-    assert membership.join(Tick("scheduler"), 12.0)
+    assert membership.join(Tick("scheduler"), MonotonicDeadline(12.0))
     (expires,) = admin.execute(
         "select extract(epoch from expires_at - clock_timestamp()) as left"
         " from app.worker_pool").fetchall()
     assert 12.0 < float(expires["left"]) <= 12.0 + POOL_EXPIRY_MARGIN
 
-    membership.finish(10.0)
+    membership.finish(MonotonicDeadline(10.0))
 
     assert places(admin) == []
-    membership.finish(10.0)  # twice is harmless
+    membership.finish(MonotonicDeadline(10.0))  # twice is harmless
 
 
 def test_with_the_pool_off_every_invocation_is_admitted_and_nothing_is_written(
         client: QueueClient, admin: Conn) -> None:
     membership = PoolMembership(client, settings(max_workers=0, worker_function=None), "w")
 
-    assert membership.join(Tick("scheduler"), 30.0)
+    assert membership.join(Tick("scheduler"), MonotonicDeadline(30.0))
     assert (membership.fan_out, membership.poll_idle, membership.size()) == (None, None, None)
-    assert membership.finish(30.0) is None
+    assert membership.finish(MonotonicDeadline(30.0)) is None
     assert places(admin) == []
 
 
@@ -277,8 +279,10 @@ def test_a_started_invocation_polls_for_the_pool_idle_time_and_a_scheduled_one_f
     pool = settings(fanout_idle_seconds=3)
     started = PoolMembership(client, pool, "started")
     scheduled = PoolMembership(client, pool, "scheduled")
-    started.join(parse_tick(start_event(uuid.uuid4(), "wake"), "worker"), 30.0)
-    scheduled.join(parse_tick(load_event("worker_schedule"), "worker"), 30.0)
+    started.join(parse_tick(start_event(uuid.uuid4(), "wake"), "worker"),
+                 MonotonicDeadline(30.0))
+    scheduled.join(parse_tick(load_event("worker_schedule"), "worker"),
+                   MonotonicDeadline(30.0))
 
     assert (started.poll_idle, scheduled.poll_idle) == (3.0, None)
 

@@ -19,6 +19,7 @@ from leaseq import (
     InvalidRequestError,
     JobContext,
     LeaseqSettings,
+    MonotonicDeadline,
     PermissionDeniedError,
     PoolLimits,
     PoolSettings,
@@ -320,13 +321,13 @@ def test_an_invocation_may_poll_for_less_time_than_the_configured_idle(db: Datab
     queue = QueueClient(lambda: pytest.fail("no statement is sent"))
     runtime = Runtime(settings, queue, _registry=registry)
 
-    started = runtime.worker("started", poll_idle=2.5, time_left=60)
-    scheduled = runtime.worker("scheduled", time_left=60)
+    started = runtime.worker("started", poll_idle=2.5, deadline=MonotonicDeadline(60))
+    scheduled = runtime.worker("scheduled", deadline=MonotonicDeadline(60))
 
     assert started.config.poll_idle == 2.5
     assert scheduled.config.poll_idle == 30.0
     with pytest.raises(ConfigurationError, match="this invocation's poll_idle"):
-        runtime.worker("started", poll_idle=-1.0, time_left=60)
+        runtime.worker("started", poll_idle=-1.0, deadline=MonotonicDeadline(60))
 
 
 # Settings -------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from leaseq import duties
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
@@ -46,7 +47,7 @@ OTHER_READER = "leaseq_test_reader_b"
 OUTSIDER = "leaseq_test_outsider"
 
 #: The four runtime duty groups: every runtime right there is.
-RUNTIME_GROUPS = ("leaseq_producer", "leaseq_worker", "leaseq_reaper", "leaseq_operator")
+RUNTIME_GROUPS = (duties.PRODUCER, duties.WORKER, duties.REAPER, duties.OPERATOR)
 
 #: Login -> the groups it is granted (after the migrations made the groups).
 GROUPS: dict[str, tuple[str, ...]] = {

@@ -36,7 +36,7 @@ def lambda_handler(event: Any, context: LambdaContext) -> dict[str, Any]:
         rt = runtime.get()
         rt.check()
         reaper = rt.settings.reaper
-        report = reap_once(rt.client, LambdaDeadline(context), limit=reaper.limit,
+        report = reap_once(rt.reaper_client(), LambdaDeadline(context), limit=reaper.limit,
                            retention=reaper.retention)
     except LeaseqError as exc:
         logger.exception("reaper pass failed",

@@ -44,8 +44,8 @@ def lambda_handler(event: Any, context: LambdaContext) -> dict[str, Any]:
         rt.check()
         owner = owner_id(context, rt.settings.worker.worker_id)
         deadline = LambdaDeadline(context)
-        pool = scaling.PoolMembership(rt.client, rt.settings.pool, owner)
-        if not pool.join(tick, deadline.remaining()):
+        pool = scaling.PoolMembership(rt.worker_client(), rt.settings.pool, owner)
+        if not pool.join(tick, deadline):
             size = pool.size()
             telemetry.record_pool(metrics, size, full=True)
             refused = {"task": "worker", "status": "pool_full", "owner": owner,
@@ -55,12 +55,12 @@ def lambda_handler(event: Any, context: LambdaContext) -> dict[str, Any]:
         try:
             kinds = telemetry.KindDimension(rt.registry().kinds, rt.settings.worker.metric_kinds)
             worker = rt.worker(owner, on_job=telemetry.JobTelemetry(logger, metrics, kinds),
-                               time_left=deadline.remaining(), poll_idle=pool.poll_idle,
+                               deadline=deadline, poll_idle=pool.poll_idle,
                                on_claim=pool.fan_out)
             size = pool.size()
             report = worker.drain(deadline)
         finally:
-            fan_out = pool.finish(deadline.remaining())
+            fan_out = pool.finish(deadline)
     except LeaseqError as exc:
         logger.exception("drain failed", extra={"error": exc.message, "sqlstate": exc.sqlstate})
         raise
