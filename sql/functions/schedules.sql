@@ -128,8 +128,18 @@ revoke all on function app.cron_field(text, text, text, integer, integer, text[]
 -- An expression taken apart: either every_seconds (an @every interval) or the cron sets,
 -- with whether the day fields and the hour field start with * (see the file's header).
 -- Raises 22023 for anything malformed, finer than a minute, or that can never fire.
-create or replace function app.schedule_spec(p_expression text)
-returns app.cron_spec
+create or replace function app.schedule_spec(
+  p_expression text,
+  out every_seconds bigint,
+  out minutes integer[],
+  out hours integer[],
+  out days integer[],
+  out months integer[],
+  out weekdays integer[],
+  out days_star boolean,
+  out weekdays_star boolean,
+  out hours_star boolean
+)
 language plpgsql
 immutable
 set search_path = pg_catalog, pg_temp
@@ -138,7 +148,6 @@ declare
   v_text text := lower(btrim(p_expression));
   v_fields text[];
   v_part text[];
-  v_spec app.cron_spec;
 begin
   if p_expression is null or v_text = '' then
     perform app.raise_invalid('schedule expression is required: a five-field cron '
@@ -153,24 +162,24 @@ begin
         'schedule expression %L: an interval is @every followed by numbers with units d, '
         'h, m or s, such as @every 10m or @every 1h30m', p_expression));
     end if;
-    v_spec.every_seconds := 0;
+    every_seconds := 0;
     for v_part in
       select regexp_matches(regexp_replace(v_text, '^@every\s+', ''), '([0-9]+)([dhms])', 'g')
     loop
-      v_spec.every_seconds := v_spec.every_seconds + v_part[1]::bigint * case v_part[2]
+      every_seconds := every_seconds + v_part[1]::bigint * case v_part[2]
         when 'd' then 86400 when 'h' then 3600 when 'm' then 60 else 1 end;
     end loop;
-    if v_spec.every_seconds < 60 then
+    if every_seconds < 60 then
       perform app.raise_invalid(format(
         'schedule expression %L: schedules finer than a minute are not supported (the '
         'reaper ticks once a minute); use @every 1m or more, or a job that loops',
         p_expression));
     end if;
-    if v_spec.every_seconds > 366 * 86400 then
+    if every_seconds > 366 * 86400 then
       perform app.raise_invalid(format(
         'schedule expression %L: an interval must be at most 366 days', p_expression));
     end if;
-    return v_spec;
+    return;
   end if;
   v_text := case v_text
     when '@yearly' then '0 0 1 1 *' when '@annually' then '0 0 1 1 *'
@@ -189,29 +198,29 @@ begin
       'day-of-month month day-of-week (no seconds, no year)', p_expression,
       cardinality(v_fields)));
   end if;
-  v_spec.minutes := app.cron_field(p_expression, v_fields[1], 'minute', 0, 59, null);
-  v_spec.hours := app.cron_field(p_expression, v_fields[2], 'hour', 0, 23, null);
-  v_spec.days := app.cron_field(p_expression, v_fields[3], 'day-of-month', 1, 31, null);
-  v_spec.months := app.cron_field(p_expression, v_fields[4], 'month', 1, 12,
+  minutes := app.cron_field(p_expression, v_fields[1], 'minute', 0, 59, null);
+  hours := app.cron_field(p_expression, v_fields[2], 'hour', 0, 23, null);
+  days := app.cron_field(p_expression, v_fields[3], 'day-of-month', 1, 31, null);
+  months := app.cron_field(p_expression, v_fields[4], 'month', 1, 12,
     array['jan','feb','mar','apr','may','jun','jul','aug','sep','oct','nov','dec']);
-  v_spec.weekdays := app.cron_field(p_expression, v_fields[5], 'day-of-week', 0, 7,
+  weekdays := app.cron_field(p_expression, v_fields[5], 'day-of-week', 0, 7,
     array['sun','mon','tue','wed','thu','fri','sat']);
-  if 7 = any (v_spec.weekdays) then  -- 7 is Sunday too
-    v_spec.weekdays := array(select distinct case when w = 7 then 0 else w end
-                      from unnest(v_spec.weekdays) w order by 1);
+  if 7 = any (weekdays) then  -- 7 is Sunday too
+    weekdays := array(select distinct case when w = 7 then 0 else w end
+                      from unnest(weekdays) w order by 1);
   end if;
-  v_spec.days_star := v_fields[3] like '*%';
-  v_spec.weekdays_star := v_fields[5] like '*%';
-  v_spec.hours_star := v_fields[2] = '*';
+  days_star := v_fields[3] like '*%';
+  weekdays_star := v_fields[5] like '*%';
+  hours_star := v_fields[2] = '*';
   -- Restricted days of the month with any day of the week: some month must have one.
-  if v_spec.weekdays_star and not exists (
-      select 1 from unnest(v_spec.months) m, unnest(v_spec.days) d
+  if weekdays_star and not exists (
+      select 1 from unnest(months) m, unnest(days) d
       where d <= case when m = 2 then 29 when m in (4, 6, 9, 11) then 30 else 31 end) then
     perform app.raise_invalid(format(
       'schedule expression %L can never fire: none of its months has any of its days of '
       'the month', p_expression));
   end if;
-  return v_spec;
+  return;
 end;
 $$;
 revoke all on function app.schedule_spec(text) from public;
@@ -236,7 +245,13 @@ revoke all on function app.check_time_zone(text) from public;
 
 -- The slots of an expression read in p_time_zone that are after p_after and at most
 -- p_until, in order, at most p_limit of them (see the header for daylight saving time).
-create or replace function app.spec_slots(p_spec app.cron_spec, p_time_zone text,
+-- The same from an expression taken apart (app.schedule_spec's columns, in order), so a
+-- caller that needs several ranges of one schedule parses it once.
+create or replace function app.spec_slots(p_every_seconds bigint, p_minutes integer[],
+                                          p_hours integer[], p_days integer[],
+                                          p_months integer[], p_weekdays integer[],
+                                          p_days_star boolean, p_weekdays_star boolean,
+                                          p_hours_star boolean, p_time_zone text,
                                           p_after timestamptz, p_until timestamptz,
                                           p_limit integer)
 returns setof timestamptz
@@ -245,7 +260,7 @@ stable
 set search_path = pg_catalog, pg_temp
 as $$
 declare
-  v_spec app.cron_spec := p_spec;
+  v_spec record;
   v_day date;
   v_last date;
   v_count integer := 0;
@@ -255,10 +270,14 @@ declare
   v_hour integer;
   v_hour_start timestamptz;
 begin
-  if p_spec is null or p_after is null or p_until is null or p_until <= p_after
-     or p_limit < 1 then
+  if p_after is null or p_until is null or p_until <= p_after or p_limit < 1 then
     return;
   end if;
+  select p_every_seconds as every_seconds, p_minutes as minutes, p_hours as hours,
+         p_days as days, p_months as months, p_weekdays as weekdays,
+         p_days_star as days_star, p_weekdays_star as weekdays_star,
+         p_hours_star as hours_star
+  into v_spec;
   if v_spec.every_seconds is not null then
     return query
     select to_timestamp((k * v_spec.every_seconds)::double precision)
@@ -350,7 +369,7 @@ begin
   end loop;
 end;
 $$;
-revoke all on function app.spec_slots(app.cron_spec, text, timestamptz, timestamptz, integer) from public;
+revoke all on function app.spec_slots(bigint, integer[], integer[], integer[], integer[], integer[], boolean, boolean, boolean, text, timestamptz, timestamptz, integer) from public;
 
 -- The same, from the expression (parsed on every call).
 create or replace function app.schedule_slots(p_expression text, p_time_zone text,
@@ -361,8 +380,11 @@ language sql
 stable
 set search_path = pg_catalog, pg_temp
 as $$
-  select s from app.spec_slots(app.schedule_spec(p_expression), p_time_zone, p_after,
-                               p_until, p_limit) s;
+  select s
+  from app.schedule_spec(p_expression) p,
+       lateral app.spec_slots(p.every_seconds, p.minutes, p.hours, p.days, p.months,
+                              p.weekdays, p.days_star, p.weekdays_star, p.hours_star,
+                              p_time_zone, p_after, p_until, p_limit) s;
 $$;
 revoke all on function app.schedule_slots(text, text, timestamptz, timestamptz, integer) from public;
 
@@ -376,8 +398,8 @@ stable
 set search_path = pg_catalog, pg_temp
 as $$
   select coalesce(
-    (select s from app.spec_slots(app.schedule_spec(p_expression), p_time_zone, p_after,
-                                  p_after + interval '20 years', 1) s),
+    (select s from app.schedule_slots(p_expression, p_time_zone, p_after,
+                                      p_after + interval '20 years', 1) s),
     'infinity'::timestamptz);
 $$;
 revoke all on function app.next_schedule_slot(text, text, timestamptz) from public;
@@ -676,7 +698,7 @@ declare
   v_grace interval;
   v_window interval;
   v_schedule app.schedules;
-  v_spec app.cron_spec;
+  v_spec record;
   v_on_time timestamptz[];
   v_missed timestamptz[];
   v_take timestamptz[];
@@ -728,26 +750,33 @@ begin
   loop
     -- On time: due slots at most the grace old. Missed: older ones within the window
     -- (enumerated only as far back as the window reaches; older ones are counted below).
-    v_spec := app.schedule_spec(v_schedule.expression);
+    select * into v_spec from app.schedule_spec(v_schedule.expression);
     v_on_time := array(
-      select x from app.spec_slots(v_spec, v_schedule.time_zone,
-                                       greatest(v_schedule.next_slot, v_now - v_grace)
-                                         - interval '1 microsecond', v_now, 100000) x);
+      select x from app.spec_slots(
+        v_spec.every_seconds, v_spec.minutes, v_spec.hours, v_spec.days, v_spec.months,
+        v_spec.weekdays, v_spec.days_star, v_spec.weekdays_star, v_spec.hours_star,
+        v_schedule.time_zone,
+        greatest(v_schedule.next_slot, v_now - v_grace) - interval '1 microsecond',
+        v_now, 100000) x);
     v_missed := '{}';
     v_skipped := 0;
     if v_schedule.next_slot < v_now - v_grace then
       v_missed := array(
-        select x from app.spec_slots(v_spec, v_schedule.time_zone,
-                                     greatest(v_schedule.next_slot, v_now - v_window)
-                                           - interval '1 microsecond', v_now - v_grace,
-                                         100000) x
+        select x from app.spec_slots(
+          v_spec.every_seconds, v_spec.minutes, v_spec.hours, v_spec.days, v_spec.months,
+          v_spec.weekdays, v_spec.days_star, v_spec.weekdays_star, v_spec.hours_star,
+          v_schedule.time_zone,
+          greatest(v_schedule.next_slot, v_now - v_window) - interval '1 microsecond',
+          v_now - v_grace, 100000) x
         where x < v_now - v_grace);
       -- Slots older than the window are never enqueued: only counted (up to 100000).
       if v_schedule.next_slot < v_now - v_window then
         v_skipped := (
-          select count(*) from app.spec_slots(v_spec, v_schedule.time_zone,
-                                                  v_schedule.next_slot - interval '1 microsecond',
-                                                  v_now - v_window, 100000) x
+          select count(*) from app.spec_slots(
+            v_spec.every_seconds, v_spec.minutes, v_spec.hours, v_spec.days, v_spec.months,
+            v_spec.weekdays, v_spec.days_star, v_spec.weekdays_star, v_spec.hours_star,
+            v_schedule.time_zone, v_schedule.next_slot - interval '1 microsecond',
+            v_now - v_window, 100000) x
           where x < v_now - v_window)::integer;
       end if;
     end if;
@@ -769,8 +798,10 @@ begin
     v_lates := v_lates || v_late;
     v_skips := v_skips || v_skipped;
     v_nexts := v_nexts || coalesce(
-      (select x from app.spec_slots(v_spec, v_schedule.time_zone, v_now,
-                                    v_now + interval '20 years', 1) x),
+      (select x from app.spec_slots(
+         v_spec.every_seconds, v_spec.minutes, v_spec.hours, v_spec.days, v_spec.months,
+         v_spec.weekdays, v_spec.days_star, v_spec.weekdays_star, v_spec.hours_star,
+         v_schedule.time_zone, v_now, v_now + interval '20 years', 1) x),
       'infinity'::timestamptz);
     v_owner := v_owner || array_fill(v_count, array[cardinality(v_take)]);
     v_slots := v_slots || v_take;

@@ -21,21 +21,6 @@
 --     fill reaches; the tick never reaches further back than half of min_retention, so the
 --     key of a slot it could enqueue is never one the reaper has pruned).
 
--- A schedule expression taken apart (app.schedule_spec): either every_seconds (an @every
--- interval) or the cron fields' sorted sets, with whether the day fields and the hour
--- field start with *. The tick parses each expression once and reads its slots from this.
-create type app.cron_spec as (
-  every_seconds bigint,
-  minutes integer[],
-  hours integer[],
-  days integer[],
-  months integer[],
-  weekdays integer[],
-  days_star boolean,
-  weekdays_star boolean,
-  hours_star boolean
-);
-
 create table app.schedules (
   id uuid primary key default gen_random_uuid(),
   tenant_id uuid not null,

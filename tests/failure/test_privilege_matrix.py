@@ -121,7 +121,7 @@ app.schedule_slots(text,text,timestamp with time zone,timestamp with time zone,i
 app.schedule_spec(text)                                                                          x   .   .    .     .    .    .    .    .
 app.set_priority_step(interval)                                                                  x   .   .    .     .    .    .    .    .
 app.set_worker_pool_limits(integer,interval,interval)                                            x   .   .    .     .    .    .    .    .
-app.spec_slots(app.cron_spec,text,timestamp with time zone,timestamp with time zone,integer)     x   .   .    .     .    .    .    .    .
+app.spec_slots(bigint,integer[],integer[],integer[],integer[],integer[],boolean,boolean,boolean,text,timestamp with time zone,timestamp with time zone,integer)  x   .   .    .     .    .    .    .    .
 app.sync_schedules(uuid[],text[],text[],text[],text[],jsonb[],integer[],integer[])               x   x   .    .     .    .    x    .    .
 app.tick_schedules(integer)                                                                      x   x   .    .     .    x    .    .    .
 app.waiting_jobs(uuid)                                                                           x   x   .    .     .    .    x    .    .
