@@ -27,19 +27,6 @@
 -- SCHEMA: app
 CREATE SCHEMA app;
 
--- TYPE: cron_spec
-CREATE TYPE app.cron_spec AS (
-	every_seconds bigint,
-	minutes integer[],
-	hours integer[],
-	days integer[],
-	months integer[],
-	weekdays integer[],
-	days_star boolean,
-	weekdays_star boolean,
-	hours_star boolean
-);
-
 -- DOMAIN: job_payload
 CREATE DOMAIN app.job_payload AS jsonb;
 
