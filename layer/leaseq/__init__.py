@@ -1,6 +1,12 @@
 """leaseq: a durable, multi-tenant job queue in PostgreSQL, drained by AWS Lambda."""
 
-from leaseq.client import QueueClient, enqueue_job, enqueue_jobs, set_worker_pool_limits
+from leaseq.client import (
+    QueueClient,
+    enqueue_job,
+    enqueue_jobs,
+    set_worker_pool_limits,
+    wait_for_result,
+)
 from leaseq.config import WorkerConfig
 from leaseq.db import connect
 from leaseq.deadline import Deadline, MonotonicDeadline, lease_for
@@ -25,7 +31,7 @@ from leaseq.pool import PoolLimits, PoolSize, ScaleUp
 from leaseq.reaper import ReapReport, reap_once
 from leaseq.recorder import JobRecord
 from leaseq.registry import Registration, Registry
-from leaseq.results import JobResult, wait_for_result
+from leaseq.results import JobResult
 from leaseq.retry import RetryPolicy
 from leaseq.schedules import SHARED_TENANT, Schedule, TickedSchedule
 from leaseq.settings import (

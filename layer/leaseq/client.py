@@ -29,11 +29,13 @@ from typing import Any, LiteralString, TypeVar
 from uuid import UUID
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
 from leaseq import queries
 from leaseq.db import Connection, fetch_rows, prepare_connection, translate_errors
 from leaseq.errors import (
+    DatabaseError,
     DatabaseUnavailableError,
     IdempotencyConflictError,
     InvalidRequestError,
@@ -50,7 +52,7 @@ from leaseq.jobs import (
     enqueue_call_problem,
 )
 from leaseq.pool import PoolLimits, PoolSize
-from leaseq.results import JobResult, poll_until_finished, read_result
+from leaseq.results import JobResult, poll_until_finished
 from leaseq.schedules import Schedule, TickedSchedule
 from leaseq.sessions import StalledSession
 
@@ -156,6 +158,43 @@ def enqueue_job(conn: psycopg.Connection[Any], request: EnqueueRequest) -> Enque
             sqlstate="23505",
         )
     return result
+
+
+def read_result(conn: psycopg.Connection[Any], tenant_id: UUID, *, job_id: UUID | None = None,
+                operation_key: str | None = None) -> JobResult | None:
+    """One read of a job, named by id or by operation key, on the caller's connection."""
+    if (job_id is None) == (operation_key is None):
+        raise DatabaseError("name the job by job_id or by operation_key (one of them)")
+    if job_id is not None:
+        rows = fetch_rows(conn, queries.GET_JOB_RESULT, {"tenant_id": tenant_id,
+                                                          "job_id": job_id})
+    else:
+        rows = fetch_rows(conn, queries.GET_JOB_RESULT_BY_KEY,
+                          {"tenant_id": tenant_id, "operation_key": operation_key})
+    return JobResult.from_row(rows[0]) if rows else None
+
+
+def wait_for_result(conn: psycopg.Connection[Any], tenant_id: UUID, *,
+                    job_id: UUID | None = None, operation_key: str | None = None,
+                    timeout: float, **polling: Any) -> JobResult | None:
+    """Wait up to ``timeout`` seconds on the caller's connection for a job to finish,
+    then return it (None: no such job). Each read is a transaction of its own, so call it
+    after the transaction that enqueued the job has committed: inside it the workers
+    cannot see the job yet (a DatabaseError says so). Raises
+    :class:`ResultTimeoutError` when the job is still unfinished at the timeout."""
+    if conn.info.transaction_status != TransactionStatus.IDLE:
+        raise DatabaseError(
+            "wait_for_result was called inside an open transaction: a job enqueued in it "
+            "is not visible to the workers until it commits; commit first, then wait")
+
+    def read() -> JobResult | None:
+        with conn.transaction():
+            return read_result(conn, tenant_id, job_id=job_id, operation_key=operation_key)
+
+    found = poll_until_finished(read, timeout, **polling)
+    if found is not None and not found.finished:
+        raise ResultTimeoutError(found, timeout)
+    return found
 
 
 def _activity_params(tenant_id: UUID | None, kind: str | None, window: timedelta,
