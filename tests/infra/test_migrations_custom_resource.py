@@ -925,7 +925,7 @@ def test_a_rollback_to_a_login_whose_name_is_now_a_duty_group_is_refused_clearly
     # there (0017 keeps it while a login of that version is in it).
     removal = next(m.version for m in load_migrations() if m.name == "service_role_retired")
     with connect(database.owner_dsn) as conn:
-        migrate(conn, [m for m in load_migrations() if m.version < removal])
+        migrate(conn, [m for m in load_migrations() if m.version < removal], functions=[])
     event = previous_version_request("Update", response_endpoint, role="leaseq_worker",
                                      physical_id="leaseq-dev-Migrations")
 
