@@ -2157,3 +2157,17 @@ def test_the_migrations_get_the_dashboards_login_tenant_viewers_and_patterns(
                    if "Fn::If" in s)["Fn::If"][1]["Resource"]
     assert secrets[-1] == {"Fn::If": ["DashboardUsesPassword", {"Ref": "DashboardDbSecretArn"},
                                       {"Ref": "AWS::NoValue"}]}
+
+
+def test_the_map_at_the_top_of_the_template_names_headings_the_template_has() -> None:
+    """The map of concerns is the newcomer's way in: every heading it quotes must be found
+    below it, so a renamed section cannot leave the map pointing nowhere."""
+    text = (ROOT / "template.yaml").read_text(encoding="utf-8")
+    header = text.split("# Naming:", 1)[0]
+    comment = " ".join(line.lstrip("#").strip() for line in header.splitlines()
+                       if line.startswith("#"))
+    quoted = re.findall(r'"([^"]+)"', comment)
+    body = text[len(header):]
+
+    assert len(quoted) >= 15
+    assert [h for h in quoted if h not in " ".join(body.split())] == []
