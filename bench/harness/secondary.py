@@ -5,20 +5,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import statistics
 import subprocess
 import sys
 import time
+import uuid
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from harness import source
 from harness.meters import renice
-from harness.pg import Server, connect, run_database
-from harness.systems import leaseq_enqueue, leaseq_install, tenant_ids
+from harness.pg import Server, as_url, connect, run_database
+from harness.systems import SYSTEMS, leaseq_enqueue, leaseq_install, tenant_ids
 
 # Finished jobs are written in one set-based statement (no functions, no events): the
 # claim never reads them, so what matters is that they sit in the same table and its
@@ -62,13 +64,24 @@ def _sample_claims(dsn: str, samples: int, warmup: int, nice: int) -> list[float
     return timings
 
 
-def claim_latency(server: Server, *, finished: int, tenants: int, samples: int = 300,
-                  warmup: int = 30, keep: bool = False, nice: int = 0) -> dict[str, Any]:
-    """Median claim latency (batch 10, one worker) with ``finished`` old jobs vs none."""
-    ready = (samples + warmup) * 10 * 2
-    out: dict[str, Any] = {"finished_rows": finished, "ready_rows": ready,
+def _quantiles(timings: list[float]) -> dict[str, float]:
+    cuts = statistics.quantiles(timings, n=100)
+    return {"median_ms": statistics.median(timings), "p95_ms": cuts[94], "p99_ms": cuts[98],
+            "min_ms": min(timings)}
+
+
+def claim_latency(server: Server, *, finished: int, tenants: int, ready_backlog: int = 0,
+                  samples: int = 300, warmup: int = 30, keep: bool = False,
+                  nice: int = 0) -> dict[str, Any]:
+    """Claim latency (batch 10, one worker) with ``finished`` old jobs and a backlog of
+    ``ready_backlog`` ready jobs in the tables, against a database holding only the
+    ready jobs the samples take."""
+    needed = (samples + warmup) * 10 * 2
+    out: dict[str, Any] = {"finished_rows": finished, "ready_rows": needed,
+                           "ready_backlog": max(ready_backlog, needed),
                            "samples": samples, "batch": 10}
-    for label, count in (("empty", 0), ("finished", finished)):
+    for label, count, ready in (("empty", 0, needed),
+                                ("finished", finished, max(ready_backlog, needed))):
         with server.database(run_database(f"leaseq_bench_latency_{label}"), keep=keep) as dsn:
             leaseq_install(dsn)
             t0 = time.perf_counter()
@@ -84,13 +97,83 @@ def claim_latency(server: Server, *, finished: int, tenants: int, samples: int =
             fill_s = time.perf_counter() - t0
             timings = _sample_claims(dsn, samples, warmup, nice)
             out[label] = {
-                "median_ms": statistics.median(timings),
-                "p95_ms": statistics.quantiles(timings, n=20)[-1],
-                "min_ms": min(timings),
+                **_quantiles(timings),
+                "ready_rows": ready,
                 "jobs_table_bytes": int(size["b"]) if size else None,
                 "fill_seconds": fill_s,
             }
     out["ratio"] = out["finished"]["median_ms"] / out["empty"]["median_ms"]
+    out["p95_ratio"] = out["finished"]["p95_ms"] / out["empty"]["p95_ms"]
+    return out
+
+
+# PgQueuer deletes a job when it finishes and keeps its log row: its history is
+# pgqueuer_log, so that is where the finished jobs go (set-based, as above).
+_PGQ_FILL_FINISHED = """
+insert into pgqueuer_log (created, job_id, status, priority, entrypoint, aggregated)
+select now() - interval '1 day', g, 'successful', 0, 'noop', true
+from generate_series(1, %(count)s) g
+"""
+
+
+async def _pgqueuer_claims(dsn: str, samples: int, warmup: int, nice: int) -> list[float]:
+    import asyncpg
+    from pgqueuer import AsyncpgDriver, Queries
+    from pgqueuer.queries import EntrypointExecutionParameter
+
+    conn = await asyncpg.connect(as_url(dsn),
+                                 server_settings={"application_name": "bench-latency"})
+    try:
+        if nice:
+            renice(int(await conn.fetchval("select pg_backend_pid()")), nice)
+        queries = Queries(AsyncpgDriver(conn))
+        entrypoints = {"noop": EntrypointExecutionParameter(concurrency_limit=0)}
+        manager = uuid.uuid4()
+        timings = []
+        for i in range(warmup + samples):
+            t0 = time.perf_counter()
+            jobs = await queries.dequeue(
+                batch_size=10, entrypoints=entrypoints, queue_manager_id=manager,
+                global_concurrency_limit=None, heartbeat_timeout=timedelta(seconds=30))
+            elapsed = time.perf_counter() - t0
+            if not jobs:
+                raise RuntimeError("the PgQueuer latency database ran out of ready jobs")
+            await queries.log_jobs([(job, "successful", None) for job in jobs])
+            if i >= warmup:
+                timings.append(elapsed * 1000)
+        return timings
+    finally:
+        await conn.close()
+
+
+def pgqueuer_claim_latency(server: Server, *, finished: int, ready_backlog: int = 0,
+                           samples: int = 300, warmup: int = 30, keep: bool = False,
+                           nice: int = 0) -> dict[str, Any]:
+    """The same comparison for PgQueuer: its own ``Queries.dequeue`` (batch 10, the
+    statement its QueueManager runs), each batch then logged as done with ``log_jobs``."""
+    needed = (samples + warmup) * 10 * 2
+    out: dict[str, Any] = {"finished_rows": finished, "ready_rows": needed,
+                           "ready_backlog": max(ready_backlog, needed),
+                           "samples": samples, "batch": 10}
+    pgq = SYSTEMS["pgqueuer"]
+    for label, count, ready in (("empty", 0, needed),
+                                ("finished", finished, max(ready_backlog, needed))):
+        with server.database(run_database(f"pgqueuer_bench_latency_{label}"),
+                             keep=keep) as dsn:
+            pgq.install(dsn)
+            t0 = time.perf_counter()
+            if count:
+                with connect(dsn) as conn:
+                    conn.execute(_PGQ_FILL_FINISHED, {"count": count})
+            pgq.enqueue(dsn, ready, 1, 0)
+            with connect(dsn) as conn:
+                conn.execute("vacuum (analyze) pgqueuer")
+                conn.execute("vacuum (analyze) pgqueuer_log")
+            fill_s = time.perf_counter() - t0
+            timings = asyncio.run(_pgqueuer_claims(dsn, samples, warmup, nice))
+            out[label] = {**_quantiles(timings), "ready_rows": ready, "fill_seconds": fill_s}
+    out["ratio"] = out["finished"]["median_ms"] / out["empty"]["median_ms"]
+    out["p95_ratio"] = out["finished"]["p95_ms"] / out["empty"]["p95_ms"]
     return out
 
 
