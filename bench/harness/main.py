@@ -236,6 +236,14 @@ def main(argv: list[str]) -> int:
         from harness import cold_start
 
         return cold_start.main(argv[1:])
+    if argv[:1] == ["retention"]:
+        from harness import retention
+
+        return retention.main(argv[1:])
+    if argv[:1] == ["pinned"]:
+        from harness import pinned
+
+        return pinned.main(argv[1:])
     if argv[:1] == ["elastic"]:
         from harness import elastic
 
