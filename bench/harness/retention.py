@@ -64,6 +64,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--page", type=int, default=1000,
                    help="jobs per app.prune_retained_jobs call, the reaper's page "
                         "(default %(default)s)")
+    p.add_argument("--chunk", type=int, default=50,
+                   help="pages per measured stretch: the WAL of each is attributed before "
+                        "checkpoints recycle it (default %(default)s)")
     p.add_argument("--retention-days", type=float, default=1.0,
                    help="the age passed to the prune (default %(default)s day)")
     p.add_argument("--keep-databases", action="store_true")
@@ -81,8 +84,26 @@ def _reading(window: Window) -> dict[str, Any]:
         "wal_own_bytes": breakdown.get("own_bytes"),
         "wal_fpi_bytes": breakdown.get("own_fpi_bytes"),
         "wal_by_relation": breakdown.get("by_relation"),
+        "wal_own_records": breakdown.get("own_records"),
         "server_cpu_s": window.cpu.attributed_s if window.cpu is not None else None,
+        "wal_breakdown_error": breakdown.get("error"),
     }
+
+
+def _summed(readings: list[dict[str, Any]]) -> dict[str, Any]:
+    """The stretches' readings added up (a figure missing from any stretch is None)."""
+    out: dict[str, Any] = {}
+    for key in ("seconds", "wal_lsn_bytes", "wal_own_bytes", "wal_fpi_bytes", "server_cpu_s"):
+        values = [r[key] for r in readings]
+        out[key] = None if any(v is None for v in values) else sum(values)
+    by_relation: dict[str, int] = {}
+    for r in readings:
+        for rel, b in (r["wal_by_relation"] or {}).items():
+            by_relation[rel] = by_relation.get(rel, 0) + b
+    out["wal_by_relation"] = dict(sorted(by_relation.items(), key=lambda kv: -kv[1]))
+    out["wal_breakdown_errors"] = [r["wal_breakdown_error"] for r in readings
+                                   if r["wal_breakdown_error"]]
+    return out
 
 
 def _sizes(dsn: str) -> dict[str, int]:
@@ -98,7 +119,7 @@ def _sizes(dsn: str) -> dict[str, int]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from leaseq import QueueClient
     from leaseq import connect as leaseq_connect
-    from leaseq.retention import prune_in_pages
+    from leaseq.retention import PruneReport, prune_in_pages
 
     server = Server(args.dsn)
     with connect(args.dsn) as conn:
@@ -129,15 +150,30 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         client = QueueClient(lambda: leaseq_connect(dsn, application_name="bench-retention"))
         client.check()
+        # The prune runs in stretches of --chunk pages, each its own window: the WAL of a
+        # stretch is attributed by pg_walinspect right after it (outside the window, so
+        # neither its time nor its CPU is counted), before checkpoints recycle it.
+        readings: list[dict[str, Any]] = []
+        report = PruneReport()
         try:
-            with connect(dsn) as probe, measured(probe, cpu_meter=cpu(),
-                                                 walinspect=has_walinspect) as window:
-                report = prune_in_pages(client.prune_retained_jobs,
-                                        timedelta(days=args.retention_days), limit=args.page)
+            with connect(dsn) as probe:
+                while True:
+                    with measured(probe, cpu_meter=cpu(),
+                                  walinspect=has_walinspect) as window:
+                        part = prune_in_pages(client.prune_retained_jobs,
+                                              timedelta(days=args.retention_days),
+                                              limit=args.page, max_pages=args.chunk)
+                    readings.append(_reading(window))
+                    report.jobs_deleted += part.jobs_deleted
+                    report.events_deleted += part.events_deleted
+                    report.batches += part.batches
+                    if part.batches < args.chunk or part.jobs_deleted < args.page * part.batches:
+                        break
         finally:
             client.close()
-        out["prune"] = {**_reading(window), "jobs_deleted": report.jobs_deleted,
-                        "events_deleted": report.events_deleted, "pages": report.batches}
+        out["prune"] = {**_summed(readings), "jobs_deleted": report.jobs_deleted,
+                        "events_deleted": report.events_deleted, "pages": report.batches,
+                        "stretches": len(readings)}
         print(f"  prune: {report.jobs_deleted:,} jobs, {report.events_deleted:,} events in "
               f"{report.batches} pages, {window.seconds:.1f} s", flush=True)
         if report.jobs_deleted != args.finished:
