@@ -240,6 +240,10 @@ def main(argv: list[str]) -> int:
         from harness import retention
 
         return retention.main(argv[1:])
+    if argv[:1] == ["claim-latency"]:
+        from harness import latency
+
+        return latency.main(argv[1:])
     if argv[:1] == ["pinned"]:
         from harness import pinned
 

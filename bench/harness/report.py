@@ -91,6 +91,10 @@ def summarise(results: dict[str, Any]) -> dict[str, Any]:
                            "max": max(rates), "all": rates},
             "wal_bytes_per_job": _median([
                 (wal_bytes(r) or 0) / r["jobs"] for r in runs if wal_bytes(r) is not None]),
+            "wal_no_fpi_bytes_per_job": _median([
+                (r["wal"]["breakdown"]["own_bytes"] - r["wal"]["breakdown"]["own_fpi_bytes"])
+                / r["jobs"] for r in runs
+                if r.get("wal") and "own_fpi_bytes" in (r["wal"].get("breakdown") or {})]),
             "wal_fpi_bytes_per_job": _median([
                 r["wal"]["breakdown"]["own_fpi_bytes"] / r["jobs"] for r in runs
                 if r.get("wal") and "own_fpi_bytes" in (r["wal"].get("breakdown") or {})]),
@@ -239,18 +243,7 @@ def render(results: dict[str, Any]) -> str:
             shown = f"{value:,.3f}{t['unit']}" if value < 10 else f"{value:,.0f}{t['unit']}"
         verdict = {True: "yes", False: "**no**", None: "n/a"}[t["met"]]
         lines.append(f"| {t['target']} | {shown} | {t['limit']} | {verdict} |")
-    for key, who in (("claim_latency", "leaseq"), ("pgqueuer_claim_latency", "PgQueuer")):
-        latency = results.get(key)
-        if latency:
-            ready = latency.get("ready_backlog", latency["ready_rows"])
-            lines += ["",
-                      f"claim latency of {who} (batch 10, 1 worker, {latency['samples']} "
-                      f"claims): empty {latency['empty']['median_ms']:.2f} ms median "
-                      f"(p95 {latency['empty']['p95_ms']:.2f}), "
-                      f"{latency['finished_rows']:,} finished + {ready:,} ready "
-                      f"{latency['finished']['median_ms']:.2f} ms median "
-                      f"(p95 {latency['finished']['p95_ms']:.2f}); "
-                      f"ratio {latency['ratio']:.2f} (p95 {latency.get('p95_ratio', 0):.2f})"]
+    lines += latency_lines(results)
     rss = results.get("peak_rss")
     if rss:
         lines.append(f"peak RSS of one leaseq worker: {rss['large_jobs']:,} jobs "
@@ -274,9 +267,10 @@ def row_table(summary: dict[str, Any]) -> list[str]:
     lines = ["Rows and index entries per job (drain unless marked enqueue; pg_stat_user_tables "
              "and Btree INSERT_LEAF records, median of the runs):", "",
              "| System | Workers | enqueue server CPU ms/job | enqueue WAL B/job "
-             "| enqueue index entries/job | drain index entries/job | table | ins/job "
+             "| enqueue index entries/job | drain WAL B/job without FPI "
+             "| drain index entries/job | table | ins/job "
              "| upd/job | HOT upd/job | HOT ratio | non-HOT upd/job | del/job | dead tuples/job |",
-             "|---|--:|--:|--:|--:|--:|---|--:|--:|--:|--:|--:|--:|--:|"]
+             "|---|--:|--:|--:|--:|--:|--:|---|--:|--:|--:|--:|--:|--:|--:|"]
     for name, cell in summary["cells"].items():
         key, _, conc = name.partition("@c")
         tables = cell.get("tables") or {"–": {}}
@@ -285,8 +279,9 @@ def row_table(summary: dict[str, Any]) -> list[str]:
                     f"| {_fmt(cell.get('enqueue_server_cpu_ms_per_job'), '.3f')} "
                     f"| {_fmt(cell.get('enqueue_wal_bytes_per_job'), ',.0f')} "
                     f"| {_fmt(cell.get('enqueue_index_entries_per_job'), '.2f')} "
+                    f"| {_fmt(cell.get('wal_no_fpi_bytes_per_job'), ',.0f')} "
                     f"| {_fmt(cell.get('index_entries_per_job'), '.2f')} ") if i == 0 else (
-                    "| | | | | | ")
+                    "| | | | | | | ")
             lines.append(
                 f"{head}| {table} | {_fmt(t.get('n_tup_ins'), '.2f')} "
                 f"| {_fmt(t.get('n_tup_upd'), '.2f')} | {_fmt(t.get('n_tup_hot_upd'), '.2f')} "
@@ -298,6 +293,29 @@ def row_table(summary: dict[str, Any]) -> list[str]:
         lines.append("")
         lines.append(f"index entries per job, drain of {name}: " + ", ".join(
             f"{index} {n:.2f}" for index, n in entries.items() if n >= 0.005))
+    return lines
+
+
+def latency_lines(results: dict[str, Any]) -> list[str]:
+    """Claim latency at size vs empty, for leaseq and PgQueuer when measured."""
+    lines: list[str] = []
+    for key, who in (("claim_latency", "leaseq"), ("pgqueuer_claim_latency", "PgQueuer")):
+        latency = results.get(key)
+        if latency:
+            ready = latency.get("ready_backlog", latency["ready_rows"])
+            p99 = (f", p99 {latency['empty']['p99_ms']:.2f}"
+                   if "p99_ms" in latency["empty"] else "")
+            p99_size = (f", p99 {latency['finished']['p99_ms']:.2f}"
+                        if "p99_ms" in latency["finished"] else "")
+            lines += ["",
+                      f"claim latency of {who} (batch 10, 1 worker, {latency['samples']} "
+                      f"claims{', interleaved' if latency.get('interleaved') else ''}): "
+                      f"empty {latency['empty']['median_ms']:.2f} ms median "
+                      f"(p95 {latency['empty']['p95_ms']:.2f}{p99}), "
+                      f"{latency['finished_rows']:,} finished + {ready:,} ready "
+                      f"{latency['finished']['median_ms']:.2f} ms median "
+                      f"(p95 {latency['finished']['p95_ms']:.2f}{p99_size}); "
+                      f"ratio {latency['ratio']:.2f} (p95 {latency.get('p95_ratio', 0):.2f})"]
     return lines
 
 
