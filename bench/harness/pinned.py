@@ -7,14 +7,16 @@ whose claim walks over its own dead rows then slows down as they pile up.
 
 For each system (leaseq, PgQueuer) and each mode (not pinned, then pinned), in a fresh
 database: a producer enqueues ``--rate`` jobs a second (a batch every 100 ms, through
-the system's own batch enqueue), one consumer claims batches of 10 and finishes them
-(leaseq: ``QueueClient.claim_ready_jobs`` + ``finish_jobs``; PgQueuer:
-``Queries.dequeue`` + ``log_jobs``, the statements its QueueManager runs), sleeping 10 ms
-after a claim that found nothing, for ``--seconds``. When pinned, a third session opens
-a REPEATABLE READ transaction, reads the job table (which takes the snapshot) and holds
-it until the end. Reported: the latency of every claim that returned jobs (median, p99)
-and of every claim, the jobs that flowed, and the dead tuples and total size of each
-table at the end (pg_stat_user_tables, once the sessions have ended).
+the system's own batch enqueue); ``--consumers`` sessions claim batches of 10 and finish
+them (leaseq: ``QueueClient.claim_ready_jobs`` + ``finish_jobs``; PgQueuer:
+``Queries.dequeue`` + ``log_jobs``, the statements its QueueManager runs), each sleeping
+10 ms after a claim that found nothing; a session VACUUMs the system's tables every
+``--vacuum-every`` seconds, as autovacuum would; all for ``--seconds``. When pinned, one
+more session opens a REPEATABLE READ transaction, reads the job table (which takes the
+snapshot) and holds it until the end. Reported: the latency of every claim that
+returned jobs (median, p99) and of every claim, the jobs that flowed, and the dead
+tuples and total size of each table at the end (pg_stat_user_tables, once the sessions
+have ended).
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import statistics
+import sys
 import threading
 import time
 import uuid
@@ -31,6 +35,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+
+from psycopg import sql
 
 from harness import meters, source, tablestats
 from harness.pg import Conn, Server, as_url, connect, run_database
@@ -61,6 +67,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="a look, not a measurement: 20 seconds per mode")
     p.add_argument("--rate", type=int, default=500,
                    help="jobs enqueued a second, a batch every 100 ms (default %(default)s)")
+    p.add_argument("--consumers", type=int, default=2,
+                   help="sessions claiming and finishing at once, so the flow keeps up "
+                        "on a busy machine (default %(default)s)")
+    p.add_argument("--vacuum-every", type=float, default=10.0, metavar="SECONDS",
+                   help="VACUUM the system's tables this often during the flow, as "
+                        "autovacuum would on a server where it is on (0: never; "
+                        "default %(default)s)")
     p.add_argument("--tenants", type=int, default=10, help="leaseq tenants (%(default)s)")
     p.add_argument("--systems", default="leaseq,pgqueuer",
                    help="comma-separated subset of %(default)s")
@@ -73,8 +86,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.quick:
         args.seconds = 20.0
-    if args.seconds <= 0 or args.rate <= 0:
-        p.error("--seconds and --rate must be positive")
+    if args.seconds <= 0 or args.rate <= 0 or args.consumers < 1 or args.vacuum_every < 0:
+        p.error("--seconds, --rate and --consumers must be positive, --vacuum-every not "
+                "negative")
     unknown = set(args.systems.split(",")) - set(TABLES)
     if unknown:
         p.error(f"unknown systems {sorted(unknown)}; choose from {sorted(TABLES)}")
@@ -120,6 +134,44 @@ def _paced(until: float, tick: Callable[[], None], flow: Flow) -> None:
             next_at = time.monotonic()
 
 
+class _Vacuumer:
+    """VACUUMs ``tables`` every ``every`` seconds on its own session, as autovacuum
+    would (on this benchmark's server it may be off); pinned, it can remove nothing
+    newer than the held snapshot, which is the point of the comparison."""
+
+    def __init__(self, dsn: str, tables: list[str], every: float) -> None:
+        self._dsn, self._tables, self._every = dsn, tables, every
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-vacuum")
+        self.count = 0
+        self.seconds = 0.0
+        self.error: BaseException | None = None
+
+    def start(self) -> None:
+        if self._every > 0:
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        if self.error is not None:
+            raise self.error
+
+    def _run(self) -> None:
+        try:
+            with connect(self._dsn) as conn:
+                while not self._stop.wait(self._every):
+                    t0 = time.perf_counter()
+                    for table in self._tables:
+                        conn.execute(sql.SQL("vacuum {}").format(
+                            sql.Identifier(*table.split("."))))
+                    self.seconds += time.perf_counter() - t0
+                    self.count += 1
+        except BaseException as exc:
+            self.error = exc
+
+
 def _renice_session(conn: Conn, nice: int) -> None:
     if nice:
         row = conn.execute("select pg_backend_pid() as pid").fetchone()
@@ -130,7 +182,8 @@ def _renice_session(conn: Conn, nice: int) -> None:
 # leaseq ------------------------------------------------------------------------------
 
 
-def _leaseq_flow(dsn: str, seconds: float, rate: int, tenants: int, nice: int) -> Flow:
+def _leaseq_flow(dsn: str, seconds: float, rate: int, tenants: int, nice: int,
+                 consumers: int) -> Flow:
     from leaseq import QueueClient
     from leaseq import connect as leaseq_connect
     from leaseq.jobs import JobOutcome
@@ -160,27 +213,41 @@ def _leaseq_flow(dsn: str, seconds: float, rate: int, tenants: int, nice: int) -
         except BaseException as exc:  # reported by the consumer's thread
             errors.append(exc)
 
-    producer = threading.Thread(target=produce, name="bench-producer")
-    client = QueueClient(lambda: leaseq_connect(dsn, application_name="bench-pinned"))
-    client.check()
-    _renice_session(client.connection, nice)
-    lease = timedelta(seconds=30)
-    producer.start()
-    try:
-        while time.monotonic() < until and not errors:
-            t0 = time.perf_counter()
-            jobs = client.claim_ready_jobs("bench-pinned", BATCH, lease)
-            elapsed = (time.perf_counter() - t0) * 1000
-            if jobs:
-                flow.claims_ms.append(elapsed)
-                client.finish_jobs("bench-pinned", [JobOutcome(j, "succeeded") for j in jobs])
-                flow.finished += len(jobs)
-            else:
-                flow.empty_claims_ms.append(elapsed)
-                time.sleep(IDLE_SLEEP)
-    finally:
-        producer.join()
-        client.close()
+    lock = threading.Lock()
+
+    def consume(n: int) -> None:
+        try:
+            client = QueueClient(lambda: leaseq_connect(dsn, application_name="bench-pinned"))
+            client.check()
+            _renice_session(client.connection, nice)
+            lease = timedelta(seconds=30)
+            owner = f"bench-pinned-{n}"
+            try:
+                while time.monotonic() < until and not errors:
+                    t0 = time.perf_counter()
+                    jobs = client.claim_ready_jobs(owner, BATCH, lease)
+                    elapsed = (time.perf_counter() - t0) * 1000
+                    if jobs:
+                        client.finish_jobs(owner, [JobOutcome(j, "succeeded") for j in jobs])
+                        with lock:
+                            flow.claims_ms.append(elapsed)
+                            flow.finished += len(jobs)
+                    else:
+                        with lock:
+                            flow.empty_claims_ms.append(elapsed)
+                        time.sleep(IDLE_SLEEP)
+            finally:
+                client.close()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=produce, name="bench-producer")] + [
+        threading.Thread(target=consume, args=(n,), name=f"bench-consumer-{n}")
+        for n in range(consumers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
     if errors:
         raise errors[0]
     return flow
@@ -189,7 +256,8 @@ def _leaseq_flow(dsn: str, seconds: float, rate: int, tenants: int, nice: int) -
 # PgQueuer ----------------------------------------------------------------------------
 
 
-async def _pgqueuer_flow_async(dsn: str, seconds: float, rate: int, nice: int) -> Flow:
+async def _pgqueuer_flow_async(dsn: str, seconds: float, rate: int, nice: int,
+                               consumers: int) -> Flow:
     import asyncpg
     from pgqueuer import AsyncpgDriver, Queries
     from pgqueuer.queries import EntrypointExecutionParameter
@@ -199,9 +267,9 @@ async def _pgqueuer_flow_async(dsn: str, seconds: float, rate: int, nice: int) -
     until = time.monotonic() + seconds
     url = as_url(dsn)
     producer_conn = await asyncpg.connect(url)
-    consumer_conn = await asyncpg.connect(url, server_settings={
-        "application_name": "bench-pinned"})
-    for conn in (producer_conn, consumer_conn):
+    consumer_conns = [await asyncpg.connect(url, server_settings={
+        "application_name": "bench-pinned"}) for _ in range(consumers)]
+    for conn in (producer_conn, *consumer_conns):
         if nice:
             meters.renice(int(await conn.fetchval("select pg_backend_pid()")), nice)
 
@@ -222,7 +290,7 @@ async def _pgqueuer_flow_async(dsn: str, seconds: float, rate: int, nice: int) -
                 flow.late_ticks += 1
                 next_at = time.monotonic()
 
-    async def consume() -> None:
+    async def consume(consumer_conn: asyncpg.Connection) -> None:
         queries = Queries(AsyncpgDriver(consumer_conn))
         entrypoints = {"noop": EntrypointExecutionParameter(concurrency_limit=0)}
         manager = uuid.uuid4()
@@ -241,10 +309,11 @@ async def _pgqueuer_flow_async(dsn: str, seconds: float, rate: int, nice: int) -
                 await asyncio.sleep(IDLE_SLEEP)
 
     try:
-        await asyncio.gather(produce(), consume())
+        await asyncio.gather(produce(), *(consume(conn) for conn in consumer_conns))
     finally:
         await producer_conn.close()
-        await consumer_conn.close()
+        for conn in consumer_conns:
+            await conn.close()
     return flow
 
 
@@ -282,17 +351,24 @@ def run_mode(server: Server, system: str, pinned: bool, args: argparse.Namespace
             xmin = row["x"] if row else None
         t0 = time.monotonic()
         try:
-            if system == "leaseq":
-                flow = _leaseq_flow(dsn, args.seconds, args.rate, args.tenants, args.nice)
-            else:
-                flow = asyncio.run(_pgqueuer_flow_async(dsn, args.seconds, args.rate,
-                                                        args.nice))
+            vacuums = _Vacuumer(dsn, TABLES[system], args.vacuum_every)
+            vacuums.start()
+            try:
+                if system == "leaseq":
+                    flow = _leaseq_flow(dsn, args.seconds, args.rate, args.tenants, args.nice,
+                                        args.consumers)
+                else:
+                    flow = asyncio.run(_pgqueuer_flow_async(dsn, args.seconds, args.rate,
+                                                            args.nice, args.consumers))
+            finally:
+                vacuums.stop()
             elapsed = time.monotonic() - t0
         finally:
             if holder is not None:
                 holder.execute("rollback")
                 holder.close()
         out = {"system": system, "pinned": pinned, "held_xmin": xmin,
+               "vacuums": vacuums.count, "vacuum_seconds": vacuums.seconds,
                **flow.summary(elapsed), "tables": _end_state(dsn, system)}
     claims = out["claims"]
     print(f"  {system:<9} {'pinned' if pinned else 'not pinned':<11} "
@@ -304,8 +380,10 @@ def run_mode(server: Server, system: str, pinned: bool, args: argparse.Namespace
 def render(result: dict[str, Any]) -> str:
     setup = result["setup"]
     lines = [f"Pinned MVCC horizon: {setup['rate']} jobs/s for {setup['seconds']:g} s per mode, "
-             f"claims of {BATCH} by one consumer; {setup['server']['version'].split(' on ')[0]}"
-             f", autovacuum {setup['server'].get('autovacuum', '?')}", "",
+             f"claims of {BATCH} by {setup['consumers']} consumers, VACUUM every "
+             f"{setup['vacuum_every']:g} s (0: never); "
+             f"{setup['server']['version'].split(' on ')[0]}, server autovacuum "
+             f"{setup['server'].get('autovacuum', '?')}", "",
              "| System | horizon | jobs finished | claim p50 ms | claim p99 ms "
              "| p99 ÷ not pinned | all claims p50 / p99 ms | table | dead tuples | MB |",
              "|---|---|--:|--:|--:|--:|--:|---|--:|--:|"]
@@ -333,6 +411,8 @@ def _ms(value: float | None) -> str:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    # A terminated run still ends its sessions and drops its databases.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     revision = source.revision()
     source.freeze()
     if args.nice:
@@ -340,6 +420,7 @@ def main(argv: list[str]) -> int:
     migrations = pin_migrations()
     server = Server(args.dsn)
     setup = {"seconds": args.seconds, "rate": args.rate, "tenants": args.tenants,
+             "consumers": args.consumers, "vacuum_every": args.vacuum_every,
              "batch": BATCH, "server": server.facts(), "source": revision,
              "leaseq_migrations": migrations, "nice": args.nice}
     print(f"{args.rate} jobs/s, {args.seconds:g} s per mode; systems {args.systems}",
