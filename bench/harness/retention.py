@@ -93,9 +93,19 @@ def _reading(window: Window) -> dict[str, Any]:
 def _summed(readings: list[dict[str, Any]]) -> dict[str, Any]:
     """The stretches' readings added up (a figure missing from any stretch is None)."""
     out: dict[str, Any] = {}
-    for key in ("seconds", "wal_lsn_bytes", "wal_own_bytes", "wal_fpi_bytes", "server_cpu_s"):
+    for key in ("seconds", "wal_lsn_bytes", "server_cpu_s"):
         values = [r[key] for r in readings]
         out[key] = None if any(v is None for v in values) else sum(values)
+    # A stretch whose WAL could not be attributed (the last one, nearly empty, may start
+    # past the flushed WAL) counts with its LSN distance, an upper bound; how many did
+    # is kept beside the total.
+    unattributed = [r for r in readings if r["wal_own_bytes"] is None]
+    out["wal_own_bytes"] = sum(r["wal_own_bytes"] if r["wal_own_bytes"] is not None
+                               else r["wal_lsn_bytes"] for r in readings)
+    out["wal_fpi_bytes"] = sum(r["wal_fpi_bytes"] or 0 for r in readings)
+    out["wal_unattributed_stretches"] = len(unattributed)
+    out["wal_unattributed_lsn_bytes"] = sum(r["wal_lsn_bytes"] for r in unattributed)
+    out["stretch_own_bytes"] = [r["wal_own_bytes"] for r in readings]
     by_relation: dict[str, int] = {}
     for r in readings:
         for rel, b in (r["wal_by_relation"] or {}).items():
@@ -175,7 +185,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         "events_deleted": report.events_deleted, "pages": report.batches,
                         "stretches": len(readings)}
         print(f"  prune: {report.jobs_deleted:,} jobs, {report.events_deleted:,} events in "
-              f"{report.batches} pages, {window.seconds:.1f} s", flush=True)
+              f"{report.batches} pages, {out['prune']['seconds']:.1f} s", flush=True)
         if report.jobs_deleted != args.finished:
             raise RuntimeError(f"the prune deleted {report.jobs_deleted} of {args.finished}")
         with connect(dsn) as probe, connect(dsn) as conn, measured(
