@@ -223,6 +223,10 @@ def render(result: dict[str, Any]) -> str:
               f"{(result['before']['jobs'] + result['before']['events']) / 1e6:,.0f} MB, "
               "after the vacuum "
               f"{(result['after']['jobs'] + result['after']['events']) / 1e6:,.0f} MB"]
+    if prune.get("wal_unattributed_stretches"):
+        lines.append(f"{prune['wal_unattributed_stretches']} stretch(es) of the prune counted "
+                     f"with their LSN distance ({prune['wal_unattributed_lsn_bytes']:,} B), "
+                     "their WAL not attributable")
     return "\n".join(lines)
 
 
