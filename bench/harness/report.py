@@ -315,7 +315,8 @@ def latency_lines(results: dict[str, Any]) -> list[str]:
                       f"{latency['finished_rows']:,} finished + {ready:,} ready "
                       f"{latency['finished']['median_ms']:.2f} ms median "
                       f"(p95 {latency['finished']['p95_ms']:.2f}{p99_size}); "
-                      f"ratio {latency['ratio']:.2f} (p95 {latency.get('p95_ratio', 0):.2f})"]
+                      f"ratio {latency['ratio']:.2f}"
+                      + (f" (p95 {latency['p95_ratio']:.2f})" if "p95_ratio" in latency else "")]
     return lines
 
 
