@@ -34,6 +34,10 @@ class DrainResult:
     round_trips: int | None = None
     peak_rss_kib: list[int] = field(default_factory=list)
     settle: dict[str, float] | None = None
+    #: The enqueue before the drain: its server CPU and WAL (see main.Bench.run_cell).
+    enqueue: dict[str, Any] | None = None
+    #: pg_stat_user_tables counters the drain added, per table (see harness.tablestats).
+    tables: dict[str, dict[str, int]] | None = None
 
     @property
     def jobs_per_s(self) -> float:
@@ -58,6 +62,8 @@ class DrainResult:
             "round_trips": self.round_trips,
             "peak_rss_kib": self.peak_rss_kib,
             "settle": self.settle,
+            "enqueue": self.enqueue,
+            "tables": self.tables,
         }
 
 

@@ -13,13 +13,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from harness import machine, meters, report, secondary, source
+from harness import machine, meters, report, secondary, source, tablestats
 from harness.ceiling import run_ceiling
-from harness.drain import DrainResult, run_drain
+from harness.drain import DrainResult, measured, run_drain
 from harness.pg import Server, analyze, connect, find_pgbench, run_database
 from harness.systems import (
     SYSTEMS,
     WAITING_SYSTEMS,
+    System,
     Work,
     leaseq_enqueue,
     leaseq_finished,
@@ -76,6 +77,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--finished", type=int, default=1_000_000,
                    help="finished jobs in the table for the claim-latency test "
                         "(default %(default)s; 0 skips it)")
+    p.add_argument("--ready-backlog", type=int, default=100_000,
+                   help="ready jobs in the tables beside the finished ones in the "
+                        "claim-latency test, leaseq and PgQueuer alike (default "
+                        "%(default)s; the empty database holds only the ready jobs the "
+                        "samples take)")
     p.add_argument("--rss-jobs", type=int, default=None,
                    help="the smaller drain for the peak-memory comparison (default jobs/10)")
     p.add_argument("--no-secondary", action="store_true",
@@ -146,6 +152,30 @@ class Bench:
             return None
         return meters.ServerCpuMeter(self.postmaster, dbname, nice=self.args.nice)
 
+    def _measured_enqueue(self, dsn: str, dbname: str, jobs: int, system: System | None,
+                          on_reference: bool, walinspect: bool) -> dict[str, Any]:
+        """Enqueue ``jobs`` through the system's own batch API, reading the server CPU
+        and the WAL it cost (what a producer's writes take from the database)."""
+        with connect(dsn) as probe, measured(probe, cpu_meter=self._cpu_meter(dbname),
+                                             walinspect=walinspect) as window:
+            if system is None:
+                enqueue = reference_enqueue if on_reference else leaseq_enqueue
+                enqueue(dsn, jobs, self.args.tenants, self.args.payload_bytes)
+            else:
+                system.enqueue(dsn, jobs, self.args.tenants, self.args.payload_bytes)
+            # The enqueue's session has closed; its exit is charged once it is gone.
+            tablestats.wait_for_sessions_to_end(probe)
+        wal = window.wal
+        breakdown = wal.breakdown if wal is not None else {}
+        return {
+            "jobs": jobs, "seconds": window.seconds,
+            "server_cpu_s": window.cpu.attributed_s if window.cpu is not None else None,
+            "wal_own_bytes": breakdown.get("own_bytes"),
+            "wal_lsn_bytes": wal.lsn_bytes if wal is not None else None,
+            "index_entries": tablestats.index_entries(breakdown, jobs)
+            if "by_record" in breakdown else None,
+        }
+
     def run_cell(self, cell: Cell, jobs: int, *, relay: RoundTripRelay | None = None,
                  tag: str = "", settle: float = 0.0) -> DrainResult:
         dbname = run_database(
@@ -164,13 +194,11 @@ class Bench:
             # Restart the checkpoint cycle before the enqueue, so the drain that follows
             # within seconds pays the full-page images a steady queue would (few).
             self.server.checkpoint()
-            if system is None:
-                enqueue = reference_enqueue if on_reference else leaseq_enqueue
-                enqueue(dsn, jobs, self.args.tenants, self.args.payload_bytes)
-                analyze(dsn, ["app.jobs", "app.job_events"])
-            else:
-                system.enqueue(dsn, jobs, self.args.tenants, self.args.payload_bytes)
-                analyze(dsn, list(system.tables))
+            tables = ["app.jobs", "app.job_events"] if system is None else list(system.tables)
+            enqueued = self._measured_enqueue(dsn, dbname, jobs, system, on_reference,
+                                              walinspect)
+            analyze(dsn, tables)
+            before = tablestats.snapshot(dsn, tables)
             settled = machine.wait_until_quiet(settle) if settle > 0 else None
             if is_ceiling:
                 if self.pgbench is None:
@@ -180,6 +208,7 @@ class Bench:
                     cpu_meter=self._cpu_meter(dbname), walinspect=walinspect,
                     relay=(lambda: relay.round_trips) if relay else None,
                     relay_dsn=relay.dsn_for(dsn) if relay else None, nice=self.args.nice)
+                after = tablestats.snapshot(dsn, tables)
                 finished = result.jobs if on_reference else leaseq_finished(dsn)
             else:
                 assert system is not None
@@ -191,7 +220,10 @@ class Bench:
                     cpu_meter=self._cpu_meter(dbname), walinspect=walinspect,
                     relay_count=(lambda: relay.round_trips) if relay else None,
                     nice=self.args.nice)
+                after = tablestats.snapshot(dsn, tables)
                 finished = system.finished(dsn)
+            result.tables = tablestats.delta(before, after)
+            result.enqueue = enqueued
             if finished != jobs:
                 raise RuntimeError(f"{cell.name}: {finished} of {jobs} jobs finished")
         if settled is not None:
@@ -204,6 +236,18 @@ def main(argv: list[str]) -> int:
         from harness import cold_start
 
         return cold_start.main(argv[1:])
+    if argv[:1] == ["retention"]:
+        from harness import retention
+
+        return retention.main(argv[1:])
+    if argv[:1] == ["claim-latency"]:
+        from harness import latency
+
+        return latency.main(argv[1:])
+    if argv[:1] == ["pinned"]:
+        from harness import pinned
+
+        return pinned.main(argv[1:])
     if argv[:1] == ["elastic"]:
         from harness import elastic
 
@@ -321,8 +365,14 @@ def main(argv: list[str]) -> int:
         if args.finished:
             extra["claim_latency"] = secondary.claim_latency(
                 bench.server, finished=args.finished, tenants=args.tenants,
-                keep=args.keep_databases, nice=args.nice)
+                ready_backlog=args.ready_backlog, keep=args.keep_databases, nice=args.nice)
             print(f"  claim latency ratio {extra['claim_latency']['ratio']:.2f}", flush=True)
+            if "pgqueuer" in args.systems.split(","):
+                extra["pgqueuer_claim_latency"] = secondary.pgqueuer_claim_latency(
+                    bench.server, finished=args.finished, ready_backlog=args.ready_backlog,
+                    keep=args.keep_databases, nice=args.nice)
+                print(f"  PgQueuer claim latency ratio "
+                      f"{extra['pgqueuer_claim_latency']['ratio']:.2f}", flush=True)
         extra["import_time"] = secondary.import_time()
         print(f"  import time {extra['import_time'].get('median_ms', 'n/a')}", flush=True)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from harness import tablestats
+
 LABELS = {
     "leaseq": "leaseq (library drain)",
     "leaseq-sql": "leaseq SQL floor (functions called directly)",
@@ -43,6 +45,40 @@ def wal_bytes(run: dict[str, Any]) -> float | None:
     return float(wal["lsn_bytes"])
 
 
+def _median_map(maps: list[dict[str, float]]) -> dict[str, float]:
+    keys = {k for m in maps for k in m}
+    return {k: statistics.median(m.get(k, 0.0) for m in maps) for k in sorted(keys)}
+
+
+def _row_costs(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per job, median of the runs: the drain's table counters and index entries, and
+    the enqueue's server CPU, WAL and index entries."""
+    out: dict[str, Any] = {}
+    with_tables = [r for r in runs if r.get("tables")]
+    if with_tables:
+        names = sorted({t for r in with_tables for t in r["tables"]})
+        tables: dict[str, Any] = {}
+        for name in names:
+            rows = [tablestats.per_job({name: r["tables"][name]}, r["jobs"])[name]
+                    for r in with_tables if name in r["tables"]]
+            tables[name] = {k: _median([row[k] for row in rows]) for k in rows[0]}
+        out["tables"] = tables
+    entries = [tablestats.index_entries(r["wal"]["breakdown"], r["jobs"]) for r in runs
+               if r.get("wal") and "by_record" in (r["wal"].get("breakdown") or {})]
+    if entries:
+        out["index_entries_per_job"] = _median([e["per_job"] for e in entries])
+        out["index_entries_by_index"] = _median_map([e["by_index"] for e in entries])
+    enq = [r["enqueue"] for r in runs if r.get("enqueue")]
+    if enq:
+        out["enqueue_server_cpu_ms_per_job"] = _median([
+            e["server_cpu_s"] * 1000 / e["jobs"] for e in enq if e["server_cpu_s"] is not None])
+        out["enqueue_wal_bytes_per_job"] = _median([
+            e["wal_own_bytes"] / e["jobs"] for e in enq if e["wal_own_bytes"] is not None])
+        out["enqueue_index_entries_per_job"] = _median([
+            e["index_entries"]["per_job"] for e in enq if e.get("index_entries")])
+    return out
+
+
 def summarise(results: dict[str, Any]) -> dict[str, Any]:
     cells: dict[str, Any] = {}
     for name, runs in results["runs"].items():
@@ -55,6 +91,10 @@ def summarise(results: dict[str, Any]) -> dict[str, Any]:
                            "max": max(rates), "all": rates},
             "wal_bytes_per_job": _median([
                 (wal_bytes(r) or 0) / r["jobs"] for r in runs if wal_bytes(r) is not None]),
+            "wal_no_fpi_bytes_per_job": _median([
+                (r["wal"]["breakdown"]["own_bytes"] - r["wal"]["breakdown"]["own_fpi_bytes"])
+                / r["jobs"] for r in runs
+                if r.get("wal") and "own_fpi_bytes" in (r["wal"].get("breakdown") or {})]),
             "wal_fpi_bytes_per_job": _median([
                 r["wal"]["breakdown"]["own_fpi_bytes"] / r["jobs"] for r in runs
                 if r.get("wal") and "own_fpi_bytes" in (r["wal"].get("breakdown") or {})]),
@@ -77,6 +117,7 @@ def summarise(results: dict[str, Any]) -> dict[str, Any]:
             cpus * 1000 / (server + client) if server and client is not None else None)
         rt = results.get("round_trips", {}).get(name)
         cell["round_trips_per_job"] = rt["per_job"] if rt else None
+        cell.update(_row_costs(runs))
         cells[name] = cell
 
     def rate(name: str) -> float | None:
@@ -129,7 +170,9 @@ def summarise(results: dict[str, Any]) -> dict[str, Any]:
     target("server CPU per job (leaseq c4)", lq.get("server_cpu_ms_per_job"), CPU_TARGET_MS,
            at_least=False, unit=" ms")
     latency = results.get("claim_latency")
-    target("claim latency, 1M finished ÷ empty table",
+    backlog = f" + {latency['ready_backlog']:,} ready" if latency and latency.get(
+        "ready_backlog") else ""
+    target(f"claim latency, 1M finished{backlog} ÷ empty database",
            latency.get("ratio") if latency else None, LATENCY_RATIO_TARGET,
            at_least=False, unit="×")
     imports = results.get("import_time") or {}
@@ -200,14 +243,7 @@ def render(results: dict[str, Any]) -> str:
             shown = f"{value:,.3f}{t['unit']}" if value < 10 else f"{value:,.0f}{t['unit']}"
         verdict = {True: "yes", False: "**no**", None: "n/a"}[t["met"]]
         lines.append(f"| {t['target']} | {shown} | {t['limit']} | {verdict} |")
-    latency = results.get("claim_latency")
-    if latency:
-        lines += ["", f"claim latency (batch 10, 1 worker, {latency['samples']} claims): "
-                  f"empty {latency['empty']['median_ms']:.2f} ms median "
-                  f"(p95 {latency['empty']['p95_ms']:.2f}), "
-                  f"{latency['finished_rows']:,} finished "
-                  f"{latency['finished']['median_ms']:.2f} ms median "
-                  f"(p95 {latency['finished']['p95_ms']:.2f})"]
+    lines += latency_lines(results)
     rss = results.get("peak_rss")
     if rss:
         lines.append(f"peak RSS of one leaseq worker: {rss['large_jobs']:,} jobs "
@@ -222,8 +258,66 @@ def render(results: dict[str, Any]) -> str:
                      f"by package (ms): {top}")
     elif imports:
         lines.append(f"import time: not measured ({imports.get('error')})")
-    lines += ["", *wal_table(results)]
+    lines += ["", *row_table(summary), "", *wal_table(results)]
     return "\n".join(lines)
+
+
+def row_table(summary: dict[str, Any]) -> list[str]:
+    """Per job: what the enqueue and the drain wrote, row by row and index by index."""
+    lines = ["Rows and index entries per job (drain unless marked enqueue; pg_stat_user_tables "
+             "and Btree INSERT_LEAF records, median of the runs):", "",
+             "| System | Workers | enqueue server CPU ms/job | enqueue WAL B/job "
+             "| enqueue index entries/job | drain WAL B/job without FPI "
+             "| drain index entries/job | table | ins/job "
+             "| upd/job | HOT upd/job | HOT ratio | non-HOT upd/job | del/job | dead tuples/job |",
+             "|---|--:|--:|--:|--:|--:|--:|---|--:|--:|--:|--:|--:|--:|--:|"]
+    for name, cell in summary["cells"].items():
+        key, _, conc = name.partition("@c")
+        tables = cell.get("tables") or {"–": {}}
+        for i, (table, t) in enumerate(tables.items()):
+            head = (f"| {LABELS.get(key, key)} | {conc} "
+                    f"| {_fmt(cell.get('enqueue_server_cpu_ms_per_job'), '.3f')} "
+                    f"| {_fmt(cell.get('enqueue_wal_bytes_per_job'), ',.0f')} "
+                    f"| {_fmt(cell.get('enqueue_index_entries_per_job'), '.2f')} "
+                    f"| {_fmt(cell.get('wal_no_fpi_bytes_per_job'), ',.0f')} "
+                    f"| {_fmt(cell.get('index_entries_per_job'), '.2f')} ") if i == 0 else (
+                    "| | | | | | | ")
+            lines.append(
+                f"{head}| {table} | {_fmt(t.get('n_tup_ins'), '.2f')} "
+                f"| {_fmt(t.get('n_tup_upd'), '.2f')} | {_fmt(t.get('n_tup_hot_upd'), '.2f')} "
+                f"| {_fmt(t.get('hot_ratio'), '.0%')} | {_fmt(t.get('non_hot_upd'), '.2f')} "
+                f"| {_fmt(t.get('n_tup_del'), '.2f')} | {_fmt(t.get('n_dead_tup'), '.2f')} |")
+    by_index = [(name, cell["index_entries_by_index"]) for name, cell in summary["cells"].items()
+                if cell.get("index_entries_by_index")]
+    for name, entries in by_index:
+        lines.append("")
+        lines.append(f"index entries per job, drain of {name}: " + ", ".join(
+            f"{index} {n:.2f}" for index, n in entries.items() if n >= 0.005))
+    return lines
+
+
+def latency_lines(results: dict[str, Any]) -> list[str]:
+    """Claim latency at size vs empty, for leaseq and PgQueuer when measured."""
+    lines: list[str] = []
+    for key, who in (("claim_latency", "leaseq"), ("pgqueuer_claim_latency", "PgQueuer")):
+        latency = results.get(key)
+        if latency:
+            ready = latency.get("ready_backlog", latency["ready_rows"])
+            p99 = (f", p99 {latency['empty']['p99_ms']:.2f}"
+                   if "p99_ms" in latency["empty"] else "")
+            p99_size = (f", p99 {latency['finished']['p99_ms']:.2f}"
+                        if "p99_ms" in latency["finished"] else "")
+            lines += ["",
+                      f"claim latency of {who} (batch 10, 1 worker, {latency['samples']} "
+                      f"claims{', interleaved' if latency.get('interleaved') else ''}): "
+                      f"empty {latency['empty']['median_ms']:.2f} ms median "
+                      f"(p95 {latency['empty']['p95_ms']:.2f}{p99}), "
+                      f"{latency['finished_rows']:,} finished + {ready:,} ready "
+                      f"{latency['finished']['median_ms']:.2f} ms median "
+                      f"(p95 {latency['finished']['p95_ms']:.2f}{p99_size}); "
+                      f"ratio {latency['ratio']:.2f}"
+                      + (f" (p95 {latency['p95_ratio']:.2f})" if "p95_ratio" in latency else "")]
+    return lines
 
 
 def wal_table(results: dict[str, Any], name: str = "leaseq@c4", top: int = 12) -> list[str]:
