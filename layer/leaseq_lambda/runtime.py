@@ -32,6 +32,7 @@ module-level ``registry = leaseq.Registry()`` on which the handlers are register
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 import os
@@ -233,14 +234,22 @@ class Runtime:
         """Start of an invocation: make sure the connection still works."""
         self.client.check()
 
+    @functools.cached_property
+    def _worker_face(self) -> WorkerClient:
+        return WorkerClient(self.client)
+
+    @functools.cached_property
+    def _reaper_face(self) -> ReaperClient:
+        return ReaperClient(self.client)
+
     def worker_client(self) -> WorkerClient:
         """The worker function's face of the client: the worker's calls only, over the
-        environment's one connection."""
-        return WorkerClient(self.client)
+        environment's one connection (one face per environment, like the client)."""
+        return self._worker_face
 
     def reaper_client(self) -> ReaperClient:
         """The reaper function's face of the client: the reaper's calls only."""
-        return ReaperClient(self.client)
+        return self._reaper_face
 
     def registry(self) -> Registry:
         """The handlers' registry, imported on first use (a worker's; the reaper never
