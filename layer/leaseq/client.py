@@ -2,7 +2,9 @@
 
 Every caller of the queue's SQL functions goes through it: the worker and reaper, the
 Lambda functions, the dashboard and the command line; their statements are those of
-:mod:`leaseq.queries`.
+:mod:`leaseq.queries`. It is long because it is the one module that sends them (one
+method per function, each a few lines); callers see it split by duty through
+:mod:`leaseq.duties`.
 
 The client owns a single connection (no pool: a Lambda execution environment runs one
 invocation at a time) and re-validates it before use, because a connection frozen

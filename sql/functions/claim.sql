@@ -1,5 +1,9 @@
 -- leaseq functions: claim and renew leases.
 --
+-- One file over 600 lines: every claim path reads the same turns and indexes, and the
+-- fair-share loop is still written twice (claim_ready_jobs, claim_ready_jobs_of_kinds), a
+-- known debt: merging them must keep each plan's index use (docs/sql-plans.md).
+--
 -- Claims lock the first ready rows in claim order with FOR UPDATE SKIP LOCKED, so
 -- concurrent claimers never wait on, nor double-claim, each other's rows. A lease is
 -- 1 second .. 1 day; a claim takes 1 .. 100 jobs.

@@ -1,5 +1,9 @@
 -- leaseq functions: reads for operators, the command line and the dashboard.
 --
+-- One file over 600 lines: each operator read sits beside its tenant reader's form
+-- (reader_*, security invoker, row-level security), so a change to one is seen next to the
+-- other; the two cannot share a body, as they run with different rights.
+--
 -- The dashboard's group (leaseq_dashboard) may execute the five reads its pages use:
 -- get_job, job_timeline, queue_depth, job_activity and list_jobs; not queue_status or
 -- dead_jobs, which only the command line calls.
