@@ -49,8 +49,8 @@ def states(conn: Conn) -> dict[str, int]:
 def expire_lease(conn: Conn, job_id: uuid.UUID) -> None:
     """As an administrator: move a live lease into the past, as a crashed worker leaves it."""
     conn.execute(
-        "update app.jobs set lease_expires_at = clock_timestamp() - interval '1 second'"
-        " where id = %s and state = 'running'", (job_id,))
+        "update app.leases set expires_at = clock_timestamp() - interval '1 second'"
+        " where job_id = %s", (job_id,))
 
 
 def make_ready(conn: Conn) -> None:

@@ -110,8 +110,8 @@ def event_types(conn: Conn, job_id: uuid.UUID) -> list[str]:
 def expire_lease(conn: Conn, job_id: uuid.UUID) -> None:
     """Move a live lease into the past, as a crashed worker would leave it."""
     conn.execute(
-        "update app.jobs set lease_expires_at = clock_timestamp() - interval '1 second'"
-        " where id = %s and state = 'running'",
+        "update app.leases set expires_at = clock_timestamp() - interval '1 second'"
+        " where job_id = %s",
         (job_id,),
     )
 
