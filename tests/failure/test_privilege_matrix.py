@@ -55,9 +55,10 @@ app.check_required(text,anyelement)                                             
 app.check_schedule(uuid,text,text,text,text,jsonb,integer,integer)                               x   .   .    .     .    .    .    .    .
 app.check_time_zone(text)                                                                        x   .   .    .     .    .    .    .    .
 app.claim_jobs(uuid,text,integer,interval,text[],text[])                                         x   x   .    .     x    .    .    .    .
-app.claim_locked_jobs(uuid[],text,interval,timestamp with time zone)                             x   .   .    .     .    .    .    .    .
+app.claim_locked_jobs(tid[],text,interval,timestamp with time zone)                              x   .   .    .     .    .    .    .    .
 app.claim_ready_jobs(text,integer,interval,text[],text[])                                        x   x   .    .     x    .    .    .    .
-app.claim_ready_jobs_of_kinds(text,integer,interval,text[],text[])                               x   .   .    .     .    .    .    .    .
+app.claimable_added()                                                                            x   .   .    .     .    .    .    .    .
+app.claimable_moved()                                                                            x   .   .    .     .    .    .    .    .
 app.complete_job(uuid,uuid,text,uuid,jsonb)                                                      x   x   .    .     x    .    .    .    .
 app.cron_field(text,text,text,integer,integer,text[])                                            x   .   .    .     .    .    .    .    .
 app.current_tenant_id()                                                                          x   .   .    .     .    .    .    x    .
@@ -86,6 +87,7 @@ app.leave_worker_pool(text)                                                     
 app.list_jobs(app.job_state,uuid,text,timestamp with time zone,timestamp with time zone,timestamp with time zone,uuid,integer)  x   x   .    .     .    .    x    .    .
 app.list_schedules(uuid,integer)                                                                 x   x   .    .     .    .    x    .    .
 app.next_schedule_slot(text,text,timestamp with time zone)                                       x   .   .    .     .    .    .    .    .
+app.next_claimable_at(uuid,text)                                                                 x   .   .    .     .    .    .    .    .
 app.oldest_ready_at()                                                                            x   x   .    .     x    .    x    .    .
 app.pause_schedule(uuid,text,boolean)                                                            x   x   .    .     .    .    x    .    .
 app.pool_limits()                                                                                x   .   .    .     .    .    .    .    .
@@ -121,6 +123,7 @@ app.schedule_slots(text,text,timestamp with time zone,timestamp with time zone,i
 app.schedule_spec(text)                                                                          x   .   .    .     .    .    .    .    .
 app.set_priority_step(interval)                                                                  x   .   .    .     .    .    .    .    .
 app.set_worker_pool_limits(integer,interval,interval)                                            x   .   .    .     .    .    .    .    .
+app.settle_turns(uuid[],uuid[],text[],timestamp with time zone)                                  x   .   .    .     .    .    .    .    .
 app.spec_slots(bigint,integer[],integer[],integer[],integer[],integer[],boolean,boolean,boolean,text,timestamp with time zone,timestamp with time zone,integer)  x   .   .    .     .    .    .    .    .
 app.sync_schedules(uuid[],text[],text[],text[],text[],jsonb[],integer[],integer[])               x   x   .    .     .    .    x    .    .
 app.tick_schedules(integer)                                                                      x   x   .    .     .    x    .    .    .
@@ -135,6 +138,8 @@ app.worker_pool_size()                                                          
 TABLES = """
 table                 own    all prod tprod work reap oper read out
 app.jobs              SIUDT  -   -    -     -    -    -    S    -
+app.claimable         SIUDT  -   -    -     -    -    -    S    -
+app.leases            SIUDT  -   -    -     -    -    -    S    -
 app.kind_turns        SIUDT  -   -    -     -    -    -    -    -
 app.job_events        SIUDT  -   -    -     -    -    -    S    -
 app.tenant_readers    SIUDT  -   -    -     -    -    -    S    -
@@ -154,6 +159,7 @@ app.schedules         SIUDT  -   -    -     -    -    -    -    -
 HIDDEN_COLUMNS = {
     ("app.jobs", "read"): {"lease_token"},
     ("app.job_events", "read"): {"lease_token"},
+    ("app.leases", "read"): {"lease_token"},
 }
 
 SEQUENCES = """

@@ -25,13 +25,17 @@ def enqueue(client: QueueClient, tenant: uuid.UUID, count: int = 1, *, kind: str
 
 
 def job(conn: Conn, job_id: uuid.UUID) -> dict[str, Any]:
-    row = conn.execute("select * from app.jobs where id = %s", (job_id,)).fetchone()
+    row = conn.execute(
+        "select j.*, l.lease_token, l.expires_at as lease_expires_at from app.jobs j"
+        " left join app.leases l on l.job_id = j.id where j.id = %s", (job_id,)).fetchone()
     assert row is not None
     return row
 
 
 def jobs(conn: Conn) -> list[dict[str, Any]]:
-    return conn.execute("select * from app.jobs order by created_at, id").fetchall()
+    return conn.execute(
+        "select j.*, l.lease_token, l.expires_at as lease_expires_at from app.jobs j"
+        " left join app.leases l on l.job_id = j.id order by j.created_at, j.id").fetchall()
 
 
 def event_types(conn: Conn, job_id: uuid.UUID) -> list[str]:
