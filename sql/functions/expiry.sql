@@ -23,14 +23,16 @@ declare
 begin
   with expiring as materialized (
     -- A scan of app.leases (the running jobs only; no index on expires_at, so that a
-    -- renewal stays a HOT update). SKIP LOCKED: a lease being renewed or finished right
-    -- now is that statement's.
+    -- renewal stays a HOT update). SKIP LOCKED on the lease and its job: a lease being
+    -- renewed or finished right now is that statement's, a job an operator holds (a
+    -- cancel request) is the operator's, and the next pass takes it.
     select l.ctid as tid
     from app.leases l
+    join app.jobs j on j.id = l.job_id and j.tenant_id = l.tenant_id
     where l.expires_at <= v_now
       and (p_tenant_id is null or l.tenant_id = p_tenant_id)
     order by l.expires_at
-    for update skip locked
+    for update of l, j skip locked
     limit p_limit
   ), expired as materialized (
     delete from app.leases l
