@@ -110,6 +110,10 @@ drop index app.jobs_waiting_idx;
 drop index app.jobs_dead_tenant_idx;
 drop index app.jobs_unsuccessful_idx;
 
+-- Room on every page for the versions a job's row takes before pruning reclaims them
+-- (the claim's, HOT, and the outcome's), so that the claim's update finds it on its
+-- own page. Applied to the whole table by the rewrite below.
+alter table app.jobs set (fillfactor = 50);
 alter table app.jobs drop constraint jobs_lease_shape;
 alter table app.jobs
   drop column lease_token,
