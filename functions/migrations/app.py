@@ -169,7 +169,7 @@ def _password(
     reader: Callable[[str], Mapping[str, Any]], secret_arn: str, name: str, parameter: str,
     secret_parameter: str,
 ) -> str:
-    from leaseq.errors import ConfigurationError
+    from leaseq.base.errors import ConfigurationError
 
     secret = reader(secret_arn)
     if secret.get("username") != name or not secret.get("password"):
@@ -193,7 +193,7 @@ def login_specs(
     Every name is checked before anything connects, and with password authentication every
     secret is read and checked, so a bad property fails the request having changed nothing.
     """
-    from leaseq.errors import ConfigurationError
+    from leaseq.base.errors import ConfigurationError
     from runtime_role import PRODUCER, SERVICE_ROLE, TENANT_PRODUCER, LoginRoleSpec
 
     iam_auth = _flag(properties.get("RuntimeIamAuth", "true"))
@@ -245,7 +245,7 @@ def login_specs(
 def enqueue_tenants(properties: Mapping[str, Any]) -> frozenset[Any]:
     """The tenants of the ``EnqueueTenants`` property (comma-separated tenant ids; empty or
     absent, as from a template before it: none, the door serves every tenant)."""
-    from leaseq.errors import ConfigurationError
+    from leaseq.base.errors import ConfigurationError
     from leaseq.settings import tenant_list
 
     try:
@@ -255,8 +255,8 @@ def enqueue_tenants(properties: Mapping[str, Any]) -> frozenset[Any]:
 
 
 def _connect_with_retries(dsn: str, retry_delays: Sequence[float]) -> Any:
-    from leaseq.db import connect
-    from leaseq.errors import DatabaseUnavailableError
+    from leaseq.base.errors import DatabaseUnavailableError
+    from leaseq.store.db import connect
 
     delays = list(retry_delays)
     while True:
@@ -279,7 +279,7 @@ def _migrate_and_ensure_role(
     # Imported here so that a layer that fails to import is answered FAILED, not left hanging.
     from connection_budget import check_connection_budget, stack_connections
     from dashboard_logins import check_access_patterns, manages_tenant_readers
-    from leaseq.migrate import current_version, migrate
+    from leaseq.store.migrate import current_version, migrate
     from owner_connection import owner_dsn_from_environment, secrets_manager_reader
     from pool_limits import describe, requested_pool_limits, write_pool_limits
     from runtime_role import check_duty_group_names, ensure_login_roles

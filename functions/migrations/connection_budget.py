@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import psycopg
-from leaseq.errors import ConfigurationError
+from leaseq.base.errors import ConfigurationError
 
 #: The custom resource property holding the budget's parameters (a map, by parameter name).
 PROPERTY: Final = "ConnectionBudget"

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 from uuid import UUID
 
-from leaseq.errors import ConfigurationError
+from leaseq.base.errors import ConfigurationError
 
 TENANT_VIEWERS = "DashboardTenantViewers"
 PATTERN_LISTS = ("DashboardOperators", "DashboardViewers")

@@ -7,7 +7,7 @@ too fills what the environment leaves out. ``DATABASE_URL`` (a plain DSN) short-
 of it for local runs.
 
 The owner connects directly to the database, never through RDS Proxy, with the most
-powerful login of the stack, so its TLS follows the runtime's rules (leaseq.tls): over a
+powerful login of the stack, so its TLS follows the runtime's rules (leaseq.store.tls): over a
 network the server is verified (``verify-full`` against ``LEASEQ_DB_SSLROOTCERT``, which the
 template sets to the RDS CA bundle of the certificates layer) or the connection is refused
 before anything is sent, unless the deployer chose ``DbSslMode=require-unverified``, which
@@ -20,8 +20,8 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any, get_args
 
-from leaseq.errors import ConfigurationError
-from leaseq.tls import SslSetting, choose_tls
+from leaseq.base.errors import ConfigurationError
+from leaseq.store.tls import SslSetting, choose_tls
 from psycopg.conninfo import make_conninfo
 
 #: Reads a Secrets Manager secret (JSON) by ARN.
@@ -76,7 +76,7 @@ def owner_dsn_from_environment(environ: Mapping[str, str], read_secret: SecretRe
             "dbname in the secret)"
         )
     port = environ.get("LEASEQ_DB_PORT") or secret.get("port") or 5432
-    # The runtime's rules (leaseq.tls): an empty setting is unset, a CA file alone means
+    # The runtime's rules (leaseq.store.tls): an empty setting is unset, a CA file alone means
     # verify-full, and a host across a network with nothing to verify it is refused.
     try:
         tls = choose_tls(

@@ -10,7 +10,7 @@ start hold above the worker's maximum event age), and the handler writes them on
 connection right after migrating, before any new function runs.
 
 Every value is checked before anything connects, with the database's own ranges
-(``leaseq.config.OWNER_POOL_BOUNDS``). A request without the property comes from a template
+(``leaseq.drain.config.OWNER_POOL_BOUNDS``). A request without the property comes from a template
 that predates it (CloudFormation rolling an update back): the database keeps the limits it
 has.
 """
@@ -21,9 +21,9 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from leaseq import PoolLimits, set_worker_pool_limits
-from leaseq.config import OWNER_POOL_BOUNDS
-from leaseq.errors import ConfigurationError
-from leaseq.limits import Bounds
+from leaseq.base.errors import ConfigurationError
+from leaseq.base.limits import Bounds
+from leaseq.drain.config import OWNER_POOL_BOUNDS
 
 #: The custom resource property holding the limits (a map, by key below).
 PROPERTY: Final = "WorkerPool"

@@ -41,15 +41,15 @@ from typing import Any, Final
 from uuid import UUID
 
 import psycopg
-from leaseq.duties import DASHBOARD as DASHBOARD
-from leaseq.duties import DUTY_GROUPS as DUTY_GROUPS
-from leaseq.duties import OPERATOR as OPERATOR
-from leaseq.duties import PRODUCER as PRODUCER
-from leaseq.duties import READER_GROUP as READER_GROUP
-from leaseq.duties import REAPER as REAPER
-from leaseq.duties import TENANT_PRODUCER as TENANT_PRODUCER
-from leaseq.duties import WORKER as WORKER
-from leaseq.errors import ConfigurationError
+from leaseq.base.errors import ConfigurationError
+from leaseq.store.duties import DASHBOARD as DASHBOARD
+from leaseq.store.duties import DUTY_GROUPS as DUTY_GROUPS
+from leaseq.store.duties import OPERATOR as OPERATOR
+from leaseq.store.duties import PRODUCER as PRODUCER
+from leaseq.store.duties import READER_GROUP as READER_GROUP
+from leaseq.store.duties import REAPER as REAPER
+from leaseq.store.duties import TENANT_PRODUCER as TENANT_PRODUCER
+from leaseq.store.duties import WORKER as WORKER
 from leaseq_dashboard.sources import READER_LOGIN_PREFIX, reader_login
 from psycopg import sql
 
@@ -63,7 +63,7 @@ RDS_IAM: Final = "rds_iam"
 #: back to it.
 SERVICE_ROLE: Final = "service_role"
 # The duty groups (PRODUCER ... DASHBOARD, DUTY_GROUPS) and the tenant readers' group
-# (READER_GROUP) are leaseq.duties' names, imported above and read from this module by
+# (READER_GROUP) are leaseq.store.duties' names, imported above and read from this module by
 # the resource's handler (app.py).
 #: The idle-in-transaction cap of a reader session (app.current_tenant_id applies the same).
 READER_IDLE_CAP_MS: Final = 60_000

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from leaseq.errors import ConfigurationError
+from leaseq.base.errors import ConfigurationError
 
 #: (suffix, what the template names with it, that name's longest length)
 DERIVED_NAMES: Final = (

@@ -23,10 +23,10 @@ from collections.abc import Callable
 from typing import Final
 from uuid import UUID
 
-from leaseq.client import DEFAULT_MAX_IDLE_SECONDS, QueueClient
-from leaseq.db import Connection
-from leaseq.duties import ReaderClient
-from leaseq.views import OperatorViews, TenantViews
+from leaseq.read.views import OperatorViews, TenantViews
+from leaseq.store.client import DEFAULT_MAX_IDLE_SECONDS, QueueClient
+from leaseq.store.db import Connection
+from leaseq.store.duties import ReaderClient
 
 #: The name every tenant reader login starts with; the rest is the tenant's 32 hex digits.
 READER_LOGIN_PREFIX: Final = "leaseq_tenant_reader_"

@@ -37,7 +37,7 @@ from leaseq import (
     QueueClient,
     Registry,
 )
-from leaseq.errors import PayloadRejectedError, UnknownKindError
+from leaseq.base.errors import PayloadRejectedError, UnknownKindError
 
 from leaseq_lambda.events import EnqueueBatch, FieldProblem, Rejection
 

@@ -15,9 +15,9 @@ module checks no tenant itself. The answer::
 
 or, for a query that is refused, ``{"operation": "result", "job": null, "rejected":
 {"reason": ..., "errors"?: [...], "sqlstate"?: "42501"}}``. The job's fields are those of
-:class:`leaseq.results.JobResult` (never the payload or the lease).
+:class:`leaseq.base.results.JobResult` (never the payload or the lease).
 
-Waiting is bounded polling with backoff and jitter (:func:`leaseq.results.poll_until_finished`)
+Waiting is bounded polling with backoff and jitter (:func:`leaseq.base.results.poll_until_finished`)
 for ``wait_seconds``, capped by the invocation's own remaining time less
 :data:`ANSWER_MARGIN_SECONDS`, so that the function always answers before its timeout;
 an unfinished job is answered as it is (``finished`` false) and the caller asks again.
@@ -31,7 +31,7 @@ from typing import Any, Final, Literal
 from uuid import UUID
 
 from leaseq import PermissionDeniedError, QueueClient
-from leaseq.results import JobResult, poll_until_finished
+from leaseq.base.results import JobResult, poll_until_finished
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from leaseq_lambda.events import FieldProblem, describe, problems

@@ -22,7 +22,7 @@ How the connection logs in, in order of precedence:
    boto3, no network), over TLS, as RDS Proxy requires.
 
 The TLS of 2. and 3. is ``LEASEQ_DB_SSLMODE`` / ``LEASEQ_DB_SSLROOTCERT`` as
-:mod:`leaseq.tls` resolves them (verify-full against the system's roots for an RDS
+:mod:`leaseq.store.tls` resolves them (verify-full against the system's roots for an RDS
 Proxy host by default); a ``DATABASE_URL`` carries its own.
 
 The handlers module convention: ``LEASEQ_HANDLERS=package.module`` names a module with a
@@ -56,11 +56,11 @@ from leaseq import (
     WorkerSettings,
     connect,
 )
-from leaseq.deadline import Deadline
-from leaseq.duties import ReaperClient, WorkerClient
-from leaseq.worker import ClaimHook
+from leaseq.base.deadline import Deadline
+from leaseq.drain.worker import ClaimHook
+from leaseq.store.duties import ReaperClient, WorkerClient
 
-Connection = Any  # leaseq.db.Connection; kept loose so tests may pass any connect function
+Connection = Any  # leaseq.store.db.Connection; kept loose so tests may pass any connect function
 ConnectFunction = Callable[..., Connection]
 
 #: The template's parameters behind some worker settings, added to their environment

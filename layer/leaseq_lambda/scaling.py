@@ -14,7 +14,7 @@ the Lambda half:
   reservation if it was started for one, else free room) and leaves it when it ends;
   refused, it returns at once. The place expires by itself when an invocation is killed.
 * :class:`FanOut`: the worker's ``on_claim`` hook. When a claim says the backlog is more
-  than the pool drains (:class:`leaseq.pool.ScaleUp`), it reserves one more place and
+  than the pool drains (:class:`leaseq.base.pool.ScaleUp`), it reserves one more place and
   invokes the worker function asynchronously with the pool-start event, from a
   background thread, so a claim never waits on Lambda. Every member asking for one more
   place per second doubles the pool each second while the backlog lasts.
@@ -43,11 +43,11 @@ from uuid import UUID
 
 import psycopg
 from leaseq import ClaimedJob, InvalidRequestError, LeaseqError, QueueClient
-from leaseq import client as client_calls
-from leaseq.deadline import Deadline
-from leaseq.duties import WorkerCalls
-from leaseq.pool import PoolSize, ScaleUp
+from leaseq.base.deadline import Deadline
+from leaseq.base.pool import PoolSize, ScaleUp
 from leaseq.settings import PoolSettings
+from leaseq.store import client as client_calls
+from leaseq.store.duties import WorkerCalls
 
 from leaseq_lambda import invoker
 from leaseq_lambda.events import Tick, pool_start_event
@@ -266,7 +266,7 @@ class FanOut:
     """The worker's ``on_claim`` hook: more worker invocations while the backlog lasts.
 
     Called after every claim from the thread that made it, it only asks
-    :class:`~leaseq.pool.ScaleUp` (no I/O) and hands a wanted start to a background
+    :class:`~leaseq.base.pool.ScaleUp` (no I/O) and hands a wanted start to a background
     thread, which reserves the places (``app.reserve_worker_places``: never beyond
     ``LEASEQ_MAX_WORKERS``) and invokes the worker function for each. A failed invoke
     gives its place back and is logged and counted. :meth:`close` ends it before the

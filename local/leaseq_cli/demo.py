@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from leaseq.client import QueueClient
-from leaseq.jobs import EnqueueRequest
+from leaseq.base.jobs import EnqueueRequest
+from leaseq.store.client import QueueClient
 
 DEMO_HANDLERS = "leaseq_lambda.demo_handlers"
 

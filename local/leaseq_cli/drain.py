@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal
 
-from leaseq.client import QueueClient
-from leaseq.config import FINISH_RESERVE, WorkerConfig, needed_for
-from leaseq.db import Connection
+from leaseq.drain.config import FINISH_RESERVE, WorkerConfig, needed_for
 from leaseq.settings import WorkerSettings
+from leaseq.store.client import QueueClient
+from leaseq.store.db import Connection
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from leaseq_cli.failures import UsageError

@@ -134,7 +134,7 @@ def test_enqueue_file_larger_than_one_call_goes_in_calls_the_database_takes(
     """70 payloads of 256 KiB are more than one enqueue call may carry (16 MiB): the
     file is sent as calls within both bounds, and every job is stored."""
     from leaseq import QueueClient
-    from leaseq.storable import json_size
+    from leaseq.base.storable import json_size
 
     calls: list[int] = []
     original = QueueClient.enqueue_jobs

@@ -251,7 +251,7 @@ def test_both_workers_start_with_the_example_handlers_and_the_stacks_defaults(
     found = run_isolated(
         require_lambda_python(),
         "from leaseq import ConfigurationError, WorkerConfig\n"
-        "from leaseq.budget import check_registry\n"
+        "from leaseq.drain.budget import check_registry\n"
         "from leaseq.settings import WorkerSettings\n"
         "from leaseq_lambda.runtime import load_registry\n"
         "registry = load_registry('invoice_handlers')\n"

@@ -29,8 +29,8 @@ from typing import Any
 import boto3
 import psycopg
 import pytest
-from leaseq.db import connect
-from leaseq.migrate import MIGRATION_LOCK_KEY, load_migrations, migrate
+from leaseq.store.db import connect
+from leaseq.store.migrate import MIGRATION_LOCK_KEY, load_migrations, migrate
 from moto import mock_aws
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -1316,7 +1316,7 @@ def test_an_overlong_failure_reason_is_cut_to_cloudformations_size_limit(
     assert json.loads(body)["Reason"].endswith("[truncated]")
 
 
-# ---- the owner's TLS: the runtime's rules (leaseq.tls) ------------------------------------------
+# ---- the owner's TLS: the runtime's rules (leaseq.store.tls) ----------------------------------
 
 OWNER_SECRET = {"username": "owner", "password": "pw"}
 OWNER_ENV = {"LEASEQ_DATABASE_SECRET_ARN": "arn:secret", "LEASEQ_DB_NAME": "leaseq",
@@ -1335,7 +1335,7 @@ def owner_dsn(migrations_app: Any, **variables: str) -> dict[str, str]:
 def test_the_owner_with_empty_tls_settings_is_refused_naming_the_stack_parameters(
     migrations_app: Any,
 ) -> None:
-    from leaseq.errors import ConfigurationError
+    from leaseq.base.errors import ConfigurationError
 
     # The template passes empty parameters as empty strings: they mean "not set", and an
     # RDS instance with nothing to verify it with is refused before anything is sent.
@@ -1365,7 +1365,7 @@ def test_the_owner_with_a_ca_bundle_alone_verifies_the_server_with_it(
 def test_the_owner_refuses_a_missing_bundle_and_an_unknown_mode_by_name(
     migrations_app: Any, tmp_path: Path,
 ) -> None:
-    from leaseq.errors import ConfigurationError
+    from leaseq.base.errors import ConfigurationError
 
     with pytest.raises(ConfigurationError, match=r"LEASEQ_DB_SSLROOTCERT=.*does not exist"):
         owner_dsn(migrations_app, LEASEQ_DB_SSLROOTCERT=str(tmp_path / "absent.pem"))

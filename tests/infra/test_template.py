@@ -613,7 +613,7 @@ def test_the_pool_limits_reach_the_owners_settings_through_the_migrations_and_fi
     """The maximum, the start hold and the debounce are written by the migrations custom
     resource as the schema owner (app.settings), from the same parameters the functions
     get, and every value the template accepts is one the database accepts."""
-    from leaseq.config import OWNER_POOL_BOUNDS
+    from leaseq.drain.config import OWNER_POOL_BOUNDS
 
     limits = cfn["Resources"]["Migrations"]["Properties"]["WorkerPool"]
     assert limits == {"MaxWorkers": {"Ref": "MaxWorkers"}, "StartHoldSeconds": "90",

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from leaseq.client import QueueClient
+from leaseq.store.client import QueueClient
 
 from leaseq_cli import demo, embedded
 from leaseq_cli.aws import AwsClients

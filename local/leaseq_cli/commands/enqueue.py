@@ -10,10 +10,10 @@ import uuid
 from pathlib import Path
 from typing import Any, TextIO
 
-from leaseq.errors import InvalidRequestError
-from leaseq.jobs import EnqueueRequest
-from leaseq.limits import MAX_ENQUEUE, MAX_ENQUEUE_BYTES
-from leaseq.storable import json_size
+from leaseq.base.errors import InvalidRequestError
+from leaseq.base.jobs import EnqueueRequest
+from leaseq.base.limits import MAX_ENQUEUE, MAX_ENQUEUE_BYTES
+from leaseq.base.storable import json_size
 from pydantic import ValidationError
 from rich.console import Console
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from leaseq.client import MAX_OPERATOR_BATCH
-from leaseq.jobs import Selection
-from leaseq.retention import prune_in_pages
-from leaseq.storable import blank_problem
+from leaseq.base.jobs import Selection
+from leaseq.base.storable import blank_problem
+from leaseq.store.client import MAX_OPERATOR_BATCH
+from leaseq.upkeep.retention import prune_in_pages
 from rich.console import Console
 
 from leaseq_cli.commands._shared import actor, client_for

@@ -9,8 +9,8 @@ import os
 import sys
 from typing import Any
 
-from leaseq.registry import Registry
-from leaseq.schedules import Schedule
+from leaseq.base.schedules import Schedule
+from leaseq.kinds.registry import Registry
 from rich.console import Console
 
 from leaseq_cli.commands._shared import client_for

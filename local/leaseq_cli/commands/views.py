@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from leaseq.decoding import UndecodableJson
+from leaseq.base.decoding import UndecodableJson
 from rich.console import Console
 
 from leaseq_cli.commands._shared import STATES, client_for
