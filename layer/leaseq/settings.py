@@ -212,8 +212,7 @@ class WorkerSettings(BaseModel):
     @classmethod
     def setting_names(cls) -> dict[str, str]:
         """WorkerConfig's fields named by their environment variables, for messages."""
-        return {key: str(cls.model_fields[name].alias)
-                for key, name in cls.CONFIG_FIELDS.items()}
+        return {key: variable(cls, name) for key, name in cls.CONFIG_FIELDS.items()}
 
     def config_values(self) -> dict[str, Any]:
         """These settings as WorkerConfig's field values."""
@@ -401,3 +400,17 @@ class LeaseqSettings(BaseModel):
 def _known(env: Mapping[str, Any], model: type[BaseModel]) -> dict[str, Any]:
     aliases = {f.alias for f in model.model_fields.values() if f.alias}
     return {key: value for key, value in env.items() if key in aliases and value != ""}
+
+
+def variable(model: type[BaseModel], field: str) -> str:
+    """The environment variable that sets ``field`` of the settings ``model`` (its alias):
+    code that names a variable in a message, or writes an environment for the functions
+    (the command line's local runs), takes the name from here, where it is declared once.
+
+    >>> variable(WorkerSettings, "handlers_module")
+    'LEASEQ_HANDLERS'
+    """
+    alias = model.model_fields[field].alias
+    if alias is None:
+        raise KeyError(f"{model.__name__}.{field} is read from no environment variable")
+    return alias

@@ -12,7 +12,7 @@ readers"). The migrations make those logins, ``leaseq_tenant_reader_<tenant hex>
 
 Each execution environment answers one request at a time, so it holds the dashboard
 login's connection plus at most ``max_readers`` reader connections (the deploy-time
-connection budget counts exactly that, ``functions/migrations/connection_budget.py``).
+connection budget counts exactly that, ``layer/leaseq_deploy/connection_budget.py``).
 A request for another tenant closes the reader connection used least recently first.
 """
 

@@ -30,8 +30,9 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 from uuid import UUID
 
-from leaseq import PermissionDeniedError, QueueClient
+from leaseq import PermissionDeniedError
 from leaseq.base.results import JobResult, poll_until_finished
+from leaseq.store.duties import ProducerCalls
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from leaseq_lambda.events import FieldProblem, describe, problems
@@ -90,7 +91,7 @@ def _rejected(reason: str, *, errors: tuple[FieldProblem, ...] = (),
     return ResultAnswer({"operation": RESULT_OPERATION, "job": None, "rejected": rejected})
 
 
-def answer_result(event: Any, connect: Callable[[], QueueClient],
+def answer_result(event: Any, connect: Callable[[], ProducerCalls],
                   remaining_seconds: Callable[[], float], **polling: Any) -> ResultAnswer:
     """Read (and wait for) the job ``event`` names; a query that does not validate is
     refused without touching the database, a tenant the login may not read with 42501."""

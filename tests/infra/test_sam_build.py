@@ -289,7 +289,7 @@ def test_the_built_layer_holds_what_lambda_runs_and_none_of_the_local_tools(
 ) -> None:
     layer = build_dir / layer_id / "python"
 
-    for package in ("leaseq", "leaseq_lambda", "leaseq_dashboard"):
+    for package in ("leaseq", "leaseq_lambda", "leaseq_dashboard", "leaseq_deploy"):
         assert (layer / package / "__init__.py").is_file(), package
     assert (layer / "leaseq_lambda" / "demo_handlers.py").is_file()
     present = [name for name in LOCAL_ONLY_PACKAGES if (layer / name).exists()]

@@ -55,6 +55,7 @@ __all__ = [
     "WORKER",
     "DutyClient",
     "OperatorClient",
+    "ProducerCalls",
     "ProducerClient",
     "ReaderClient",
     "ReaperCalls",
@@ -229,6 +230,9 @@ class ReaderClient(DutyClient):
     reader_job_wait_reasons = _call(QueueClient.reader_job_wait_reasons)
 
 
+#: What the producer's code (the enqueue function, its wake, its result reads) takes: the
+#: producer's face, or the all-duties client.
+ProducerCalls: TypeAlias = QueueClient | ProducerClient
 #: What the worker's code (the drain, its recorder, the worker pool) takes: the worker's
 #: face, or the all-duties client.
 WorkerCalls: TypeAlias = QueueClient | WorkerClient

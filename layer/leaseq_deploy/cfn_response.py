@@ -12,7 +12,7 @@ Why not crhelper (2.0.12, the maintained helper for this protocol), read for thi
   while the timer fires sends both SUCCESS and FAILED, and CloudFormation takes whichever
   arrives first; here a lock makes the first answer the only one;
 * the watchdog fires 0.5 s before Lambda's timeout, too little for a PUT to S3 through a
-  VPC endpoint on a slow start; here it is WATCHDOG_MARGIN_SECONDS (10 s) in app.py;
+  VPC endpoint on a slow start; here it is WATCHDOG_MARGIN_SECONDS (10 s) in function.py;
 * a PUT that keeps failing is retried for ever (five tries, a pause, and again), so the
   function hangs until Lambda kills it; here three tries, then the failure is logged;
 * it reconfigures the root logger and creates Lambda, EventBridge and CloudWatch Logs

@@ -64,7 +64,7 @@ RDS_IAM: Final = "rds_iam"
 SERVICE_ROLE: Final = "service_role"
 # The duty groups (PRODUCER ... DASHBOARD, DUTY_GROUPS) and the tenant readers' group
 # (READER_GROUP) are leaseq.store.duties' names, imported above and read from this module by
-# the resource's handler (app.py).
+# the resource's handler (function.py).
 #: The idle-in-transaction cap of a reader session (app.current_tenant_id applies the same).
 READER_IDLE_CAP_MS: Final = 60_000
 

@@ -21,8 +21,14 @@ from collections.abc import Callable, Mapping
 from typing import Any, get_args
 
 from leaseq.base.errors import ConfigurationError
+from leaseq.settings import DatabaseSettings, variable
 from leaseq.store.tls import SslSetting, choose_tls
 from psycopg.conninfo import make_conninfo
+
+#: The variables the owner's connection reads, named where the functions' database settings
+#: declare them: the same names mean the same thing to the migrations and to every function.
+VARIABLES = {field: variable(DatabaseSettings, field) for field in (
+    "url", "secret_arn", "host", "name", "port", "sslmode", "sslrootcert")}
 
 #: Reads a Secrets Manager secret (JSON) by ARN.
 SecretReader = Callable[[str], Mapping[str, Any]]
@@ -55,10 +61,10 @@ def secrets_manager_reader(client: Any = None) -> SecretReader:
 
 def owner_dsn_from_environment(environ: Mapping[str, str], read_secret: SecretReader) -> str:
     """Build the schema owner's DSN; never logs or returns the password elsewhere."""
-    url = environ.get("DATABASE_URL")
+    url = environ.get(VARIABLES["url"])
     if url:
         return url
-    secret_arn = environ.get("LEASEQ_DATABASE_SECRET_ARN")
+    secret_arn = environ.get(VARIABLES["secret_arn"])
     if not secret_arn:
         raise ConfigurationError(
             "no schema owner credentials: set LEASEQ_DATABASE_SECRET_ARN (a secret with "
@@ -68,21 +74,21 @@ def owner_dsn_from_environment(environ: Mapping[str, str], read_secret: SecretRe
     missing = [key for key in ("username", "password") if not secret.get(key)]
     if missing:
         raise ConfigurationError(f"secret {secret_arn} lacks {', '.join(missing)}")
-    host = environ.get("LEASEQ_DB_HOST") or secret.get("host")
-    dbname = environ.get("LEASEQ_DB_NAME") or secret.get("dbname")
+    host = environ.get(VARIABLES["host"]) or secret.get("host")
+    dbname = environ.get(VARIABLES["name"]) or secret.get("dbname")
     if not host or not dbname:
         raise ConfigurationError(
             "the database is unknown: set LEASEQ_DB_HOST and LEASEQ_DB_NAME (or put host and "
             "dbname in the secret)"
         )
-    port = environ.get("LEASEQ_DB_PORT") or secret.get("port") or 5432
+    port = environ.get(VARIABLES["port"]) or secret.get("port") or 5432
     # The runtime's rules (leaseq.store.tls): an empty setting is unset, a CA file alone means
     # verify-full, and a host across a network with nothing to verify it is refused.
     try:
         tls = choose_tls(
             host=str(host),
-            sslmode=ssl_mode(environ.get("LEASEQ_DB_SSLMODE") or None),
-            sslrootcert=environ.get("LEASEQ_DB_SSLROOTCERT") or None,
+            sslmode=ssl_mode(environ.get(VARIABLES["sslmode"]) or None),
+            sslrootcert=environ.get(VARIABLES["sslrootcert"]) or None,
             environ=environ,
         )
     except ConfigurationError as exc:

@@ -70,7 +70,8 @@ def tenant_reader_specs(properties: Mapping[str, Any], *, iam_auth: bool,
                         statement_timeout: str) -> list[Any]:
     """One reader login spec per tenant the tenant viewers name, in a stable order."""
     from leaseq_dashboard.sources import reader_login
-    from runtime_role import READER_GROUP, LoginRoleSpec
+
+    from leaseq_deploy.runtime_role import READER_GROUP, LoginRoleSpec
 
     tenants = sorted(set(tenant_viewers(properties).values()), key=str)
     if tenants and not iam_auth:
