@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
-from leaseq.db import connect
-from leaseq.migrate import migrate
+from leaseq.store.db import connect
+from leaseq.store.migrate import migrate
 
 from tests.support import postgres
 from tests.support.postgres import Cluster, Conn
@@ -101,9 +101,9 @@ def db(migrated_database: Database) -> Database:
     """The migrated database with empty queue tables, an empty worker pool, and the pool's
     limits and the priority step at their defaults."""
     with migrated_database.connect(postgres.OWNER) as conn:
-        conn.execute("truncate app.jobs, app.job_events, app.claimable, app.leases, app.tenant_readers,"
-                     " app.tenant_producers, app.tenant_turns, app.worker_pool, app.kind_turns,"
-                     " app.worker_wakes, app.schedules")
+        conn.execute("truncate app.jobs, app.job_events, app.claimable, app.leases,"
+                     " app.tenant_readers, app.tenant_producers, app.tenant_turns,"
+                     " app.worker_pool, app.kind_turns, app.worker_wakes, app.schedules")
         conn.execute("update app.tenant_turn_sweep set next_tenant_id = null, swept_at = null")
         conn.execute("update app.worker_pool_state set changed_at = null")
         conn.execute("update app.settings set max_workers = default, start_hold = default,"

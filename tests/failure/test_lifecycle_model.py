@@ -86,7 +86,8 @@ class LifecycleMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.admin: Conn = self.database.connect(None)
-        self.admin.execute("truncate app.jobs, app.job_events, app.claimable, app.leases, app.tenant_turns")
+        self.admin.execute("truncate app.jobs, app.job_events, app.claimable, app.leases,"
+                           " app.tenant_turns")
         self.worker = connect(self.database.worker_dsn)
         self.client = QueueClient(lambda: self.worker)
         self.jobs: dict[uuid.UUID, ModelJob] = {}

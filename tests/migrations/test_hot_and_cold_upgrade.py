@@ -18,10 +18,9 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from psycopg.types.json import Jsonb
-
 from leaseq.db import connect
 from leaseq.migrate import load_migrations, migrate
+from psycopg.types.json import Jsonb
 
 from tests.conftest import Database
 from tests.sql.calls import WORKER_NAME
