@@ -85,10 +85,14 @@ GRANT USAGE ON SCHEMA app TO leaseq_dashboard;
 CREATE TABLE app.claimable (
     tenant_id uuid NOT NULL,
     kind text NOT NULL,
+    -- The job's claim key (app.jobs.claim_key): the claim takes a tenant's entries in
+    -- (claim_key, created_at, job_id) order.
     claim_key timestamp with time zone NOT NULL,
     created_at timestamp with time zone NOT NULL,
     job_id uuid NOT NULL,
+    -- When the job becomes claimable; entries keyed before now but due later are skipped.
     available_at timestamp with time zone NOT NULL,
+    -- pending or retry_wait, as the job was when it became claimable.
     state app.job_state NOT NULL,
     priority smallint NOT NULL
 )
@@ -345,7 +349,11 @@ CREATE TABLE app.leases (
     job_id uuid NOT NULL,
     tenant_id uuid NOT NULL,
     lease_owner text NOT NULL,
+    -- Fences the lease: finishing or renewing needs it, so a worker whose lease expired
+    -- cannot finish the next holder's attempt. Never granted to tenant readers.
     lease_token uuid NOT NULL,
+    -- When the lease ends; after it the reaper makes the job retry_wait again, or dead at
+    -- its last attempt. Not indexed: a renewal stays a HOT update.
     expires_at timestamp with time zone NOT NULL,
     claimed_at timestamp with time zone NOT NULL
 )

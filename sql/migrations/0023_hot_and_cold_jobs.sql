@@ -82,6 +82,20 @@ comment on table app.leases is
   'One row per running job: who holds it, the fencing token and when it ends. Renewals '
   'are HOT updates (no index on expires_at).';
 
+comment on column app.claimable.claim_key is
+  'The job''s claim key (app.jobs.claim_key): the claim takes a tenant''s entries in '
+  '(claim_key, created_at, job_id) order.';
+comment on column app.claimable.available_at is
+  'When the job becomes claimable; entries keyed before now but due later are skipped.';
+comment on column app.claimable.state is
+  'pending or retry_wait, as the job was when it became claimable.';
+comment on column app.leases.lease_token is
+  'Fences the lease: finishing or renewing needs it, so a worker whose lease expired '
+  'cannot finish the next holder''s attempt. Never granted to tenant readers.';
+comment on column app.leases.expires_at is
+  'When the lease ends; after it the reaper makes the job retry_wait again, or dead at '
+  'its last attempt. Not indexed: a renewal stays a HOT update.';
+
 insert into app.claimable (tenant_id, kind, claim_key, created_at, job_id, available_at,
                              state, priority)
 select j.tenant_id, j.kind, j.claim_key, j.created_at, j.id, j.available_at, j.state,

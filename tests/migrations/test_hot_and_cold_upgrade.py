@@ -18,8 +18,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from leaseq.db import connect
-from leaseq.migrate import load_migrations, migrate
+from leaseq.store.db import connect
+from leaseq.store.migrate import load_migrations, migrate
 from psycopg.types.json import Jsonb
 
 from tests.conftest import Database
