@@ -68,7 +68,7 @@ cross join lateral (
 _POPULATE_LEASES = """
 insert into app.leases (job_id, tenant_id, lease_owner, lease_token, expires_at, claimed_at)
 select j.id, j.tenant_id, j.lease_owner, gen_random_uuid(),
-       clock_timestamp() + case when substr(j.operation_key, 4)::bigint %% 2 = 0
+       clock_timestamp() + case when mod(substr(j.operation_key, 4)::bigint, 2) = 0
                                 then interval '-1 minute' else interval '10 minutes' end,
        clock_timestamp()
 from app.jobs j
@@ -466,7 +466,12 @@ def _markdown(cluster: Cluster) -> str:
                         and "FOR KEY SHARE" not in p.query
                     ]
                     out.append(f"### {title}\n")
+                    seen: set[str] = set()
                     for plan in shown:
+                        # A row trigger's statement runs once per row: shown once.
+                        if plan.query in seen:
+                            continue
+                        seen.add(plan.query)
                         out.append("```\n" + plan.text + "\n```\n")
                 # The rest of the claim path: a renewal and the outcome of a batch.
                 claimed = conn.execute(
