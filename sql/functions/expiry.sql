@@ -140,7 +140,7 @@ revoke all on function app.release_expired_jobs(uuid, integer) from public;
 grant execute on function app.release_expired_jobs(uuid, integer) to leaseq_reaper;
 
 -- The scheduled reaper's single call: expired leases of every tenant, oldest expiry
--- first, at most p_limit rows per call, walking jobs_lease_expiry_idx.
+-- first, at most p_limit rows per call, scanning app.leases (the running jobs only).
 create or replace function app.release_all_expired_jobs(p_limit integer default 1000)
 returns integer
 language plpgsql
