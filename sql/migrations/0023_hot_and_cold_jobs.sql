@@ -228,3 +228,21 @@ grant select (tenant_id, kind, claim_key, created_at, job_id, available_at, stat
   on app.claimable to authenticated;
 grant select (job_id, tenant_id, lease_owner, expires_at, claimed_at)
   on app.leases to authenticated;
+
+-- What each column of the two small tables is for, read in sql/schema.sql beside them.
+comment on column app.claimable.claim_key is
+  'The job''s place in its tenant''s claim order: available_at less the priority''s steps.';
+comment on column app.claimable.available_at is
+  'Earliest time a claim may take the job; the claim skips entries not yet due.';
+comment on column app.claimable.state is
+  'pending or retry_wait, as on the job row, so a claim reads the entry alone.';
+comment on column app.leases.lease_owner is
+  'Owner id of the worker invocation holding the lease, as on the job row.';
+comment on column app.leases.lease_token is
+  'Fences the lease: finishing or renewing needs it, so a worker whose lease expired '
+  'cannot finish the next holder''s attempt. Never granted to tenant readers.';
+comment on column app.leases.expires_at is
+  'When the lease ends; the reaper then makes the job retry_wait again, or dead at its '
+  'last attempt. Renewals move it in place (HOT: no index holds it).';
+comment on column app.leases.claimed_at is
+  'When the claim that holds the lease took the job.';
