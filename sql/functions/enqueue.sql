@@ -414,9 +414,9 @@ begin
                        p_operation_key, p_tenant_id),
       hint = 'Use a new operation_key for a different job, or repeat the original kind and payload exactly.';
   end if;
+  -- The job row holds no lease token (app.leases does): a producer learns the job's
+  -- state, never the lease that a worker holds on it.
   select * into v_job from app.jobs where id = v_result.job_id and tenant_id = p_tenant_id;
-  -- A producer learns the job's state, never the lease that a worker holds on it.
-  v_job.lease_token := null;
   return v_job;
 end;
 $$;
