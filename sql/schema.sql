@@ -1,4 +1,4 @@
--- The tables of schema app as the migrations leave them (after 0023_hot_and_cold_jobs).
+-- The tables of schema app as the migrations leave them (after 0024_job_row_room).
 --
 -- Generated from a freshly migrated database by scripts/write-schema: do not edit. After adding
 -- a migration, run scripts/write-schema and commit this file with it;
@@ -85,14 +85,13 @@ GRANT USAGE ON SCHEMA app TO leaseq_dashboard;
 CREATE TABLE app.claimable (
     tenant_id uuid NOT NULL,
     kind text NOT NULL,
-    -- The job's claim key (app.jobs.claim_key): the claim takes a tenant's entries in
-    -- (claim_key, created_at, job_id) order.
+    -- The job's place in its tenant's claim order: available_at less the priority's steps.
     claim_key timestamp with time zone NOT NULL,
     created_at timestamp with time zone NOT NULL,
     job_id uuid NOT NULL,
-    -- When the job becomes claimable; entries keyed before now but due later are skipped.
+    -- Earliest time a claim may take the job; the claim skips entries not yet due.
     available_at timestamp with time zone NOT NULL,
-    -- pending or retry_wait, as the job was when it became claimable.
+    -- pending or retry_wait, as on the job row, so a claim reads the entry alone.
     state app.job_state NOT NULL,
     priority smallint NOT NULL
 )
@@ -348,13 +347,15 @@ ALTER TABLE app.kind_turns ENABLE ROW LEVEL SECURITY;
 CREATE TABLE app.leases (
     job_id uuid NOT NULL,
     tenant_id uuid NOT NULL,
+    -- Owner id of the worker invocation holding the lease, as on the job row.
     lease_owner text NOT NULL,
     -- Fences the lease: finishing or renewing needs it, so a worker whose lease expired
     -- cannot finish the next holder's attempt. Never granted to tenant readers.
     lease_token uuid NOT NULL,
-    -- When the lease ends; after it the reaper makes the job retry_wait again, or dead at
-    -- its last attempt. Not indexed: a renewal stays a HOT update.
+    -- When the lease ends; the reaper then makes the job retry_wait again, or dead at its
+    -- last attempt. Renewals move it in place (HOT: no index holds it).
     expires_at timestamp with time zone NOT NULL,
+    -- When the claim that holds the lease took the job.
     claimed_at timestamp with time zone NOT NULL
 )
 WITH (fillfactor='50', autovacuum_vacuum_scale_factor='0.0', autovacuum_vacuum_threshold='1000', autovacuum_analyze_scale_factor='0.05', autovacuum_vacuum_cost_delay='0');

@@ -82,20 +82,6 @@ comment on table app.leases is
   'One row per running job: who holds it, the fencing token and when it ends. Renewals '
   'are HOT updates (no index on expires_at).';
 
-comment on column app.claimable.claim_key is
-  'The job''s claim key (app.jobs.claim_key): the claim takes a tenant''s entries in '
-  '(claim_key, created_at, job_id) order.';
-comment on column app.claimable.available_at is
-  'When the job becomes claimable; entries keyed before now but due later are skipped.';
-comment on column app.claimable.state is
-  'pending or retry_wait, as the job was when it became claimable.';
-comment on column app.leases.lease_token is
-  'Fences the lease: finishing or renewing needs it, so a worker whose lease expired '
-  'cannot finish the next holder''s attempt. Never granted to tenant readers.';
-comment on column app.leases.expires_at is
-  'When the lease ends; after it the reaper makes the job retry_wait again, or dead at '
-  'its last attempt. Not indexed: a renewal stays a HOT update.';
-
 insert into app.claimable (tenant_id, kind, claim_key, created_at, job_id, available_at,
                              state, priority)
 select j.tenant_id, j.kind, j.claim_key, j.created_at, j.id, j.available_at, j.state,
@@ -124,10 +110,6 @@ drop index app.jobs_waiting_idx;
 drop index app.jobs_dead_tenant_idx;
 drop index app.jobs_unsuccessful_idx;
 
--- Room on every page for the versions a job's row takes before pruning reclaims them
--- (the claim's, HOT, and the outcome's), so that the claim's update finds it on its
--- own page. Applied to the whole table by the rewrite below.
-alter table app.jobs set (fillfactor = 50);
 alter table app.jobs drop constraint jobs_lease_shape;
 alter table app.jobs
   drop column lease_token,
@@ -246,3 +228,21 @@ grant select (tenant_id, kind, claim_key, created_at, job_id, available_at, stat
   on app.claimable to authenticated;
 grant select (job_id, tenant_id, lease_owner, expires_at, claimed_at)
   on app.leases to authenticated;
+
+-- What each column of the two small tables is for, read in sql/schema.sql beside them.
+comment on column app.claimable.claim_key is
+  'The job''s place in its tenant''s claim order: available_at less the priority''s steps.';
+comment on column app.claimable.available_at is
+  'Earliest time a claim may take the job; the claim skips entries not yet due.';
+comment on column app.claimable.state is
+  'pending or retry_wait, as on the job row, so a claim reads the entry alone.';
+comment on column app.leases.lease_owner is
+  'Owner id of the worker invocation holding the lease, as on the job row.';
+comment on column app.leases.lease_token is
+  'Fences the lease: finishing or renewing needs it, so a worker whose lease expired '
+  'cannot finish the next holder''s attempt. Never granted to tenant readers.';
+comment on column app.leases.expires_at is
+  'When the lease ends; the reaper then makes the job retry_wait again, or dead at its '
+  'last attempt. Renewals move it in place (HOT: no index holds it).';
+comment on column app.leases.claimed_at is
+  'When the claim that holds the lease took the job.';
