@@ -46,6 +46,12 @@ as $$
 declare
   v_tokens uuid[];
 begin
+  -- Limits hook (functions/admission.sql): a job admitted under a rate limit starts
+  -- only with a start slot; those without one are scheduled again and left out.
+  p_ids := app.start_limited_jobs(p_ids, p_now);
+  if cardinality(p_ids) = 0 then
+    return;
+  end if;
   select array_agg(gen_random_uuid()) into v_tokens from unnest(p_ids);
 
   insert into app.job_events (tenant_id, job_id, event_type, actor, lease_token, details, created_at)

@@ -767,8 +767,11 @@ grant execute on function app.reader_job_timeline(uuid, integer) to authenticate
 --   ready            claimable and first in its tenant's claim order: the next claim
 --                    that serves its tenant (or its kind) takes it;
 --   NULL             not waiting (running or finished).
--- Reserved for later releases, never written today: held_by_limit (a concurrency or
--- rate limit holds it back), cancel_requested (a cancel is on its way). A caller must
+--   held_by_limit    a concurrency or rate limit holds it back: held_by names the limit
+--                    instance (kind:K, tenant:T, kind:K/tenant:T or key:L), available_at
+--                    and claim_key are those it gets back when admitted;
+-- Reserved for later releases, never written today: cancel_requested (a cancel is on
+-- its way). A caller must
 -- show an unknown reason as it is. Jobs ahead are counted up to 10,000 (10,000 means at
 -- least that many): the count reads the tenant's claimable jobs ahead in
 -- jobs_claimable_idx and stops there.
@@ -787,7 +790,8 @@ returns table (
   reason text,
   until timestamptz,
   jobs_ahead integer,
-  higher_priority_ahead integer
+  higher_priority_ahead integer,
+  held_by text
 )
 language plpgsql
 stable
@@ -802,9 +806,11 @@ begin
                        coalesce(cardinality(p_job_ids)::text, 'NULL'));
   end if;
   return query
-  select j.id, j.tenant_id, j.state, j.priority, j.available_at, j.claim_key,
+  select j.id, j.tenant_id, j.state, j.priority, coalesce(h.available_at, j.available_at),
+         coalesce(h.claim_key, j.claim_key),
          case
            when j.state not in ('pending', 'retry_wait') then null
+           when h.job_id is not null then 'held_by_limit'
            when j.available_at > clock_timestamp() then
              case when j.state = 'retry_wait' then 'retry_wait' else 'scheduled' end
            when a.higher > 0 then 'behind_priority'
@@ -812,9 +818,13 @@ begin
            else 'ready'
          end,
          case when j.state in ('pending', 'retry_wait') and j.available_at > clock_timestamp()
+                   and h.job_id is null
               then j.available_at end,
-         a.ahead, a.higher
+         a.ahead, a.higher, h.bucket
   from app.jobs j
+  -- A job a limit holds back (functions/admission.sql) has its real due time and claim
+  -- key there, and the limit instance that holds it.
+  left join app.held_jobs h on h.job_id = j.id and h.tenant_id = j.tenant_id
   left join lateral (
     select count(*)::integer as ahead,
            count(*) filter (where q.priority > j.priority)::integer as higher
@@ -847,7 +857,8 @@ returns table (
   reason text,
   until timestamptz,
   jobs_ahead integer,
-  higher_priority_ahead integer
+  higher_priority_ahead integer,
+  held_by text
 )
 language plpgsql
 stable
@@ -896,6 +907,7 @@ begin
   )
   select w.tenant_id,
          case
+           when w.available_at = app.held_until() then 'held_by_limit'
            when not w.due then
              case when w.state = 'retry_wait' then 'retry_wait' else 'scheduled' end
            when w.behind then 'behind_priority'
@@ -903,7 +915,7 @@ begin
            else 'ready'
          end as reason,
          count(*),
-         min(w.available_at)
+         min(w.available_at) filter (where w.available_at < app.held_until())
   from waiting w
   group by 1, 2
   order by 1, 2;
