@@ -119,7 +119,7 @@ comment on table app.held_jobs is
 alter table app.held_jobs enable row level security;
 create policy held_jobs_tenant_select on app.held_jobs for select to authenticated
   using (tenant_id = (select app.current_tenant_id()));
-grant select (job_id, tenant_id, bucket, held_at) on app.held_jobs to authenticated;
+grant select on app.held_jobs to authenticated;
 
 -- Fair admission within a limit: how many jobs of each tenant it admitted since the
 -- tenant's jobs started waiting in it; the tenant admitted least goes first.
@@ -158,7 +158,7 @@ when (old.limit_buckets is not null and old.state is distinct from new.state
            or (old.state in ('succeeded', 'dead', 'cancelled') and new.state = 'pending')))
 execute function app.limits_on_state_change();
 
-grant select (limit_key) on app.jobs to authenticated;
+grant select (limit_key, limit_buckets) on app.jobs to authenticated;
 
 -- The enqueue functions gain p_limit_keys (functions/enqueue.sql creates them): the
 -- signatures without it go, so that no overload makes a call of the old shape
