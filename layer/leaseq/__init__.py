@@ -1,5 +1,6 @@
 """leaseq: a durable, multi-tenant job queue in PostgreSQL, drained by AWS Lambda."""
 
+from leaseq.admission import DeclaredLimit, LimitName, Rate, parse_limit_name, parse_rate
 from leaseq.client import (
     QueueClient,
     enqueue_job,
@@ -28,7 +29,7 @@ from leaseq.job_context import JobContext, JobLogFields, current_job, job_log_fi
 from leaseq.jobs import ClaimedJob, EnqueueRequest, EnqueueResult, JobOutcome, JobState
 from leaseq.migrate import MigrationReport, migrate
 from leaseq.pool import PoolLimits, PoolSize, ScaleUp
-from leaseq.reaper import ReapReport, reap_once
+from leaseq.reaper import LimitState, ReapReport, reap_once
 from leaseq.recorder import JobRecord
 from leaseq.registry import Registration, Registry
 from leaseq.results import JobResult
@@ -53,6 +54,7 @@ __all__ = [
     "DatabaseSettings",
     "DatabaseUnavailableError",
     "Deadline",
+    "DeclaredLimit",
     "DiscardJob",
     "DrainReport",
     "EnqueueRequest",
@@ -68,6 +70,8 @@ __all__ = [
     "JobTimeout",
     "LeaseqError",
     "LeaseqSettings",
+    "LimitName",
+    "LimitState",
     "MigrationBlockedError",
     "MigrationReport",
     "MonotonicDeadline",
@@ -76,6 +80,7 @@ __all__ = [
     "PoolSettings",
     "PoolSize",
     "QueueClient",
+    "Rate",
     "ReapReport",
     "ReaperSettings",
     "Registration",
@@ -99,6 +104,8 @@ __all__ = [
     "job_log_fields",
     "lease_for",
     "migrate",
+    "parse_limit_name",
+    "parse_rate",
     "reap_once",
     "set_worker_pool_limits",
     "wait_for_result",
