@@ -252,15 +252,29 @@ declare
   v_job record;
   v_admit record;
   v_held uuid[] := '{}';
+  v_kinds text[];
+  v_tenants uuid[];
+  v_every_tenant boolean;
+  v_keys boolean;
 begin
   if p_job_ids is null or not exists (select 1 from app.limits) then
     return v_held;
   end if;
+  -- What the limits name, read once: only jobs that one of them may govern are looked at
+  -- one by one, so a batch of unlimited kinds costs this one read of app.limits.
+  select coalesce(array_agg(distinct l.kind) filter (where l.kind is not null), '{}'),
+         coalesce(array_agg(distinct l.tenant_id) filter (where l.scope = 'tenant'), '{}'),
+         coalesce(bool_or(l.scope = 'tenant' and l.tenant_id is null), false),
+         coalesce(bool_or(l.scope = 'key'), false)
+  into v_kinds, v_tenants, v_every_tenant, v_keys
+  from app.limits l;
   v_step := app.priority_step();
   for v_job in
     select j.id, j.tenant_id, j.kind, j.limit_key, j.available_at, j.priority
     from app.jobs j
     where j.id = any (p_job_ids) and j.state in ('pending', 'retry_wait')
+      and (j.kind = any (v_kinds) or j.tenant_id = any (v_tenants) or v_every_tenant
+           or (v_keys and j.limit_key is not null))
     order by j.claim_key, j.created_at, j.id
   loop
     select * into v_admit
