@@ -256,6 +256,7 @@ declare
   v_tenants uuid[];
   v_every_tenant boolean;
   v_keys boolean;
+  v_admit_buckets text[];
 begin
   if p_job_ids is null or not exists (select 1 from app.limits) then
     return v_held;
@@ -277,6 +278,17 @@ begin
            or (v_keys and j.limit_key is not null))
     order by j.claim_key, j.created_at, j.id
   loop
+    -- A job due later takes no slot before it is due: it waits held, and the first
+    -- freeing statement or reaper pass after its due time admits it.
+    if v_job.available_at > v_now then
+      select array_agg(r.bucket order by r.bucket) into v_admit_buckets
+      from app.job_limit_rows(v_job.tenant_id, v_job.kind, v_job.limit_key) r;
+      if v_admit_buckets is not null then
+        perform app.hold_job(v_job.id, v_admit_buckets[1], v_admit_buckets, v_now);
+        v_held := v_held || v_job.id;
+      end if;
+      continue;
+    end if;
     select * into v_admit
     from app.take_limit_slots(v_job.id, v_job.tenant_id, v_job.kind, v_job.limit_key, v_now);
     if cardinality(v_admit.buckets) = 0 then

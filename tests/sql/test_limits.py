@@ -439,3 +439,21 @@ def test_a_limit_key_longer_than_200_characters_is_refused_with_its_item(
     assert "limit_key" in rows[0]["error"]
 
 
+
+
+def test_a_job_due_later_takes_no_slot_before_it_is_due(worker: Conn, owner: Conn) -> None:
+    set_limit(owner, "kind", kind="report", concurrency=1)
+    tenant = new_tenant()
+    (scheduled,) = [r["job_id"] for r in worker.execute(
+        "select job_id from app.enqueue_jobs(%s, %s, %s, %s,"
+        " array[clock_timestamp() + interval '1 hour'])",
+        ([tenant], ["scheduled"], ["report"], [Jsonb({})])).fetchall()]
+    (now_job,) = enqueue(worker, tenant, 1)
+    assert held(owner) == {scheduled}
+    (row,) = claim(worker)
+    assert row["id"] == now_job
+    # Its due time comes (moved in its held row): the slot freed next is its own.
+    owner.execute("update app.held_jobs set available_at = clock_timestamp() - interval '1 second'")
+    finish(worker, row)
+    (again,) = claim(worker)
+    assert again["id"] == scheduled
