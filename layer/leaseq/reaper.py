@@ -105,11 +105,14 @@ class ReapReport:
 
 @dataclass(frozen=True)
 class LimitState:
-    """One limit instance as the reaper read it (app.limit_status): its name (``bucket``:
-    kind:K, tenant:T, kind:K/tenant:T or key:L), the jobs admitted through it and running,
-    the jobs it holds back and the oldest one's wait in seconds (0 when none)."""
+    """One limit as the reaper read it (app.limit_status), over its instances in use (a
+    limit for every tenant has one per tenant): its name (kind:K, tenant:T or tenant:*,
+    kind:K/tenant:T or kind:K/tenant:*, key:L), how many instances, the jobs admitted
+    through them and running, the jobs they hold back and the oldest one's wait in
+    seconds (0 when none)."""
 
-    bucket: str
+    name: str
+    instances: int
     admitted: int
     running: int
     blocked: int
@@ -218,8 +221,8 @@ def _repair_turns(client: ReaperCalls, deadline: Deadline, report: ReapReport, l
             return
 
 
-#: Limit instances a pass reports as metrics, those holding the most jobs first: each
-#: instance is a metric of its own (a limit per tenant has one per tenant).
+#: Limits a pass reports as metrics, those holding the most jobs first: each is a
+#: metric of its own (a limit for every tenant is one, its instances summed).
 LIMIT_METRICS = 20
 
 
@@ -229,13 +232,20 @@ def _admit_held(client: ReaperCalls, report: ReapReport, limit: int) -> None:
     limit's state for the metrics."""
     report.held_admitted = client.admit_held_jobs(limit)
     now = datetime.now(UTC)
-    rows = sorted(client.limit_status(), key=lambda r: (-int(r["blocked"]), r["bucket"]))
-    report.limits = [
-        LimitState(bucket=str(r["bucket"]), admitted=int(r["admitted"]),
-                   running=int(r["running"]), blocked=int(r["blocked"]),
-                   oldest_blocked_age=(0.0 if r["oldest_blocked_at"] is None else
-                                       max((now - r["oldest_blocked_at"]).total_seconds(), 0.0)))
-        for r in rows[:LIMIT_METRICS]]
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for row in client.limit_status():
+        by_name.setdefault(str(row["name"]), []).append(row)
+    states = []
+    for name, rows in by_name.items():
+        held_at = [r["oldest_blocked_at"] for r in rows if r["oldest_blocked_at"] is not None]
+        states.append(LimitState(
+            name=name, instances=len(rows), admitted=sum(int(r["admitted"]) for r in rows),
+            running=sum(int(r["running"]) for r in rows),
+            blocked=sum(int(r["blocked"]) for r in rows),
+            oldest_blocked_age=max((now - min(held_at)).total_seconds(), 0.0) if held_at
+            else 0.0))
+    states.sort(key=lambda s: (-s.blocked, s.name))
+    report.limits = states[:LIMIT_METRICS]
 
 
 def _prune(client: ReaperCalls, deadline: Deadline, report: ReapReport, retention: timedelta,

@@ -417,12 +417,13 @@ def record_reap(metrics: Metrics, report: ReapReport) -> None:
 
 
 def record_limits(metrics: Metrics, report: ReapReport) -> None:
-    """Each limit instance the reaper read, with the dimension ``limit`` (its name):
-    ``LimitRunning``, ``LimitBlocked`` (jobs it holds back) and ``LimitOldestBlockedAge``
-    (seconds the oldest of them has waited); at most :data:`leaseq.reaper.LIMIT_METRICS`
-    instances, those holding the most jobs first."""
+    """Each limit the reaper read, with the dimension ``limit`` (its name as declared,
+    ``kind:report/tenant:*``, never a tenant's instance of it unless an operator set a
+    limit naming that tenant): ``LimitRunning``, ``LimitBlocked`` (jobs it holds back)
+    and ``LimitOldestBlockedAge`` (seconds the oldest of them has waited); at most
+    :data:`leaseq.reaper.LIMIT_METRICS` limits, those holding the most jobs first."""
     for state in report.limits:
-        dimensions = {"service": str(metrics.service), "limit": state.bucket}
+        dimensions = {"service": str(metrics.service), "limit": state.name}
         for name, unit, value in (
                 ("LimitRunning", MetricUnit.Count, float(state.running)),
                 ("LimitBlocked", MetricUnit.Count, float(state.blocked)),

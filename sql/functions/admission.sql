@@ -836,12 +836,12 @@ $$;
 revoke all on function app.list_limits() from public;
 grant execute on function app.list_limits() to leaseq_operator, leaseq_dashboard;
 
--- Each limit instance (bucket) in use: its admitted and running jobs, the jobs it holds
--- back and the oldest one's wait. For leaseq status, the dashboard and the reaper's
+-- Each limit instance (bucket) in use, with the name of the limit it is an instance of:
+-- its admitted and running jobs, the jobs it holds back and the oldest one's wait. For leaseq status, the dashboard and the reaper's
 -- metrics; reads the slots and held jobs of the buckets in use (an operator's read:
 -- counting 100,000 held jobs reads their index entries).
 create or replace function app.limit_status()
-returns table (bucket text, admitted bigint, running bigint, blocked bigint,
+returns table (bucket text, name text, admitted bigint, running bigint, blocked bigint,
                oldest_blocked_at timestamptz)
 language sql
 stable
@@ -854,6 +854,12 @@ as $$
     select b.bucket from app.limit_turns b
   )
   select b.bucket,
+         -- The limit it is an instance of: the bucket itself when a limit names it, else
+         -- the limit for every tenant (kind:K/tenant:*, tenant:*).
+         case when exists (select 1 from app.limits l
+                           where app.limit_name(l.scope, l.kind, l.tenant_id, l.limit_key) = b.bucket)
+              then b.bucket
+              else regexp_replace(b.bucket, 'tenant:[0-9a-f-]{36}$', 'tenant:*') end,
          (select count(distinct s.job_id) from app.limit_slots s where s.bucket = b.bucket),
          (select count(distinct s.job_id)
           from app.limit_slots s join app.jobs j on j.id = s.job_id and j.tenant_id = s.tenant_id

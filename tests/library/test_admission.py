@@ -96,8 +96,19 @@ def test_the_reaper_admits_held_jobs_a_free_slot_waits_for_and_reports_each_limi
     report = reap_once(client, FakeDeadline(60))
     assert report.held_admitted == 1
     [state] = report.limits
-    assert (state.bucket, state.admitted, state.running, state.blocked) == (
-        "kind:echo", 2, 0, 1)
+    assert (state.name, state.instances, state.admitted, state.running, state.blocked) == (
+        "kind:echo", 1, 2, 0, 1)
     assert state.oldest_blocked_age >= 0
     assert report.as_dict()["jobs_held"] == 1
     assert "limits" not in report.as_dict()
+
+
+def test_a_limit_for_every_tenant_is_reported_once_over_its_instances(
+        client: QueueClient) -> None:
+    client.set_limit("ops", parse_limit_name("kind:echo/tenant:*"), concurrency=1)
+    for _ in range(3):
+        enqueue(client, uuid.uuid4(), 2)
+    report = reap_once(client, FakeDeadline(60))
+    [state] = report.limits
+    assert (state.name, state.instances, state.admitted, state.blocked) == (
+        "kind:echo/tenant:*", 3, 3, 3)
