@@ -119,8 +119,11 @@ $$;
 revoke all on function app.next_start_at(text, integer, interval, integer, timestamptz) from public;
 
 -- Take one free slot numbered 0 .. p_capacity - 1 of (bucket, purpose) for a job; false
--- when all are taken. A slot another transaction is taking makes this insert wait for
--- it and then skip it (ON CONFLICT DO NOTHING): two jobs never hold one slot.
+-- when all are taken. The primary key makes two holders of one slot impossible; so that
+-- no admission ever waits on another transaction's uncommitted slot (a claim held open
+-- that admitted the next job), a slot is tried only under a transaction-scoped advisory
+-- lock (class 1819374712), taken without waiting: a slot another transaction is taking
+-- is skipped. (A slot freed by an uncommitted transaction is still seen taken.)
 create or replace function app.take_slot(p_bucket text, p_purpose text, p_capacity integer,
                                          p_job_id uuid, p_tenant_id uuid, p_now timestamptz)
 returns boolean
@@ -144,6 +147,8 @@ begin
                       where s.bucket = p_bucket and s.purpose = p_purpose and s.slot = g.n)
     order by g.n
   loop
+    continue when not pg_try_advisory_xact_lock(
+      1819374712, hashtext(p_bucket || ' ' || p_purpose || ' ' || v_slot));
     insert into app.limit_slots (bucket, purpose, slot, job_id, tenant_id, taken_at)
     values (p_bucket, p_purpose, v_slot, p_job_id, p_tenant_id, p_now)
     on conflict do nothing;
@@ -512,12 +517,16 @@ begin
         and exists (select 1 from app.limit_slots s
                     where s.job_id = v_job.id and s.bucket = r.bucket and s.purpose = 'start')
     loop
-      insert into app.limit_starts (bucket, slot, started_at)
-      select v_limit.bucket, g.n, '-infinity'
-      from generate_series(0, v_limit.burst - 1) as g(n)
-      where (select count(*) from app.limit_starts s
-             where s.bucket = v_limit.bucket and s.slot < v_limit.burst) < v_limit.burst
-      on conflict do nothing;
+      -- The bucket's start slots, made on first use (or a raised burst) by one claim at
+      -- a time, which none waits for: another claim making them skips, and finds none.
+      if (select count(*) from app.limit_starts s
+          where s.bucket = v_limit.bucket and s.slot < v_limit.burst) < v_limit.burst
+         and pg_try_advisory_xact_lock(1819374713, hashtext(v_limit.bucket)) then
+        insert into app.limit_starts (bucket, slot, started_at)
+        select v_limit.bucket, g.n, '-infinity'
+        from generate_series(0, v_limit.burst - 1) as g(n)
+        on conflict do nothing;
+      end if;
       select s.slot into v_slot
       from app.limit_starts s
       where s.bucket = v_limit.bucket

@@ -457,3 +457,57 @@ def test_a_job_due_later_takes_no_slot_before_it_is_due(worker: Conn, owner: Con
     finish(worker, row)
     (again,) = claim(worker)
     assert again["id"] == scheduled
+
+
+def test_a_claim_held_open_under_a_rate_limit_never_makes_another_claim_wait(
+    db: Database, owner: Conn, worker: Conn
+) -> None:
+    set_limit(owner, "kind", kind="report", rate=(3, timedelta(seconds=10)), burst=3)
+    enqueue(worker, new_tenant(), 8)
+    assert len(claim(worker, 1)) == 1  # the first start made the limit's start slots
+    with db.connect(postgres.WORKER) as a, db.connect(postgres.WORKER) as b:
+        b.execute("set statement_timeout = '5s'")  # a wait would fail the test, not hang it
+        a.execute("begin")
+        assert len(claim(a, 1, owner="worker-a")) == 1  # and admits the next, uncommitted
+        assert len(claim(b, 10, owner="worker-b")) == 1  # the third start of the window
+        assert claim(b, 10, owner="worker-b") == []
+        a.execute("commit")
+    starts = owner.execute("select count(*) as n from app.job_events where event_type = 'claimed'"
+                           ).fetchone()
+    assert starts is not None
+    assert starts["n"] <= 3
+
+
+def test_starts_per_rate_window_never_exceed_the_rate_with_many_concurrent_claimers(
+    db: Database, owner: Conn, worker: Conn
+) -> None:
+    count, period = 4, timedelta(seconds=1)
+    set_limit(owner, "kind", kind="report", rate=(count, period))
+    for _ in range(3):
+        enqueue(worker, new_tenant(), 20, batch=True)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def run(n: int) -> None:
+        try:
+            with db.connect(postgres.WORKER) as conn:
+                while not stop.is_set():
+                    for row in claim(conn, 3, owner=f"w{n}"):
+                        finish(conn, row, owner=f"w{n}")
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    stop.wait(3.5)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    starts = sorted(r["created_at"] for r in owner.execute(
+        "select created_at from app.job_events where event_type = 'claimed'").fetchall())
+    assert len(starts) >= count * 2  # the limit let work through, window after window
+    for i, first in enumerate(starts):
+        within = [t for t in starts[i:] if t - first < period]
+        assert len(within) <= count, (first, within)
