@@ -448,6 +448,12 @@ begin
   select * into v_job from app.jobs where id = v_result.job_id and tenant_id = p_tenant_id;
   -- A producer learns the job's state, never the lease that a worker holds on it.
   v_job.lease_token := null;
+  -- A job a limit holds back is answered with its own due time and key, not the held
+  -- placeholder (functions/admission.sql).
+  if v_job.available_at = app.held_until() then
+    select h.available_at, h.claim_key into v_job.available_at, v_job.claim_key
+    from app.held_jobs h where h.job_id = v_job.id;
+  end if;
   return v_job;
 end;
 $$;

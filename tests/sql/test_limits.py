@@ -511,3 +511,16 @@ def test_starts_per_rate_window_never_exceed_the_rate_with_many_concurrent_claim
     for i, first in enumerate(starts):
         within = [t for t in starts[i:] if t - first < period]
         assert len(within) <= count, (first, within)
+
+
+def test_enqueue_job_answers_a_held_job_with_its_own_due_time(worker: Conn, owner: Conn) -> None:
+    set_limit(owner, "kind", kind="report", concurrency=1)
+    tenant = new_tenant()
+    first = worker.execute("select * from app.enqueue_job(%s, 'a', 'report', '{}')",
+                           (tenant,)).fetchone()
+    second = worker.execute("select * from app.enqueue_job(%s, 'b', 'report', '{}')",
+                            (tenant,)).fetchone()
+    assert first is not None
+    assert second is not None
+    assert second["id"] in held(owner)
+    assert abs((second["available_at"] - first["available_at"]).total_seconds()) < 60
