@@ -67,7 +67,7 @@ from leaseq import (
     ReapReport,
     job_log_fields,
 )
-from leaseq.pool import PoolSize
+from leaseq.base.pool import PoolSize
 
 from leaseq_lambda.scaling import FanOutReport
 

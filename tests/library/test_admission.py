@@ -1,4 +1,4 @@
-"""Limits as Python names them (leaseq.admission), declared with handlers, set through the
+"""Limits as Python names them (leaseq.base.admission), declared with handlers, set through the
 client, and the reaper's admission pass with its per-limit report."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from leaseq import (
     parse_rate,
     reap_once,
 )
-from leaseq.admission import LimitName, Rate
+from leaseq.base.admission import LimitName, Rate
 
 from tests.library.support import enqueue
 from tests.support.fakes import FakeDeadline

@@ -333,7 +333,7 @@ def test_a_held_job_says_which_limit_holds_it(worker: Conn, owner: Conn) -> None
 def test_a_backlog_held_behind_a_limit_of_two_gives_the_fan_out_no_full_claim(
     worker: Conn, owner: Conn
 ) -> None:
-    from leaseq.pool import ScaleUp  # the worker's scale-up rule, fed the claim's answer
+    from leaseq.base.pool import ScaleUp  # the worker's scale-up rule, fed the claim's answer
 
     set_limit(owner, "kind", kind="report", concurrency=2)
     tenant = new_tenant()

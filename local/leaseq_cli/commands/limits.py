@@ -1,5 +1,5 @@
 """leaseq limits set, list, remove and sync: concurrency and rate limits, as an operator
-sets them at run time (the rows of app.limits; see leaseq.admission for the names)."""
+sets them at run time (the rows of app.limits; see leaseq.base.admission for the names)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import argparse
 import os
 from typing import Any
 
-from leaseq.admission import parse_limit_name, parse_rate
+from leaseq.base.admission import parse_limit_name, parse_rate
+from leaseq.store.duties import OperatorClient
 from rich.console import Console
 
 from leaseq_cli.commands._shared import actor, client_for
@@ -33,7 +34,7 @@ def cmd_limits_set(args: argparse.Namespace, ui: Ui) -> int:
         raise UsageError("--burst needs --rate")
     name = parse_limit_name(args.name)
     rate = None if args.rate is None else parse_rate(args.rate, args.burst)
-    with client_for(args, ui) as client:
+    with client_for(args, ui, OperatorClient) as client:
         written = client.set_limit(actor(args), name, concurrency=args.concurrency, rate=rate)
     document = {"name": written, "concurrency": args.concurrency,
                 "rate": None if rate is None else str(rate)}
@@ -45,7 +46,7 @@ def cmd_limits_set(args: argparse.Namespace, ui: Ui) -> int:
 
 
 def cmd_limits_list(args: argparse.Namespace, ui: Ui) -> int:
-    with client_for(args, ui) as client:
+    with client_for(args, ui, OperatorClient) as client:
         rows = client.list_limits()
         states = client.limit_status()
 
@@ -73,7 +74,7 @@ def cmd_limits_list(args: argparse.Namespace, ui: Ui) -> int:
 
 def cmd_limits_remove(args: argparse.Namespace, ui: Ui) -> int:
     name = parse_limit_name(args.name)
-    with client_for(args, ui) as client:
+    with client_for(args, ui, OperatorClient) as client:
         removed = client.remove_limit(name)
     if not removed:
         raise NotFoundError(f"no operator's limit named {args.name!r}; see them with "
@@ -91,7 +92,7 @@ def cmd_limits_sync(args: argparse.Namespace, ui: Ui) -> int:
         raise UsageError("say which handlers module declares the limits: --handlers MODULE "
                          "(or $LEASEQ_HANDLERS)")
     limits = _registry(handlers).limits
-    with client_for(args, ui) as client:
+    with client_for(args, ui, OperatorClient) as client:
         rows = client.sync_limits(limits)
 
     def render(out: Console) -> None:
