@@ -25,6 +25,13 @@
 -- app.start_limited_jobs on the jobs it is about to claim; the trigger jobs_limits_state
 -- (migration 0023) frees slots at every final state and re-admits a redriven job.
 --
+-- Carrying this over to other claim tables: "held" is two writes, app.hold_job (the job
+-- leaves the claimable set: here its available_at and claim_key become app.held_until())
+-- and app.admit_held (it comes back with its due time and key); app.start_limited_jobs
+-- reschedules a refused start the same way; functions/read.sql reads app.held_jobs for
+-- the wait reason and compares available_at with app.held_until() in waiting_jobs. With
+-- a claimable table of its own, holding is "not in it" and those places change alone.
+--
 -- Which limits apply (app.job_limit_rows): every scope at once: the job's kind, its
 -- tenant, its kind within its tenant, its limit_key. Within a scope, a row naming the
 -- tenant is in force over the row for every tenant (tenant_id NULL), and an operator's
@@ -472,13 +479,14 @@ $$;
 revoke all on function app.limits_on_state_change() from public;
 
 -- Limits hook of the claim (app.claim_locked_jobs): of the jobs a claim locked, those
--- admitted under a rate limit start only with a start slot of each such limit (a row of
+-- under a rate limit start (each time they start: first, retried, given back) only with
+-- a start slot of each such limit (a row of
 -- app.limit_starts whose last start is a reuse interval ago, locked SKIP LOCKED, so two
 -- claims never share one). Those that get one start: the slot records the start, their
 -- admission slot is given back and the next held job of the bucket admitted, scheduled
 -- to its earliest start. Those that do not stay admitted, scheduled again to the
 -- earliest start their limits allow, and are not claimed. Returns the ids to claim, in
--- the order given. One probe of app.limit_slots when none of the jobs is rate-limited.
+-- the order given. One primary-key probe per job when none was admitted through limits.
 create or replace function app.start_limited_jobs(p_ids uuid[], p_now timestamptz)
 returns uuid[]
 language plpgsql
@@ -495,16 +503,18 @@ declare
   v_step interval;
   v_bucket text;
 begin
-  if not exists (select 1 from app.limit_slots s
-                 where s.job_id = any (p_ids) and s.purpose = 'start') then
+  if not exists (select 1 from app.jobs j
+                 where j.id = any (p_ids) and j.limit_buckets is not null) then
     return p_ids;
   end if;
   v_step := app.priority_step();
+  -- Every start of a job admitted through limits counts: its first, and each retry's,
+  -- a released lease's or a give-back's start again.
   for v_job in
     select j.id, j.tenant_id, j.kind, j.limit_key, j.priority
     from unnest(p_ids) with ordinality as u(id, n)
     join app.jobs j on j.id = u.id
-    where exists (select 1 from app.limit_slots s where s.job_id = j.id and s.purpose = 'start')
+    where j.limit_buckets is not null
     order by u.n
   loop
     v_ok := true;
@@ -514,8 +524,6 @@ begin
       select r.*
       from app.job_limit_rows(v_job.tenant_id, v_job.kind, v_job.limit_key) r
       where r.rate_count is not null
-        and exists (select 1 from app.limit_slots s
-                    where s.job_id = v_job.id and s.bucket = r.bucket and s.purpose = 'start')
     loop
       -- The bucket's start slots, made on first use (or a raised burst) by one claim at
       -- a time, which none waits for: another claim making them skips, and finds none.

@@ -524,3 +524,20 @@ def test_enqueue_job_answers_a_held_job_with_its_own_due_time(worker: Conn, owne
     assert second is not None
     assert second["id"] in held(owner)
     assert abs((second["available_at"] - first["available_at"]).total_seconds()) < 60
+
+
+def test_a_retry_of_a_rate_limited_job_counts_as_a_start_of_its_own(
+    worker: Conn, owner: Conn
+) -> None:
+    set_limit(owner, "kind", kind="report", rate=(1, timedelta(seconds=30)))
+    (job_id,) = enqueue(worker, new_tenant(), 1)
+    (row,) = claim(worker)
+    finish(worker, row, "retry", timedelta(0))
+    owner.execute("select * from app.repair_tenant_turns(100)")
+    assert claim(worker) == []  # the window's one start was its first attempt
+    owner.execute("update app.limit_starts set started_at = started_at - interval '30 seconds'")
+    owner.execute("update app.jobs set available_at = clock_timestamp() - interval '1 second'"
+                  " where id = %s", (job_id,))
+    owner.execute("select * from app.repair_tenant_turns(100)")
+    (again,) = claim(worker)
+    assert again["id"] == job_id
