@@ -3,15 +3,22 @@ client, and the reaper's admission pass with its per-limit report."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import uuid
+from collections import Counter
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from leaseq import (
     ConfigurationError,
     InvalidRequestError,
+    JobContext,
     QueueClient,
     Registry,
+    Worker,
+    WorkerConfig,
     parse_limit_name,
     parse_rate,
     reap_once,
@@ -112,3 +119,41 @@ def test_a_limit_for_every_tenant_is_reported_once_over_its_instances(
     [state] = report.limits
     assert (state.name, state.instances, state.admitted, state.blocked) == (
         "kind:echo/tenant:*", 3, 3, 3)
+
+
+def test_a_worker_with_ten_slots_runs_at_most_the_kinds_limit_and_every_other_kind_beside_it(
+        client: QueueClient, owner: Conn) -> None:
+    registry = Registry()
+    lock = threading.Lock()
+    flight: Counter[str] = Counter()
+    most: Counter[str] = Counter()
+
+    async def run(kind: str) -> None:
+        with lock:
+            flight[kind] += 1
+            most[kind] = max(most[kind], flight[kind])
+        try:
+            await asyncio.sleep(0.02)
+        finally:
+            with lock:
+                flight[kind] -= 1
+
+    @registry.handler("report", concurrency=2)
+    async def report(payload: Any, ctx: JobContext) -> None:
+        await run("report")
+
+    @registry.handler("echo")
+    async def echo(payload: Any, ctx: JobContext) -> None:
+        await run("echo")
+
+    client.sync_limits(registry.limits)
+    for _ in range(3):
+        enqueue(client, uuid.uuid4(), 10, kind="report", prefix="r")
+        enqueue(client, uuid.uuid4(), 10, kind="echo", prefix="e")
+    worker = Worker(client, registry, WorkerConfig(owner="limited-1", concurrency=10,
+                                                   batch_size=10, poll_idle=0))
+    drained = worker.drain(FakeDeadline(60))
+    assert drained.succeeded == 60
+    assert most["report"] == 2
+    assert most["echo"] > 2
+    assert owner.execute("select count(*) as n from app.held_jobs").fetchone() == {"n": 0}
