@@ -101,7 +101,8 @@ def db(migrated_database: Database) -> Database:
     """The migrated database with empty queue tables, an empty worker pool, and the pool's
     limits and the priority step at their defaults."""
     with migrated_database.connect(postgres.OWNER) as conn:
-        conn.execute("truncate app.jobs, app.job_events, app.tenant_readers,"
+        conn.execute("truncate app.jobs, app.job_events, app.claimable, app.leases,"
+                     " app.tenant_readers,"
                      " app.tenant_producers, app.tenant_turns, app.worker_pool, app.kind_turns,"
                      " app.worker_wakes, app.schedules, app.limits, app.limit_slots,"
                      " app.limit_starts, app.held_jobs, app.limit_turns")

@@ -23,7 +23,7 @@
 -- Hooks in the claim path (each marked "limits hook"): app.enqueue_items calls
 -- app.limit_new_jobs on the jobs it created; app.claim_locked_jobs calls
 -- app.start_limited_jobs on the jobs it is about to claim; the trigger jobs_limits_state
--- (migration 0023) frees slots at every final state and re-admits a redriven job.
+-- (migration 0024) frees slots at every final state and re-admits a redriven job.
 --
 -- Carrying this over to other claim tables: "held" is two writes, app.hold_job (the job
 -- leaves the claimable set: here its available_at and claim_key become app.held_until())
@@ -441,7 +441,7 @@ end;
 $$;
 revoke all on function app.bucket_room(text) from public;
 
--- The trigger jobs_limits_state (migration 0023): a job admitted through limits ended
+-- The trigger jobs_limits_state (migration 0024): a job admitted through limits ended
 -- (succeeded, dead, cancelled): its slots are given back and, in the same statement,
 -- the next held job of each of those buckets admitted; a held job that ended (cancelled)
 -- leaves its queue. A redriven job (final -> pending) is admitted or held anew.

@@ -23,7 +23,7 @@
 drop function if exists app.enqueue_jobs(uuid[], text[], text[], jsonb[], timestamptz[],
                                          integer[], text[]);
 drop function if exists app.enqueue_job(uuid, text, text, jsonb, timestamptz, integer);
--- And the signatures before limit keys (0023_job_limits drops them too).
+-- And the signatures before limit keys (0024_job_limits drops them too).
 drop function if exists app.enqueue_jobs(uuid[], text[], text[], jsonb[], timestamptz[],
                                          integer[], text[], integer[]);
 drop function if exists app.enqueue_items(uuid[], text[], text[], jsonb[], timestamptz[],
@@ -445,9 +445,9 @@ begin
                        p_operation_key, p_tenant_id),
       hint = 'Use a new operation_key for a different job, or repeat the original kind and payload exactly.';
   end if;
+  -- The job row holds no lease token (app.leases does): a producer learns the job's
+  -- state, never the lease that a worker holds on it.
   select * into v_job from app.jobs where id = v_result.job_id and tenant_id = p_tenant_id;
-  -- A producer learns the job's state, never the lease that a worker holds on it.
-  v_job.lease_token := null;
   -- A job a limit holds back is answered with its own due time and key, not the held
   -- placeholder (functions/admission.sql).
   if v_job.available_at = app.held_until() then
