@@ -41,7 +41,7 @@ from psycopg.types.json import Jsonb
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "layer"))
 
-from leaseq.migrate import migrate
+from leaseq.store.migrate import migrate
 
 Conn = psycopg.Connection[dict[str, Any]]
 TENANTS = [uuid.UUID(int=i + 1) for i in range(20)]
