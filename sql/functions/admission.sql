@@ -15,7 +15,7 @@
 --     they start (a job admitted early and claimed late cannot start in a bunch with
 --     others: its claim finds no start slot and schedules it again).
 -- A job that finds a limit full is held (app.held_jobs): its available_at and claim_key
--- move to app.held_until(), beyond every claim's index bound, so no claim, turn, ready
+-- move to app.held_until() and it has no app.claimable entry, so no claim, turn, ready
 -- count or backlog reads it; the statement that frees a slot admits the next held job in
 -- the same statement (app.admit_held). The reaper's pass (app.admit_held_jobs) admits
 -- whatever a race or a due time left waiting with a free slot.
@@ -25,12 +25,11 @@
 -- app.start_limited_jobs on the jobs it is about to claim; the trigger jobs_limits_state
 -- (migration 0024) frees slots at every final state and re-admits a redriven job.
 --
--- Carrying this over to other claim tables: "held" is two writes, app.hold_job (the job
--- leaves the claimable set: here its available_at and claim_key become app.held_until())
--- and app.admit_held (it comes back with its due time and key); app.start_limited_jobs
--- reschedules a refused start the same way; functions/read.sql reads app.held_jobs for
--- the wait reason and compares available_at with app.held_until() in waiting_jobs. With
--- a claimable table of its own, holding is "not in it" and those places change alone.
+-- Held, on the claim's tables: a held job's row carries app.held_until() as its due time
+-- and claim key, so the triggers of functions/claimable.sql give it no app.claimable
+-- entry (and every reader of the row sees it as not due); app.admit_held writes its real
+-- ones back, and the trigger adds its entry. app.cancel_jobs and app.waiting_jobs read
+-- app.held_jobs beside the entries; the wait reasons read it for held_by.
 --
 -- Which limits apply (app.job_limit_rows): every scope at once: the job's kind, its
 -- tenant, its kind within its tenant, its limit_key. Within a scope, a row naming the
