@@ -16,7 +16,9 @@ Measured in each, rounds alternating between the two so that a shared machine's 
 on both alike, medians printed:
 
 * ``claim``: one ``app.claim_ready_jobs(owner, 10)`` rolled back (the queue stays as it
-  is): what a worker's claim of other work costs with the backlog held or not;
+  is): what a worker's claim of other work costs with the backlog held or not, in time
+  and in shared buffers touched (EXPLAIN ANALYZE BUFFERS: what it reads, which a shared
+  machine's load does not change);
 * ``drain``: 2,000 unlimited jobs enqueued (100 per call) then drained with
   ``app.finish_and_claim_jobs`` in batches of 10: jobs per second of unlimited kinds;
 * ``enqueue``: the enqueue part of that, microseconds per unlimited job (the limits hook
@@ -103,6 +105,16 @@ def claim_once(conn: Conn) -> float:
     return elapsed
 
 
+def claim_buffers(conn: Conn) -> int:
+    """Shared buffers one claim touches (hit or read): what it reads, whatever the load."""
+    with conn.transaction(force_rollback=True):
+        (row,) = conn.execute(
+            "explain (analyze, buffers, format json)"
+            " select * from app.claim_ready_jobs('bench', 10, '1 minute')").fetchall()
+    plan = row["QUERY PLAN"][0]["Plan"]
+    return int(plan.get("Shared Hit Blocks", 0)) + int(plan.get("Shared Read Blocks", 0))
+
+
 def drain(conn: Conn, round_no: int, count: int = 2000) -> tuple[float, float]:
     """Seconds per enqueued job, jobs drained per second."""
     started = time.perf_counter()
@@ -156,11 +168,14 @@ def main() -> int:
             name, conns[case] = build(args.dsn, case, args.held)
             made.append(name)
             print(f"built {case} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
-            results[case] = {"claim_ms": [], "enqueue_us": [], "drain_jobs_s": []}
+            results[case] = {"claim_ms": [], "claim_buffers": [], "enqueue_us": [],
+                             "drain_jobs_s": []}
         for round_no in range(args.rounds):
             for case, conn in conns.items():
                 claims = sorted(claim_once(conn) for _ in range(args.claims))
                 results[case]["claim_ms"].append(statistics.median(claims) * 1000)
+                results[case]["claim_buffers"].append(
+                    statistics.median(claim_buffers(conn) for _ in range(20)))
                 enqueued, rate = drain(conn, round_no)
                 results[case]["enqueue_us"].append(enqueued * 1e6)
                 results[case]["drain_jobs_s"].append(rate)
@@ -175,11 +190,12 @@ def main() -> int:
             print(json.dumps(summary, default=str, indent=2))
         else:
             print(f"held jobs: {held['n'] if held else 0}")  # type: ignore[index]
-            print(f"{'case':<6} {'claim ms':>9} {'enqueue us/job':>15} {'drain jobs/s':>13}")
+            print(f"{'case':<6} {'claim ms':>9} {'claim buffers':>14} {'enqueue us/job':>15}"
+                  f" {'drain jobs/s':>13}")
             for case in ("none", "held", "future"):
                 r = summary[case]
-                print(f"{case:<6} {r['claim_ms']:>9.3f} {r['enqueue_us']:>15.1f}"
-                      f" {r['drain_jobs_s']:>13.0f}")
+                print(f"{case:<6} {r['claim_ms']:>9.3f} {r['claim_buffers']:>14.0f}"
+                      f" {r['enqueue_us']:>15.1f} {r['drain_jobs_s']:>13.0f}")
             print(f"claim held/none: {summary['claim_ratio']}")
         for conn in conns.values():
             conn.close()
