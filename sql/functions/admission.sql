@@ -23,7 +23,7 @@
 -- Hooks in the claim path (each marked "limits hook"): app.enqueue_items calls
 -- app.limit_new_jobs on the jobs it created; app.claim_locked_jobs calls
 -- app.start_limited_jobs on the jobs it is about to claim; the trigger jobs_limits_state
--- (migration 0024) frees slots at every final state and re-admits a redriven job.
+-- (migration 0025) frees slots at every final state and re-admits a redriven job.
 --
 -- Held, on the claim's tables: a held job's row carries app.held_until() as its due time
 -- and claim key, so the triggers of functions/claimable.sql give it no app.claimable
@@ -440,7 +440,7 @@ end;
 $$;
 revoke all on function app.bucket_room(text) from public;
 
--- The trigger jobs_limits_state (migration 0024): a job admitted through limits ended
+-- The trigger jobs_limits_state (migration 0025): a job admitted through limits ended
 -- (succeeded, dead, cancelled): its slots are given back and, in the same statement,
 -- the next held job of each of those buckets admitted; a held job that ended (cancelled)
 -- leaves its queue. A redriven job (final -> pending) is admitted or held anew.

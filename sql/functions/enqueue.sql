@@ -23,7 +23,7 @@
 drop function if exists app.enqueue_jobs(uuid[], text[], text[], jsonb[], timestamptz[],
                                          integer[], text[]);
 drop function if exists app.enqueue_job(uuid, text, text, jsonb, timestamptz, integer);
--- And the signatures before limit keys (0024_job_limits drops them too).
+-- And the signatures before limit keys (0025_job_limits drops them too).
 drop function if exists app.enqueue_jobs(uuid[], text[], text[], jsonb[], timestamptz[],
                                          integer[], text[], integer[]);
 drop function if exists app.enqueue_items(uuid[], text[], text[], jsonb[], timestamptz[],

@@ -1,4 +1,4 @@
--- leaseq 0024: concurrency and rate limits, enforced when a job is admitted.
+-- leaseq 0025: concurrency and rate limits, enforced when a job is admitted.
 --
 -- A limit caps the jobs of a kind, of a tenant, of a kind per tenant, or of a key the
 -- producer names (app.jobs.limit_key): at most N running at once (concurrency), and/or at
