@@ -42,6 +42,11 @@ set search_path = pg_catalog, pg_temp
 set plan_cache_mode = force_generic_plan
 as $$
 begin
+  -- Limits hook (functions/admission.sql): a job under a rate limit starts only with a
+  -- start slot; one without is scheduled again (its entry moves, so the delete below
+  -- does not take it) and is not claimed.
+  perform app.start_limited_jobs(
+    array(select c.job_id from app.claimable c where c.ctid = any (p_tids)), p_now);
   return query
   with taken as (
     delete from app.claimable c

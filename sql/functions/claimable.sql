@@ -25,7 +25,9 @@ begin
   select a.tenant_id, a.kind, a.claim_key, a.created_at, a.id, a.available_at, a.state,
          a.priority
   from added a
-  where a.state in ('pending', 'retry_wait');
+  where a.state in ('pending', 'retry_wait')
+    -- Limits hook: a job a limit holds back has no entry (functions/admission.sql).
+    and a.available_at < app.held_until();
   return null;
 end;
 $$;
@@ -48,7 +50,9 @@ begin
         and q.created_at = old.created_at and q.job_id = old.id
       for update skip locked));
   end if;
-  if new.state in ('pending', 'retry_wait') then
+  -- Limits hook: a job a limit holds back has no entry until admitted
+  -- (functions/admission.sql).
+  if new.state in ('pending', 'retry_wait') and new.available_at < app.held_until() then
     insert into app.claimable (tenant_id, kind, claim_key, created_at, job_id, available_at,
                              state, priority)
     values (new.tenant_id, new.kind, new.claim_key, new.created_at, new.id, new.available_at,

@@ -90,6 +90,12 @@ class QueueViews(Protocol):
         or None for a viewer who is shown no schedules (a tenant reader)."""
         ...
 
+    def limit_status(self) -> list[Row] | None:
+        """Each limit instance in use: admitted, running and held jobs, the oldest held
+        one's wait (app.limit_status), or None for a viewer shown no limits (a tenant
+        reader: an instance may name another tenant)."""
+        ...
+
 
 def _list_args(where: JobFilter, after: Cursor | None) -> dict[str, Any]:
     return {"tenant_id": where.tenant_id, "kind": where.kind, "since": where.since,
@@ -137,6 +143,10 @@ class OperatorViews:
     def list_schedules(self) -> list[Row] | None:
         """See :meth:`QueueViews.list_schedules` (every tenant's)."""
         return self.client.list_schedules(None, 3)
+
+    def limit_status(self) -> list[Row] | None:
+        """See :meth:`QueueViews.limit_status` (every limit's)."""
+        return self.client.limit_status()
 
     def redrive_jobs(self, actor: str, job_ids: Sequence[UUID],
                      reason: str | None = None) -> list[Row]:
@@ -200,4 +210,8 @@ class TenantViews:
     def list_schedules(self) -> list[Row] | None:
         """None: schedules are the operators' rows, which a tenant reader may not read
         (the shared tenant's and other tenants' among them)."""
+        return None
+
+    def limit_status(self) -> list[Row] | None:
+        """None: a limit instance may count other tenants' jobs."""
         return None

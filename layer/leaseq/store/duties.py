@@ -182,6 +182,8 @@ class ReaperClient(DutyClient):
     end_stalled_sessions = _call(QueueClient.end_stalled_sessions)
     prune_retained_jobs = _call(QueueClient.prune_retained_jobs)
     tick_schedules = _call(QueueClient.tick_schedules)
+    admit_held_jobs = _call(QueueClient.admit_held_jobs)
+    limit_status = _call(QueueClient.limit_status)
 
 
 class OperatorClient(DutyClient):
@@ -214,6 +216,12 @@ class OperatorClient(DutyClient):
     remove_schedule = _call(QueueClient.remove_schedule)
     list_schedules = _call(QueueClient.list_schedules)
     sync_schedules = _call(QueueClient.sync_schedules)
+    set_limit = _call(QueueClient.set_limit)
+    remove_limit = _call(QueueClient.remove_limit)
+    list_limits = _call(QueueClient.list_limits)
+    sync_limits = _call(QueueClient.sync_limits)
+    limit_status = _call(QueueClient.limit_status)
+    admit_held_jobs = _call(QueueClient.admit_held_jobs)
 
 
 class ReaderClient(DutyClient):
