@@ -1,4 +1,4 @@
--- The tables of schema app as the migrations leave them (after 0022_periodic_schedules).
+-- The tables of schema app as the migrations leave them (after 0023_named_queues).
 --
 -- Generated from a freshly migrated database by scripts/write-schema: do not edit. After adding
 -- a migration, run scripts/write-schema and commit this file with it;
@@ -12,6 +12,9 @@
 --   app.job_events
 --   app.jobs
 --   app.kind_turns
+--   app.queue_events
+--   app.queue_kinds
+--   app.queues
 --   app.schedules
 --   app.schema_functions
 --   app.schema_migrations
@@ -172,6 +175,8 @@ CREATE TABLE app.jobs (
     cancel_requested_by text,
     priority smallint DEFAULT 5 NOT NULL,
     claim_key timestamp with time zone NOT NULL,
+    -- The named queue whose workers claim the job; 'default' unless routed or named.
+    queue text DEFAULT 'default'::text NOT NULL,
     CONSTRAINT jobs_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT jobs_available_at_finite CHECK (isfinite(available_at)),
     CONSTRAINT jobs_correlation_id_shape CHECK (((correlation_id IS NULL) OR ((length(correlation_id) >= 1) AND (length(correlation_id) <= 200)))),
@@ -195,6 +200,10 @@ ALTER TABLE ONLY app.jobs
 ALTER TABLE app.jobs
     ADD CONSTRAINT jobs_cancel_request_shape CHECK ((((cancel_requested_at IS NULL) = (cancel_requested_by IS NULL)) AND ((cancel_requested_by IS NULL) OR ((length(cancel_requested_by) >= 1) AND (length(cancel_requested_by) <= 200))) AND ((cancel_requested_at IS NULL) OR (state = ANY (ARRAY['running'::app.job_state, 'cancelled'::app.job_state]))))) NOT VALID;
 
+-- CHECK CONSTRAINT: jobs jobs_queue_name
+ALTER TABLE app.jobs
+    ADD CONSTRAINT jobs_queue_name CHECK ((queue ~ '^[a-z][a-z0-9_-]{0,39}$'::text)) NOT VALID;
+
 -- INDEX: jobs_claimable_idx
 CREATE INDEX jobs_claimable_idx ON app.jobs USING btree (tenant_id, claim_key, created_at, id) INCLUDE (available_at) WHERE (state = ANY (ARRAY['pending'::app.job_state, 'retry_wait'::app.job_state]));
 
@@ -209,6 +218,9 @@ CREATE INDEX jobs_kind_claimable_idx ON app.jobs USING btree (tenant_id, kind, c
 
 -- INDEX: jobs_lease_expiry_idx
 CREATE INDEX jobs_lease_expiry_idx ON app.jobs USING btree (lease_expires_at) WHERE (state = 'running'::app.job_state);
+
+-- INDEX: jobs_queue_claimable_idx
+CREATE INDEX jobs_queue_claimable_idx ON app.jobs USING btree (queue, tenant_id, claim_key, created_at, id) INCLUDE (available_at) WHERE (state = ANY (ARRAY['pending'::app.job_state, 'retry_wait'::app.job_state]));
 
 -- INDEX: jobs_ready_at_idx
 CREATE INDEX jobs_ready_at_idx ON app.jobs USING btree ((available_at AT TIME ZONE 'UTC'::text)) WHERE (state = ANY (ARRAY['pending'::app.job_state, 'retry_wait'::app.job_state]));
@@ -275,6 +287,102 @@ CREATE INDEX kind_turns_due_idx ON app.kind_turns USING btree (kind, turn_at, te
 
 -- ROW SECURITY: kind_turns
 ALTER TABLE app.kind_turns ENABLE ROW LEVEL SECURITY;
+
+-- ======================================================================================
+-- app.queue_events
+-- ======================================================================================
+
+-- TABLE: queue_events
+-- Every pause and resume of a queue, with the operator's identity and the login.
+CREATE TABLE app.queue_events (
+    id bigint NOT NULL,
+    queue text NOT NULL,
+    event_type text NOT NULL,
+    actor text NOT NULL,
+    -- The database login (session_user) that made the change.
+    login text DEFAULT SESSION_USER NOT NULL,
+    reason text,
+    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT queue_events_actor_check CHECK (((length(actor) >= 1) AND (length(actor) <= 200))),
+    CONSTRAINT queue_events_type_check CHECK ((event_type = ANY (ARRAY['paused'::text, 'resumed'::text])))
+);
+
+-- SEQUENCE: queue_events_id_seq
+ALTER TABLE app.queue_events ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME app.queue_events_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+-- CONSTRAINT: queue_events queue_events_pkey
+ALTER TABLE ONLY app.queue_events
+    ADD CONSTRAINT queue_events_pkey PRIMARY KEY (id);
+
+-- FK CONSTRAINT: queue_events queue_events_queue_fkey
+ALTER TABLE ONLY app.queue_events
+    ADD CONSTRAINT queue_events_queue_fkey FOREIGN KEY (queue) REFERENCES app.queues(name);
+
+-- INDEX: queue_events_queue_idx
+CREATE INDEX queue_events_queue_idx ON app.queue_events USING btree (queue, created_at);
+
+-- ROW SECURITY: queue_events
+ALTER TABLE app.queue_events ENABLE ROW LEVEL SECURITY;
+
+-- ======================================================================================
+-- app.queue_kinds
+-- ======================================================================================
+
+-- TABLE: queue_kinds
+-- The owner's routes: a job enqueued without a queue goes to its kind's queue.
+CREATE TABLE app.queue_kinds (
+    kind text NOT NULL,
+    queue text NOT NULL,
+    updated_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT queue_kinds_kind_check CHECK (((length(kind) >= 1) AND (length(kind) <= 128)))
+);
+
+-- CONSTRAINT: queue_kinds queue_kinds_pkey
+ALTER TABLE ONLY app.queue_kinds
+    ADD CONSTRAINT queue_kinds_pkey PRIMARY KEY (kind);
+
+-- FK CONSTRAINT: queue_kinds queue_kinds_queue_fkey
+ALTER TABLE ONLY app.queue_kinds
+    ADD CONSTRAINT queue_kinds_queue_fkey FOREIGN KEY (queue) REFERENCES app.queues(name);
+
+-- ROW SECURITY: queue_kinds
+ALTER TABLE app.queue_kinds ENABLE ROW LEVEL SECURITY;
+
+-- ======================================================================================
+-- app.queues
+-- ======================================================================================
+
+-- TABLE: queues
+-- Named queues with a state of their own: paused or not, the owner's worker limit.
+CREATE TABLE app.queues (
+    name text NOT NULL,
+    -- The owner's most worker pool places of this queue; NULL: app.settings.max_workers.
+    max_workers integer,
+    -- Set while paused: the queue's jobs are not claimed, its pool neither fans out nor
+    -- wakes.
+    paused_at timestamp with time zone,
+    paused_by text,
+    pause_reason text,
+    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    updated_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT queues_max_workers_range CHECK (((max_workers >= 0) AND (max_workers <= 1000))),
+    CONSTRAINT queues_name_check CHECK ((name ~ '^[a-z][a-z0-9_-]{0,39}$'::text)),
+    CONSTRAINT queues_pause_shape CHECK ((((paused_at IS NULL) = (paused_by IS NULL)) AND ((pause_reason IS NULL) OR (paused_at IS NOT NULL)) AND ((paused_by IS NULL) OR ((length(paused_by) >= 1) AND (length(paused_by) <= 200))) AND ((pause_reason IS NULL) OR ((length(pause_reason) >= 1) AND (length(pause_reason) <= 500)))))
+);
+
+-- CONSTRAINT: queues queues_pkey
+ALTER TABLE ONLY app.queues
+    ADD CONSTRAINT queues_pkey PRIMARY KEY (name);
+
+-- ROW SECURITY: queues
+ALTER TABLE app.queues ENABLE ROW LEVEL SECURITY;
 
 -- ======================================================================================
 -- app.schedules
@@ -497,8 +605,11 @@ CREATE TABLE app.worker_pool (
     created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     expires_at timestamp with time zone NOT NULL,
     extra boolean DEFAULT false NOT NULL,
+    -- The queue whose workers this place counts for: each queue has its own pool.
+    queue text DEFAULT 'default'::text NOT NULL,
     CONSTRAINT worker_pool_extra_check CHECK (((NOT extra) OR ((owner IS NOT NULL) AND (reason = ANY (ARRAY['schedule'::text, 'manual'::text]))))),
     CONSTRAINT worker_pool_owner_check CHECK (((owner IS NULL) OR ((length(owner) >= 1) AND (length(owner) <= 200)))),
+    CONSTRAINT worker_pool_queue_name CHECK ((queue ~ '^[a-z][a-z0-9_-]{0,39}$'::text)),
     CONSTRAINT worker_pool_reason_check CHECK ((reason = ANY (ARRAY['schedule'::text, 'manual'::text, 'fanout'::text, 'wake'::text])))
 );
 
@@ -514,7 +625,10 @@ ALTER TABLE ONLY app.worker_pool
 CREATE INDEX worker_pool_expires_idx ON app.worker_pool USING btree (expires_at);
 
 -- INDEX: worker_pool_one_extra_idx
-CREATE UNIQUE INDEX worker_pool_one_extra_idx ON app.worker_pool USING btree (extra) WHERE extra;
+CREATE UNIQUE INDEX worker_pool_one_extra_idx ON app.worker_pool USING btree (queue) WHERE extra;
+
+-- INDEX: worker_pool_queue_idx
+CREATE INDEX worker_pool_queue_idx ON app.worker_pool USING btree (queue, expires_at);
 
 -- ROW SECURITY: worker_pool
 ALTER TABLE app.worker_pool ENABLE ROW LEVEL SECURITY;
@@ -550,12 +664,14 @@ CREATE TABLE app.worker_wakes (
     woken_at timestamp with time zone NOT NULL,
     ticket uuid,
     ticket_expires_at timestamp with time zone,
+    queue text DEFAULT 'default'::text NOT NULL,
+    CONSTRAINT worker_wakes_queue_name CHECK ((queue ~ '^[a-z][a-z0-9_-]{0,39}$'::text)),
     CONSTRAINT worker_wakes_ticket_check CHECK (((ticket IS NULL) = (ticket_expires_at IS NULL)))
 );
 
 -- CONSTRAINT: worker_wakes worker_wakes_pkey
 ALTER TABLE ONLY app.worker_wakes
-    ADD CONSTRAINT worker_wakes_pkey PRIMARY KEY (waker);
+    ADD CONSTRAINT worker_wakes_pkey PRIMARY KEY (waker, queue);
 
 -- CONSTRAINT: worker_wakes worker_wakes_ticket_key
 ALTER TABLE ONLY app.worker_wakes

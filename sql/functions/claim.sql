@@ -19,6 +19,16 @@
 -- available_at among its jobs keyed before the due time of its first job in claim order
 -- (any job due earlier has an earlier key), a bounded range of the same index.
 --
+-- Named queues (migration 0023_named_queues): every claim takes p_queue, the queue whose
+-- jobs it claims (NULL: every queue), and never claims a job of a paused queue
+-- (app.paused_queues; a claim of a paused queue returns nothing at once). The queue is a
+-- filter on the rows each walk reads; the fair claim also reads only due tenants with a
+-- ready job in its queue (one probe of jobs_queue_claimable_idx each), so due tenants
+-- whose ready work is in other queues never take its picks. Turns stay per tenant (and
+-- kind): a queue's claim that serves a tenant moves the tenant's turn as any claim does,
+-- so queues of one tenant share its round robin; a tenant is idle only with no ready job
+-- in any queue.
+--
 -- The claim functions plan their statements once per session (plan_cache_mode =
 -- force_generic_plan). PL/pgSQL plans a statement with parameters again for every call
 -- for as long as the generic plan's estimate looks costlier, and the claim statements
@@ -93,7 +103,8 @@ create or replace function app.claim_jobs(
   p_limit integer default 10,
   p_lease interval default interval '30 seconds',
   p_kinds text[] default null,
-  p_exclude_kinds text[] default null
+  p_exclude_kinds text[] default null,
+  p_queue text default null
 )
 returns setof app.jobs
 language plpgsql
@@ -105,11 +116,16 @@ declare
   v_now timestamptz := clock_timestamp();
   v_ids uuid[];
   v_kinds text[];
+  v_paused text[];
 begin
   if p_tenant_id is null then
     perform app.check_required('p_tenant_id', p_tenant_id);
   end if;
   perform app.check_claim(p_owner, p_limit, p_lease);
+  v_paused := app.paused_queues(p_queue);
+  if p_queue = any (v_paused) then
+    return;
+  end if;
 
   if p_kinds is null and p_exclude_kinds is null then
     select array_agg(c.id) into v_ids
@@ -120,6 +136,7 @@ begin
         and j.state in ('pending', 'retry_wait')
         and j.claim_key <= v_now
         and j.available_at <= v_now
+        and j.queue = coalesce(p_queue, j.queue) and j.queue <> all (v_paused)
       order by j.claim_key, j.created_at, j.id
       for update skip locked
       limit p_limit
@@ -165,6 +182,7 @@ begin
             and q.state in ('pending', 'retry_wait')
             and q.claim_key <= v_now
             and q.available_at <= v_now
+            and q.queue = coalesce(p_queue, q.queue) and q.queue <> all (v_paused)
           order by q.claim_key, q.created_at, q.id
           limit p_limit
         ) head
@@ -175,6 +193,7 @@ begin
       where j.state in ('pending', 'retry_wait')
         and j.claim_key <= v_now
         and j.available_at <= v_now
+        and j.queue = coalesce(p_queue, j.queue) and j.queue <> all (v_paused)
       order by candidate.claim_key, candidate.created_at, candidate.id
       for update of j skip locked
       limit p_limit
@@ -186,8 +205,8 @@ begin
   return query select * from app.claim_locked_jobs(v_ids, p_owner, p_lease, v_now);
 end;
 $$;
-revoke all on function app.claim_jobs(uuid, text, integer, interval, text[], text[]) from public;
-grant execute on function app.claim_jobs(uuid, text, integer, interval, text[], text[]) to leaseq_worker;
+revoke all on function app.claim_jobs(uuid, text, integer, interval, text[], text[], text) from public;
+grant execute on function app.claim_jobs(uuid, text, integer, interval, text[], text[], text) to leaseq_worker;
 
 -- Tenants' turns (app.tenant_turns, migration 0012_tenant_turns) --------------------------
 --
@@ -402,7 +421,8 @@ create or replace function app.claim_ready_jobs(
   p_limit integer default 10,
   p_lease interval default interval '30 seconds',
   p_kinds text[] default null,
-  p_exclude_kinds text[] default null
+  p_exclude_kinds text[] default null,
+  p_queue text default null
 )
 returns setof app.jobs
 language plpgsql
@@ -412,6 +432,7 @@ set plan_cache_mode = force_generic_plan
 as $$
 declare
   v_now timestamptz := clock_timestamp();
+  v_paused text[];
   v_pass integer := 0;
   v_room integer;
   v_pick uuid[];
@@ -428,11 +449,15 @@ declare
   v_rotate boolean;
 begin
   perform app.check_claim(p_owner, p_limit, p_lease);
+  v_paused := app.paused_queues(p_queue);
+  if p_queue = any (v_paused) then
+    return;
+  end if;
   if p_kinds is not null or p_exclude_kinds is not null then
     perform app.check_kind_filter(p_kinds, p_exclude_kinds);
     return query
     select * from app.claim_ready_jobs_of_kinds(p_owner, p_limit, p_lease, p_kinds,
-                                                p_exclude_kinds);
+                                                p_exclude_kinds, p_queue, v_paused);
     return;
   end if;
 
@@ -451,6 +476,11 @@ begin
         from app.tenant_turns t
         where t.turn_at <= v_now
           and t.tenant_id <> all (v_seen)
+          and (p_queue is null or exists (
+                select 1 from app.jobs q
+                where q.queue = p_queue and q.tenant_id = t.tenant_id
+                  and q.state in ('pending', 'retry_wait')
+                  and q.claim_key <= v_now and q.available_at <= v_now))
         order by t.turn_at, t.tenant_id
         offset 0
       ) due
@@ -467,6 +497,11 @@ begin
         from app.tenant_turns t
         where t.turn_at <= v_now
           and t.tenant_id <> all (v_seen)
+          and (p_queue is null or exists (
+                select 1 from app.jobs q
+                where q.queue = p_queue and q.tenant_id = t.tenant_id
+                  and q.state in ('pending', 'retry_wait')
+                  and q.claim_key <= v_now and q.available_at <= v_now))
         order by t.turn_at, t.tenant_id
         limit v_room - cardinality(v_pick)
       ) d;
@@ -492,6 +527,7 @@ begin
             and j.state in ('pending', 'retry_wait')
             and j.claim_key <= v_now
             and j.available_at <= v_now
+            and j.queue = coalesce(p_queue, j.queue) and j.queue <> all (v_paused)
           order by j.claim_key, j.created_at, j.id
           for update skip locked
           limit v_share
@@ -518,6 +554,7 @@ begin
           and j.state in ('pending', 'retry_wait')
           and j.claim_key <= v_now
           and j.available_at <= v_now
+          and j.queue = coalesce(p_queue, j.queue) and j.queue <> all (v_paused)
           and j.id <> all (v_ids)
         order by j.claim_key, j.created_at, j.id
         for update skip locked
@@ -600,8 +637,8 @@ begin
   end if;
 end;
 $$;
-revoke all on function app.claim_ready_jobs(text, integer, interval, text[], text[]) from public;
-grant execute on function app.claim_ready_jobs(text, integer, interval, text[], text[]) to leaseq_worker;
+revoke all on function app.claim_ready_jobs(text, integer, interval, text[], text[], text) from public;
+grant execute on function app.claim_ready_jobs(text, integer, interval, text[], text[], text) to leaseq_worker;
 
 -- The fair claim with a kind filter (app.claim_ready_jobs with p_kinds or
 -- p_exclude_kinds, checked there): the rules of the fair claim above, over the kinds'
@@ -633,7 +670,9 @@ create or replace function app.claim_ready_jobs_of_kinds(
   p_limit integer,
   p_lease interval,
   p_kinds text[],
-  p_exclude_kinds text[]
+  p_exclude_kinds text[],
+  p_queue text,
+  p_paused text[]
 )
 returns setof app.jobs
 language plpgsql
@@ -767,6 +806,7 @@ begin
                 and q.state in ('pending', 'retry_wait')
                 and q.claim_key <= v_now
                 and q.available_at <= v_now
+                and q.queue = coalesce(p_queue, q.queue) and q.queue <> all (p_paused)
               order by q.claim_key, q.created_at, q.id
               limit v_share
             ) head
@@ -778,6 +818,7 @@ begin
           where j.state in ('pending', 'retry_wait')
             and j.claim_key <= v_now
             and j.available_at <= v_now
+            and j.queue = coalesce(p_queue, j.queue) and j.queue <> all (p_paused)
           order by candidate.claim_key, candidate.created_at, candidate.id
           for update of j skip locked
           limit v_share
@@ -808,6 +849,7 @@ begin
             and q.state in ('pending', 'retry_wait')
             and q.claim_key <= v_now
             and q.available_at <= v_now
+            and q.queue = coalesce(p_queue, q.queue) and q.queue <> all (p_paused)
             and q.id <> all (v_ids)
           order by q.claim_key, q.created_at, q.id
           limit p_limit - cardinality(v_ids)
@@ -819,6 +861,7 @@ begin
       where j.state in ('pending', 'retry_wait')
         and j.claim_key <= v_now
         and j.available_at <= v_now
+        and j.queue = coalesce(p_queue, j.queue) and j.queue <> all (p_paused)
       order by candidate.pos, candidate.claim_key, candidate.created_at, candidate.id
       for update of j skip locked
       limit p_limit - cardinality(v_ids)
@@ -954,7 +997,7 @@ begin
   end if;
 end;
 $$;
-revoke all on function app.claim_ready_jobs_of_kinds(text, integer, interval, text[], text[]) from public;
+revoke all on function app.claim_ready_jobs_of_kinds(text, integer, interval, text[], text[], text, text[]) from public;
 
 -- Self-healing for the turns: one page of the tenants that have claimable jobs, from
 -- the cursor in app.tenant_turn_sweep (a loose index scan over jobs_claimable_idx, one

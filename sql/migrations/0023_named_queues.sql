@@ -1,0 +1,133 @@
+-- leaseq 0023: named queues, each drained by its own workers and pool, paused and resumed.
+--
+-- A job belongs to one queue (app.jobs.queue, 'default' unless the producer or its kind's
+-- route names another). A queue's workers claim only its jobs (the claim functions' new
+-- p_queue), its worker pool counts only its places (app.worker_pool.queue), and a wake
+-- starts only its worker function (app.worker_wakes keyed by login and queue), so a
+-- backlog of one queue never starts, nor holds room of, another queue's workers.
+--
+-- app.queues holds a row per queue that has a state of its own: 'default', every queue an
+-- operator paused or an owner routed kinds to or limited, every queue a worker joined.
+-- A queue needs no row to take jobs: a producer's queue is one by its name (checked by
+-- the name rule below). A paused queue (paused_at set) has its jobs left unclaimed and
+-- its pool neither fans out nor wakes; the jobs already running finish. Every pause and
+-- resume is an audit row in app.queue_events, with the operator's identity (actor) and
+-- the database login that made the change.
+--
+-- app.queue_kinds routes kinds to queues on the owner's authority: a job enqueued without
+-- a queue goes to its kind's route, or to 'default'. The deploy writes the routes of the
+-- kinds its template names for a queue (the former slow-kinds worker's SlowKinds), so
+-- producers that know nothing of queues keep their jobs on the worker that has the
+-- settings for them. Routing a kind also moves its jobs waiting in 'default'.
+--
+-- Queue names: 1 .. 40 characters, lowercase ASCII letters, digits, '-' and '_',
+-- starting with a letter: they name Lambda functions, metric dimensions and log fields.
+--
+-- jobs.queue is added with a constant default (no table rewrite); its check is added NOT
+-- VALID (every existing row has the default, which passes) so the migration does not
+-- scan the table under its lock; new and updated rows are checked. The index
+-- jobs_queue_claimable_idx (queue, tenant_id, claim order) answers a queue's claim
+-- whether a due tenant has ready work in the queue with one probe; built without
+-- CONCURRENTLY, as migrations run in a transaction: on a large table deploy in a quiet
+-- hour. Between this transaction and the function files of the same deploy the previous
+-- claim, pool and enqueue functions no longer exist (42883, dropped below so the new
+-- signatures do not become overloads of them): deploy while workers and producers can
+-- retry, as for any migration.
+
+create table app.queues (
+  name text primary key
+    constraint queues_name_check check (name ~ '^[a-z][a-z0-9_-]{0,39}$'),
+  max_workers integer
+    constraint queues_max_workers_range check (max_workers between 0 and 1000),
+  paused_at timestamptz,
+  paused_by text,
+  pause_reason text,
+  created_at timestamptz not null default clock_timestamp(),
+  updated_at timestamptz not null default clock_timestamp(),
+  constraint queues_pause_shape check (
+    (paused_at is null) = (paused_by is null)
+    and (pause_reason is null or paused_at is not null)
+    and (paused_by is null or length(paused_by) between 1 and 200)
+    and (pause_reason is null or length(pause_reason) between 1 and 500))
+);
+insert into app.queues (name) values ('default');
+
+create table app.queue_events (
+  id bigint generated always as identity primary key,
+  queue text not null references app.queues (name),
+  event_type text not null
+    constraint queue_events_type_check check (event_type in ('paused', 'resumed')),
+  actor text not null
+    constraint queue_events_actor_check check (length(actor) between 1 and 200),
+  login text not null default session_user,
+  reason text,
+  created_at timestamptz not null default clock_timestamp()
+);
+create index queue_events_queue_idx on app.queue_events (queue, created_at);
+
+create table app.queue_kinds (
+  kind text primary key
+    constraint queue_kinds_kind_check check (length(kind) between 1 and 128),
+  queue text not null references app.queues (name),
+  updated_at timestamptz not null default clock_timestamp()
+);
+
+alter table app.jobs
+  add column queue text not null default 'default';
+alter table app.jobs
+  add constraint jobs_queue_name check (queue ~ '^[a-z][a-z0-9_-]{0,39}$') not valid;
+
+create index jobs_queue_claimable_idx on app.jobs (queue, tenant_id, claim_key, created_at, id)
+  include (available_at)
+  where state in ('pending', 'retry_wait');
+
+alter table app.worker_pool
+  add column queue text not null default 'default'
+    constraint worker_pool_queue_name check (queue ~ '^[a-z][a-z0-9_-]{0,39}$');
+drop index app.worker_pool_one_extra_idx;
+create unique index worker_pool_one_extra_idx on app.worker_pool (queue) where extra;
+create index worker_pool_queue_idx on app.worker_pool (queue, expires_at);
+
+alter table app.worker_wakes
+  add column queue text not null default 'default'
+    constraint worker_wakes_queue_name check (queue ~ '^[a-z][a-z0-9_-]{0,39}$');
+alter table app.worker_wakes drop constraint worker_wakes_pkey;
+alter table app.worker_wakes add primary key (waker, queue);
+
+comment on table app.queues is
+  'Named queues with a state of their own: paused or not, the owner''s worker limit.';
+comment on column app.queues.max_workers is
+  'The owner''s most worker pool places of this queue; NULL: app.settings.max_workers.';
+comment on column app.queues.paused_at is
+  'Set while paused: the queue''s jobs are not claimed, its pool neither fans out nor wakes.';
+comment on table app.queue_events is
+  'Every pause and resume of a queue, with the operator''s identity and the login.';
+comment on column app.queue_events.login is
+  'The database login (session_user) that made the change.';
+comment on table app.queue_kinds is
+  'The owner''s routes: a job enqueued without a queue goes to its kind''s queue.';
+comment on column app.jobs.queue is
+  'The named queue whose workers claim the job; ''default'' unless routed or named.';
+comment on column app.worker_pool.queue is
+  'The queue whose workers this place counts for: each queue has its own pool.';
+
+revoke all on app.queues, app.queue_events, app.queue_kinds from public;
+alter table app.queues enable row level security;
+alter table app.queue_events enable row level security;
+alter table app.queue_kinds enable row level security;
+
+drop function if exists app.claim_jobs(uuid, text, integer, interval, text[], text[]);
+drop function if exists app.claim_ready_jobs(text, integer, interval, text[], text[]);
+drop function if exists app.claim_ready_jobs_of_kinds(text, integer, interval, text[], text[]);
+drop function if exists app.finish_and_claim_jobs(text, uuid[], uuid[], uuid[], text[], jsonb[],
+                                                  interval[], integer, interval, text[],
+                                                  text[]);
+drop function if exists app.join_worker_pool(text, text, uuid, integer, interval);
+drop function if exists app.reserve_worker_places(integer, integer, interval);
+drop function if exists app.wake_worker_place();
+drop function if exists app.worker_pool_size();
+drop function if exists app.enqueue_items(uuid[], text[], text[], jsonb[], timestamptz[],
+                                          integer[], text[], integer[]);
+drop function if exists app.enqueue_jobs(uuid[], text[], text[], jsonb[], timestamptz[],
+                                         integer[], text[], integer[]);
+drop function if exists app.enqueue_job(uuid, text, text, jsonb, timestamptz, integer, integer);
