@@ -16,6 +16,7 @@ caller's back. It would add pydantic-settings and python-dotenv to the layer to 
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from datetime import timedelta
@@ -37,6 +38,7 @@ from pydantic import (
 from leaseq import config
 from leaseq.client import DEFAULT_MAX_IDLE_SECONDS
 from leaseq.errors import ConfigurationError, one_line
+from leaseq.limits import DEFAULT_QUEUE, queue_name_problem
 from leaseq.reaper import REAPER_LIMIT, RETENTION_DAYS
 from leaseq.tls import SslSetting, TlsOptions, choose_tls, libpq_mode
 
@@ -194,6 +196,9 @@ class WorkerSettings(BaseModel):
     #: claim only these kinds, or every kind but these; not both.
     kinds: tuple[str, ...] | None = Field(default=None, alias="LEASEQ_KINDS")
     exclude_kinds: tuple[str, ...] | None = Field(default=None, alias="LEASEQ_EXCLUDE_KINDS")
+    #: The named queue this worker drains (WorkerConfig.queue): each queue has a worker
+    #: function of its own.
+    queue: str = Field(default=DEFAULT_QUEUE, alias="LEASEQ_QUEUE")
 
     #: WorkerConfig's field -> this model's field.
     CONFIG_FIELDS: ClassVar[dict[str, str]] = {
@@ -206,7 +211,7 @@ class WorkerSettings(BaseModel):
         "loop_stall": "loop_stall_seconds", "cancel_grace": "cancel_grace_seconds",
         "retry_base": "retry_base_seconds",
         "retry_max": "retry_max_seconds",
-        "kinds": "kinds", "exclude_kinds": "exclude_kinds",
+        "kinds": "kinds", "exclude_kinds": "exclude_kinds", "queue": "queue",
     }
 
     @classmethod
@@ -233,6 +238,14 @@ class WorkerSettings(BaseModel):
                 "commas, as in report.build,invoice.render")
         return kinds
 
+    @field_validator("queue")
+    @classmethod
+    def _queue_name(cls, value: str) -> str:
+        problem = queue_name_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
     @field_validator("kinds", "exclude_kinds", mode="after")
     @classmethod
     def _kinds(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
@@ -255,6 +268,9 @@ class ReaperSettings(BaseModel):
     model_config = ConfigDict(frozen=True, populate_by_name=True)
 
     limit: int = Field(alias="LEASEQ_REAPER_LIMIT", **REAPER_LIMIT.field())
+    #: How many queues (the first, by name) get a metric dimension value of their own in
+    #: the reaper's per-queue metrics; the others share ``other``.
+    metric_queues: int = Field(default=20, ge=0, le=100, alias="LEASEQ_METRIC_QUEUES")
     #: Finished jobs (succeeded, dead, cancelled) and their events are deleted this long
     #: after they finished; 0 keeps them for ever.
     retention_days: float = Field(alias="LEASEQ_RETENTION_DAYS", **RETENTION_DAYS.field())
@@ -294,6 +310,45 @@ class PoolSettings(BaseModel):
     #: age). The database keeps the shorter of this and the schema owner's start hold.
     start_hold_seconds: float = Field(alias="LEASEQ_START_HOLD_SECONDS",
                                       **config.START_HOLD.field())
+    #: The named queue whose pool this worker joins, fans out and wakes (each queue has
+    #: its own; the worker's LEASEQ_QUEUE).
+    queue: str = Field(default=DEFAULT_QUEUE, alias="LEASEQ_QUEUE")
+    #: The enqueue function's wakes: the worker function (name or ARN) of each queue
+    #: other than the worker function's own, as a JSON object {"reports": "stack-reports-
+    #: worker"}. A job of a queue named nowhere wakes no worker: its tick drains it.
+    queue_workers: dict[str, str] = Field(default_factory=dict, alias="LEASEQ_QUEUE_WORKERS")
+
+    @field_validator("queue")
+    @classmethod
+    def _queue_name(cls, value: str) -> str:
+        problem = queue_name_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("queue_workers", mode="before")
+    @classmethod
+    def _json_object(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise ValueError('must be a JSON object of queue names to worker functions, '
+                                 'as in {"reports": "my-stack-reports-worker"}') from None
+        if isinstance(value, dict):
+            for name in value:
+                problem = queue_name_problem(name)
+                if problem is not None:
+                    raise ValueError(f"key {problem}")
+        return value
+
+    def worker_of(self, queue: str) -> str | None:
+        """The worker function that drains ``queue``: named in ``queue_workers``, else
+        ``worker_function`` for the worker's own queue; None when nothing drains it
+        here."""
+        if queue in self.queue_workers:
+            return self.queue_workers[queue]
+        return self.worker_function if queue == self.queue else None
 
     @property
     def enabled(self) -> bool:

@@ -117,7 +117,8 @@ grant execute on function app.resume_queue(text, text) to leaseq_operator, lease
 -- available_at, the pool's live and reserved places, its worker limit (the queue's own, or
 -- the owner's max_workers) and the pause. One queue with p_queue. Reads the unfinished
 -- jobs (the hot part of the table) and the dead ones (jobs_unsuccessful_idx); finished
--- jobs are never read. Operators, the dashboard and workers (the per-queue metrics).
+-- jobs are never read. Operators, the dashboard, workers, and the reaper (its per-queue
+-- metrics, once per tick).
 create or replace function app.queue_overview(p_queue text default null)
 returns table (
   queue text,
@@ -196,7 +197,7 @@ end;
 $$;
 revoke all on function app.queue_overview(text) from public;
 grant execute on function app.queue_overview(text)
-  to leaseq_operator, leaseq_dashboard, leaseq_worker;
+  to leaseq_operator, leaseq_dashboard, leaseq_worker, leaseq_reaper;
 
 -- A queue's pauses and resumes, newest first (at most p_limit, 1 .. 1000): who, from
 -- which login, when and why. Operators and the dashboard.
