@@ -265,6 +265,7 @@ GRANT SELECT(cancel_requested_at) ON TABLE app.jobs TO authenticated;
 GRANT SELECT(cancel_requested_by) ON TABLE app.jobs TO authenticated;
 GRANT SELECT(priority) ON TABLE app.jobs TO authenticated;
 GRANT SELECT(claim_key) ON TABLE app.jobs TO authenticated;
+GRANT SELECT(queue) ON TABLE app.jobs TO authenticated;
 
 -- ======================================================================================
 -- app.kind_turns

@@ -77,6 +77,9 @@ alter table app.jobs
 alter table app.jobs
   add constraint jobs_queue_name check (queue ~ '^[a-z][a-z0-9_-]{0,39}$') not valid;
 
+-- A tenant's readers see their jobs' queue, as every other column but the lease token.
+grant select (queue) on app.jobs to authenticated;
+
 create index jobs_queue_claimable_idx on app.jobs (queue, tenant_id, claim_key, created_at, id)
   include (available_at)
   where state in ('pending', 'retry_wait');

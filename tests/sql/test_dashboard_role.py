@@ -37,6 +37,10 @@ DASHBOARD_FUNCTIONS = {
     "app.cancel_jobs_by_id(text,uuid[],text)",
     "app.request_job_cancel(text,uuid[],text)",
     "app.list_schedules(uuid,integer)",
+    "app.pause_queue(text,text,text)",
+    "app.resume_queue(text,text)",
+    "app.queue_overview(text)",
+    "app.queue_history(text,integer)",
 }
 GROUP_ROLES = ("authenticated", "leaseq_producer", "leaseq_tenant_producer",
                "leaseq_worker", "leaseq_reaper", "leaseq_operator", "leaseq_dashboard")
