@@ -96,6 +96,9 @@ def handlers_env(args: argparse.Namespace, target: Target) -> dict[str, str | No
         if getattr(args, option, None):
             env["LEASEQ_KINDS"] = env["LEASEQ_EXCLUDE_KINDS"] = None
             env[variable] = ",".join(getattr(args, option))
+    # --queue: the named queue the drained worker claims (LEASEQ_QUEUE).
+    if getattr(args, "queue", None):
+        env["LEASEQ_QUEUE"] = args.queue
     # The command waits between invocations itself (--wait), so an invocation ends as
     # soon as the queue is empty, unless the environment asks it to poll.
     if not os.environ.get("LEASEQ_POLL_IDLE_SECONDS"):
