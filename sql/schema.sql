@@ -382,6 +382,9 @@ CREATE TABLE app.queues (
 ALTER TABLE ONLY app.queues
     ADD CONSTRAINT queues_pkey PRIMARY KEY (name);
 
+-- INDEX: queues_paused_idx
+CREATE INDEX queues_paused_idx ON app.queues USING btree (name) WHERE (paused_at IS NOT NULL);
+
 -- ROW SECURITY: queues
 ALTER TABLE app.queues ENABLE ROW LEVEL SECURITY;
 

@@ -476,11 +476,13 @@ begin
         from app.tenant_turns t
         where t.turn_at <= v_now
           and t.tenant_id <> all (v_seen)
-          and (p_queue is null or exists (
-                select 1 from app.jobs q
-                where q.queue = p_queue and q.tenant_id = t.tenant_id
-                  and q.state in ('pending', 'retry_wait')
-                  and q.claim_key <= v_now and q.available_at <= v_now))
+          and (p_queue is null
+               or (select q.id from app.jobs q
+                   where q.queue = p_queue and q.tenant_id = t.tenant_id
+                     and q.state in ('pending', 'retry_wait')
+                     and q.claim_key <= v_now and q.available_at <= v_now
+                   order by q.queue, q.tenant_id, q.claim_key
+                   limit 1) is not null)
         order by t.turn_at, t.tenant_id
         offset 0
       ) due
@@ -497,11 +499,13 @@ begin
         from app.tenant_turns t
         where t.turn_at <= v_now
           and t.tenant_id <> all (v_seen)
-          and (p_queue is null or exists (
-                select 1 from app.jobs q
-                where q.queue = p_queue and q.tenant_id = t.tenant_id
-                  and q.state in ('pending', 'retry_wait')
-                  and q.claim_key <= v_now and q.available_at <= v_now))
+          and (p_queue is null
+               or (select q.id from app.jobs q
+                   where q.queue = p_queue and q.tenant_id = t.tenant_id
+                     and q.state in ('pending', 'retry_wait')
+                     and q.claim_key <= v_now and q.available_at <= v_now
+                   order by q.queue, q.tenant_id, q.claim_key
+                   limit 1) is not null)
         order by t.turn_at, t.tenant_id
         limit v_room - cardinality(v_pick)
       ) d;

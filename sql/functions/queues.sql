@@ -6,19 +6,24 @@
 -- per queue: depth, the oldest ready job's age, running, retrying and dead jobs, the
 -- pool, and whether (and since when, by whom, why) it is paused.
 
--- The names of the paused queues, for the claims: one read of the small app.queues table.
--- p_queue, when given, is checked first (22023 for a name no queue can have). Internal.
+-- The names of the paused queues, for the claims: one probe of queues_paused_idx (a
+-- partial index of the paused rows only, so its cost stays one page however many queues
+-- have rows; enable_seqscan is off here because the planner would otherwise scan the
+-- small table, and a claim reads no table by a scan). p_queue, when given, is checked
+-- first (22023 for a name no queue can have). Internal.
 create or replace function app.paused_queues(p_queue text default null)
 returns text[]
 language plpgsql
 stable
 set search_path = pg_catalog, pg_temp
+set enable_seqscan = off
 as $$
 begin
   if p_queue is not null and p_queue !~ '^[a-z][a-z0-9_-]{0,39}$' then
     perform app.check_queue('p_queue', p_queue);
   end if;
-  return coalesce((select array_agg(q.name) from app.queues q where q.paused_at is not null),
+  return coalesce((select array_agg(q.name order by q.name) from app.queues q
+                   where q.paused_at is not null),
                   '{}');
 end;
 $$;

@@ -51,6 +51,8 @@ create table app.queues (
     and (pause_reason is null or length(pause_reason) between 1 and 500))
 );
 insert into app.queues (name) values ('default');
+-- The claims' one read of app.queues: the paused queues' names (app.paused_queues).
+create index queues_paused_idx on app.queues (name) where paused_at is not null;
 
 create table app.queue_events (
   id bigint generated always as identity primary key,
