@@ -143,6 +143,25 @@ def set_worker_pool_limits(conn: psycopg.Connection[Any], *, max_workers: int | 
     return PoolLimits.from_row(row)
 
 
+def route_kinds(conn: psycopg.Connection[Any], queue: str, kinds: Sequence[str]) -> int:
+    """Route ``kinds`` to ``queue`` on the schema owner's connection (app.route_kinds),
+    in a transaction of its own: their jobs enqueued without a queue go there, and their
+    jobs waiting in ``default`` move there; returns how many moved. Only the owner may
+    (42501 otherwise). ``queue`` "default" removes the routes."""
+    with translate_errors(conn), conn.transaction():
+        (row,) = fetch_rows(conn, queries.ROUTE_KINDS, {"queue": queue, "kinds": list(kinds)})
+    return int(row["moved"])
+
+
+def set_queue_limits(conn: psycopg.Connection[Any], queue: str, max_workers: int | None) -> int:
+    """Set ``queue``'s own worker limit (app.set_queue_limits; None: the owner's
+    max_workers) on the schema owner's connection; returns the limit now in force."""
+    with translate_errors(conn), conn.transaction():
+        (row,) = fetch_rows(conn, queries.SET_QUEUE_LIMITS,
+                            {"queue": queue, "max_workers": max_workers})
+    return int(row["max_workers"])
+
+
 def release_worker_place(conn: psycopg.Connection[Any], place: UUID) -> None:
     """:meth:`QueueClient.release_worker_place` on the caller's connection: give back
     the ticket a wake took when the invocation it was for could not be started."""

@@ -311,8 +311,9 @@ class PoolSettings(BaseModel):
     start_hold_seconds: float = Field(alias="LEASEQ_START_HOLD_SECONDS",
                                       **config.START_HOLD.field())
     #: The named queue whose pool this worker joins, fans out and wakes (each queue has
-    #: its own; the worker's LEASEQ_QUEUE).
-    queue: str = Field(default=DEFAULT_QUEUE, alias="LEASEQ_QUEUE")
+    #: its own): the worker's LEASEQ_QUEUE, which :meth:`LeaseqSettings.from_env` copies
+    #: here (one variable, read once).
+    queue: str = DEFAULT_QUEUE
     #: The enqueue function's wakes: the worker function (name or ARN) of each queue
     #: other than the worker function's own, as a JSON object {"reports": "stack-reports-
     #: worker"}. A job of a queue named nowhere wakes no worker: its tick drains it.
@@ -441,11 +442,13 @@ class LeaseqSettings(BaseModel):
         variable counts as unset, a variable leaseq does not declare is ignored."""
         env: Mapping[str, Any] = os.environ if environ is None else environ
         try:
+            worker = WorkerSettings.model_validate(_known(env, WorkerSettings))
             return cls(
                 database=DatabaseSettings.model_validate(_known(env, DatabaseSettings)),
-                worker=WorkerSettings.model_validate(_known(env, WorkerSettings)),
+                worker=worker,
                 reaper=ReaperSettings.model_validate(_known(env, ReaperSettings)),
-                pool=PoolSettings.model_validate(_known(env, PoolSettings)),
+                pool=PoolSettings.model_validate({**_known(env, PoolSettings),
+                                                  "queue": worker.queue}),
                 enqueue=EnqueueSettings.model_validate(_known(env, EnqueueSettings)),
             )
         except ValidationError as exc:
