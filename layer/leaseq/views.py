@@ -26,6 +26,7 @@ from uuid import UUID
 
 from leaseq.client import QueueClient
 from leaseq.duties import ReaderClient
+from leaseq.queues import QueueOverview, QueueState
 
 #: Job states, in the order a dashboard lists them.
 STATES: tuple[str, ...] = ("pending", "running", "retry_wait", "succeeded", "dead", "cancelled")
@@ -90,6 +91,11 @@ class QueueViews(Protocol):
         or None for a viewer who is shown no schedules (a tenant reader)."""
         ...
 
+    def list_queues(self) -> list[QueueOverview] | None:
+        """Every named queue's depth, workers and pause (app.queue_overview), or None for
+        a viewer who is shown no queues (a tenant reader: queues hold every tenant's jobs)."""
+        ...
+
 
 def _list_args(where: JobFilter, after: Cursor | None) -> dict[str, Any]:
     return {"tenant_id": where.tenant_id, "kind": where.kind, "since": where.since,
@@ -137,6 +143,18 @@ class OperatorViews:
     def list_schedules(self) -> list[Row] | None:
         """See :meth:`QueueViews.list_schedules` (every tenant's)."""
         return self.client.list_schedules(None, 3)
+
+    def list_queues(self) -> list[QueueOverview] | None:
+        """See :meth:`QueueViews.list_queues`."""
+        return self.client.queue_overview()
+
+    def pause_queue(self, actor: str, queue: str, reason: str | None = None) -> QueueState:
+        """Pause ``queue``, audited with ``actor`` (app.pause_queue)."""
+        return self.client.pause_queue(queue, actor, reason)
+
+    def resume_queue(self, actor: str, queue: str) -> QueueState:
+        """Resume ``queue``, audited with ``actor`` (app.resume_queue)."""
+        return self.client.resume_queue(queue, actor)
 
     def redrive_jobs(self, actor: str, job_ids: Sequence[UUID],
                      reason: str | None = None) -> list[Row]:
@@ -200,4 +218,8 @@ class TenantViews:
     def list_schedules(self) -> list[Row] | None:
         """None: schedules are the operators' rows, which a tenant reader may not read
         (the shared tenant's and other tenants' among them)."""
+        return None
+
+    def list_queues(self) -> list[QueueOverview] | None:
+        """None: a queue's counts are every tenant's jobs."""
         return None
