@@ -105,6 +105,9 @@ def build_parser() -> Parser:
                       help="instead: a backlog enqueued through the enqueue function on the "
                       "local Lambda service wakes a worker, which starts more of itself up "
                       "to --max-workers; shows the pool as it grows and drains")
+    demo.add_argument("--queues", action="store_true",
+                      help="instead: three named queues, two drained in parallel by their "
+                      "own workers while the third stays paused (its jobs wait)")
     demo.add_argument("--max-workers", type=arguments.positive_int, default=4, metavar="N",
                       help="with --fan-out: most worker invocations at once (default 4)")
     demo.add_argument("--jobs", type=arguments.positive_int, default=400, metavar="N",
