@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "layer"))
 
 from harness import meters
-from leaseq.migrate import load_functions, load_migrations, migrate
+from leaseq.store.migrate import load_functions, load_migrations, migrate
 
 Conn = psycopg.Connection[dict[str, Any]]
 HERE = Path(__file__).resolve().parents[1] / "sql"

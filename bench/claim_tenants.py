@@ -93,8 +93,8 @@ def database(admin_dsn: str, keep: bool) -> Iterator[str]:
 
 
 def install(dsn: str) -> None:
-    from leaseq.db import connect as leaseq_connect
-    from leaseq.migrate import migrate
+    from leaseq.store.db import connect as leaseq_connect
+    from leaseq.store.migrate import migrate
 
     conn = leaseq_connect(dsn, application_name="leaseq-bench-tenants-migrate")
     try:

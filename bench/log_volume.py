@@ -44,7 +44,7 @@ DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 def child(dsn: str, jobs: int, out: Path) -> None:
     """One execution environment: migrate, enqueue, one worker invocation, stdout to out."""
     from leaseq import EnqueueRequest, QueueClient, connect
-    from leaseq.migrate import migrate
+    from leaseq.store.migrate import migrate
     from leaseq_cli.lambda_context import LocalLambdaContext
 
     owner = connect(dsn)

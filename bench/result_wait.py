@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """How late a producer waiting for a job's result learns that it finished, and what the
-wait costs the database: ``leaseq.results.poll_until_finished`` as ``wait_for_result``
+wait costs the database: ``leaseq.base.results.poll_until_finished`` as ``wait_for_result``
 and the enqueue function's result operation use it.
 
 ``python3 bench/result_wait.py --dsn SUPERUSER_DSN [--rounds 40] [--seed 1]`` (in the
@@ -35,8 +35,8 @@ from psycopg.conninfo import make_conninfo
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "layer"))
 
 from leaseq import EnqueueRequest, JobOutcome, QueueClient, connect
-from leaseq.migrate import load_functions, load_migrations, migrate
-from leaseq.results import JobResult, poll_until_finished
+from leaseq.base.results import JobResult, poll_until_finished
+from leaseq.store.migrate import load_functions, load_migrations, migrate
 
 SQL = Path(__file__).resolve().parents[1] / "sql"
 

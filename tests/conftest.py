@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
-from leaseq.db import connect
-from leaseq.migrate import migrate
+from leaseq.store.db import connect
+from leaseq.store.migrate import migrate
 
 from tests.support import postgres
 from tests.support.postgres import Cluster, Conn

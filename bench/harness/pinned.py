@@ -186,7 +186,7 @@ def _leaseq_flow(dsn: str, seconds: float, rate: int, tenants: int, nice: int,
                  consumers: int) -> Flow:
     from leaseq import QueueClient
     from leaseq import connect as leaseq_connect
-    from leaseq.jobs import JobOutcome
+    from leaseq.base.jobs import JobOutcome
 
     flow = Flow()
     per_tick = max(1, round(rate * TICK))

@@ -129,7 +129,7 @@ def _sizes(dsn: str) -> dict[str, int]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from leaseq import QueueClient
     from leaseq import connect as leaseq_connect
-    from leaseq.retention import PruneReport, prune_in_pages
+    from leaseq.upkeep.retention import PruneReport, prune_in_pages
 
     server = Server(args.dsn)
     with connect(args.dsn) as conn:

@@ -77,7 +77,7 @@ def claim_latency(server: Server, *, finished: int, tenants: int, ready_backlog:
     ready jobs the samples take; the two sampled in alternation."""
     from leaseq import QueueClient
     from leaseq import connect as leaseq_connect
-    from leaseq.jobs import JobOutcome
+    from leaseq.base.jobs import JobOutcome
 
     needed = (samples + warmup) * 10 * 2
     sizes = {"empty": (0, needed), "finished": (finished, max(ready_backlog, needed))}

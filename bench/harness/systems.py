@@ -90,15 +90,15 @@ _PINNED: list[Any] | None = None
 def pin_migrations(upto: int | None = None) -> list[dict[str, Any]]:
     """Read the packaged migrations now (up to version ``upto``); describe them."""
     global _PINNED
-    from leaseq.migrate import load_migrations
+    from leaseq.store.migrate import load_migrations
 
     _PINNED = [m for m in load_migrations() if upto is None or m.version <= upto]
     return [{"version": m.version, "name": m.name, "sha256": m.checksum} for m in _PINNED]
 
 
 def leaseq_install(dsn: str) -> None:
-    from leaseq.db import connect as leaseq_connect
-    from leaseq.migrate import migrate
+    from leaseq.store.db import connect as leaseq_connect
+    from leaseq.store.migrate import migrate
 
     conn = leaseq_connect(dsn, application_name="leaseq-bench-migrate")
     try:

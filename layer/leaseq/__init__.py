@@ -1,17 +1,8 @@
 """leaseq: a durable, multi-tenant job queue in PostgreSQL, drained by AWS Lambda."""
 
-from leaseq.client import (
-    QueueClient,
-    enqueue_job,
-    enqueue_jobs,
-    set_worker_pool_limits,
-    wait_for_result,
-)
-from leaseq.config import WorkerConfig
-from leaseq.db import connect
-from leaseq.deadline import Deadline, MonotonicDeadline, lease_for
-from leaseq.decoding import UndecodableJson
-from leaseq.errors import (
+from leaseq.base.deadline import Deadline, MonotonicDeadline, lease_for
+from leaseq.base.decoding import UndecodableJson
+from leaseq.base.errors import (
     ConfigurationError,
     DatabaseError,
     DatabaseUnavailableError,
@@ -24,16 +15,17 @@ from leaseq.errors import (
     SchemaVersionError,
     TlsVerificationError,
 )
-from leaseq.job_context import JobContext, JobLogFields, current_job, job_log_fields
-from leaseq.jobs import ClaimedJob, EnqueueRequest, EnqueueResult, JobOutcome, JobState
-from leaseq.migrate import MigrationReport, migrate
-from leaseq.pool import PoolLimits, PoolSize, ScaleUp
-from leaseq.reaper import ReapReport, reap_once
-from leaseq.recorder import JobRecord
-from leaseq.registry import Registration, Registry
-from leaseq.results import JobResult
-from leaseq.retry import RetryPolicy
-from leaseq.schedules import SHARED_TENANT, Schedule, TickedSchedule
+from leaseq.base.jobs import ClaimedJob, EnqueueRequest, EnqueueResult, JobOutcome, JobState
+from leaseq.base.pool import PoolLimits, PoolSize, ScaleUp
+from leaseq.base.results import JobResult
+from leaseq.base.schedules import SHARED_TENANT, Schedule, TickedSchedule
+from leaseq.drain.config import WorkerConfig
+from leaseq.drain.recorder import JobRecord
+from leaseq.drain.worker import ClaimHook, DrainReport, Worker
+from leaseq.kinds.job_context import JobContext, JobLogFields, current_job, job_log_fields
+from leaseq.kinds.registry import Registration, Registry
+from leaseq.kinds.retry import RetryPolicy
+from leaseq.kinds.signals import DiscardJob, JobTimeout, RetryJob
 from leaseq.settings import (
     DatabaseSettings,
     LeaseqSettings,
@@ -41,8 +33,16 @@ from leaseq.settings import (
     ReaperSettings,
     WorkerSettings,
 )
-from leaseq.signals import DiscardJob, JobTimeout, RetryJob
-from leaseq.worker import ClaimHook, DrainReport, Worker
+from leaseq.store.client import (
+    QueueClient,
+    enqueue_job,
+    enqueue_jobs,
+    set_worker_pool_limits,
+    wait_for_result,
+)
+from leaseq.store.db import connect
+from leaseq.store.migrate import MigrationReport, migrate
+from leaseq.upkeep.reaper import ReapReport, reap_once
 
 __all__ = [
     "SHARED_TENANT",

@@ -20,8 +20,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from leaseq.db import connect, describe_dsn
-from leaseq.errors import (
+from leaseq.base.errors import (
     ConfigurationError,
     DatabaseUnavailableError,
     LeaseqError,
@@ -29,7 +28,8 @@ from leaseq.errors import (
     SchemaVersionError,
     TlsVerificationError,
 )
-from leaseq.migrate import migrate
+from leaseq.store.db import connect, describe_dsn
+from leaseq.store.migrate import migrate
 
 PROG = "python -m leaseq"
 

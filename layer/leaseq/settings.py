@@ -35,12 +35,12 @@ from pydantic import (
     model_validator,
 )
 
-from leaseq import config
-from leaseq.client import DEFAULT_MAX_IDLE_SECONDS
-from leaseq.errors import ConfigurationError, one_line
-from leaseq.limits import DEFAULT_QUEUE, queue_name_problem
-from leaseq.reaper import REAPER_LIMIT, RETENTION_DAYS
-from leaseq.tls import SslSetting, TlsOptions, choose_tls, libpq_mode
+from leaseq.base.errors import ConfigurationError, one_line
+from leaseq.base.limits import DEFAULT_QUEUE, queue_name_problem
+from leaseq.drain import config
+from leaseq.store.client import DEFAULT_MAX_IDLE_SECONDS
+from leaseq.store.tls import SslSetting, TlsOptions, choose_tls, libpq_mode
+from leaseq.upkeep.reaper import REAPER_LIMIT, RETENTION_DAYS
 
 
 class DatabaseSettings(BaseModel):
@@ -65,7 +65,7 @@ class DatabaseSettings(BaseModel):
     iam_auth: bool = Field(default=False, alias="LEASEQ_DB_IAM_AUTH")
     #: Unset: verify-full when there are roots to verify with (LEASEQ_DB_SSLROOTCERT, or
     #: an RDS Proxy host); a host across a network without them is refused, unless
-    #: ``require-unverified`` says to connect unchecked. See leaseq.tls.
+    #: ``require-unverified`` says to connect unchecked. See leaseq.store.tls.
     sslmode: SslSetting = Field(default="require", alias="LEASEQ_DB_SSLMODE")
     #: A PEM bundle of the CAs that sign the server's certificate, or ``system``.
     sslrootcert: str | None = Field(default=None, min_length=1, alias="LEASEQ_DB_SSLROOTCERT")
@@ -92,7 +92,7 @@ class DatabaseSettings(BaseModel):
     def tls_for(self, host: str) -> TlsOptions:
         """The TLS of a connection to ``host``: :attr:`tls` for LEASEQ_DB_HOST, chosen
         again (once) for a host that only the secret names, because whether a host is
-        reached over a network decides what is allowed (leaseq.tls)."""
+        reached over a network decides what is allowed (leaseq.store.tls)."""
         if host == self.host or self.url is not None:
             return self.tls
         if host not in self._tls_by_host:
@@ -155,7 +155,7 @@ class DatabaseSettings(BaseModel):
 
 class WorkerSettings(BaseModel):
     """The worker's environment. Defaults and bounds are those of
-    :class:`leaseq.WorkerConfig` (both read ``leaseq.config``), and the rules relating two
+    :class:`leaseq.WorkerConfig` (both read ``leaseq.drain.config``), and the rules relating two
     settings are checked here with the variables' names."""
 
     model_config = ConfigDict(frozen=True, populate_by_name=True)
@@ -217,8 +217,7 @@ class WorkerSettings(BaseModel):
     @classmethod
     def setting_names(cls) -> dict[str, str]:
         """WorkerConfig's fields named by their environment variables, for messages."""
-        return {key: str(cls.model_fields[name].alias)
-                for key, name in cls.CONFIG_FIELDS.items()}
+        return {key: variable(cls, name) for key, name in cls.CONFIG_FIELDS.items()}
 
     def config_values(self) -> dict[str, Any]:
         """These settings as WorkerConfig's field values."""
@@ -284,7 +283,7 @@ class ReaperSettings(BaseModel):
 class PoolSettings(BaseModel):
     """The worker pool: how many worker invocations may drain at once, started by busy
     workers (fan-out) and by enqueues on an idle queue (wake). Defaults and bounds are
-    ``leaseq.config``'s ``POOL_BOUNDS``.
+    ``leaseq.drain.config``'s ``POOL_BOUNDS``.
 
     ``max_workers`` 0 (the default) turns all of it off: no pool, no fan-out, no wake,
     the scheduled worker alone, as before. Above 0 the invocations to start need the
@@ -459,3 +458,17 @@ class LeaseqSettings(BaseModel):
 def _known(env: Mapping[str, Any], model: type[BaseModel]) -> dict[str, Any]:
     aliases = {f.alias for f in model.model_fields.values() if f.alias}
     return {key: value for key, value in env.items() if key in aliases and value != ""}
+
+
+def variable(model: type[BaseModel], field: str) -> str:
+    """The environment variable that sets ``field`` of the settings ``model`` (its alias):
+    code that names a variable in a message, or writes an environment for the functions
+    (the command line's local runs), takes the name from here, where it is declared once.
+
+    >>> variable(WorkerSettings, "handlers_module")
+    'LEASEQ_HANDLERS'
+    """
+    alias = model.model_fields[field].alias
+    if alias is None:
+        raise KeyError(f"{model.__name__}.{field} is read from no environment variable")
+    return alias

@@ -4,7 +4,7 @@ One Powertools ``LambdaFunctionUrlResolver`` (:func:`leaseq_dashboard.app.build`
 both the Lambda function URL (:mod:`leaseq_dashboard.function`, ``AWS_IAM`` auth) and the
 local command ``leaseq dashboard`` (:mod:`leaseq_dashboard.local`, which turns local HTTP
 requests into the same function URL events). Pages read through
-:mod:`leaseq.views`: no SQL lives here.
+:mod:`leaseq.read.views`: no SQL lives here.
 """
 
 from leaseq_dashboard.access import AccessDeniedError, AccessPolicy, Viewer

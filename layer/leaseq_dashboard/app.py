@@ -3,7 +3,7 @@
 One code path for AWS and the local command: a function URL event comes in (from Lambda,
 or translated from a local HTTP request by :mod:`leaseq_dashboard.local`), the caller's
 IAM principal is looked up in the :class:`AccessPolicy`, and the page is rendered from
-the :class:`leaseq.views.QueueViews` that suit the viewer: operator views for operators
+the :class:`leaseq.read.views.QueueViews` that suit the viewer: operator views for operators
 and viewers, tenant views (row-level security) for a tenant's viewer.
 
 Routes (all HTML; every POST needs the CSRF token and the operator role):
@@ -29,7 +29,7 @@ from aws_lambda_powertools.event_handler import LambdaFunctionUrlResolver, Respo
 from aws_lambda_powertools.shared.cookies import Cookie, SameSite
 from jinja2 import Environment, PackageLoader, select_autoescape
 from leaseq import InvalidRequestError, LeaseqError
-from leaseq.views import STATES, Cursor, JobFilter, OperatorViews, QueueViews, TenantViews
+from leaseq.read.views import STATES, Cursor, JobFilter, OperatorViews, QueueViews, TenantViews
 
 from leaseq_dashboard import charts, csrf
 from leaseq_dashboard.access import AccessDeniedError, AccessPolicy, Viewer, principal_of

@@ -30,9 +30,9 @@ from urllib.parse import parse_qsl, urlsplit
 from uuid import UUID
 
 from aws_lambda_powertools.event_handler import LambdaFunctionUrlResolver
-from leaseq.client import DEFAULT_MAX_IDLE_SECONDS, QueueClient
-from leaseq.db import Connection
-from leaseq.views import OperatorViews, TenantViews
+from leaseq.read.views import OperatorViews, TenantViews
+from leaseq.store.client import DEFAULT_MAX_IDLE_SECONDS, QueueClient
+from leaseq.store.db import Connection
 
 from leaseq_dashboard import peer
 from leaseq_dashboard.app import handle

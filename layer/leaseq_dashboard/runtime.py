@@ -27,7 +27,7 @@ from uuid import UUID
 
 from aws_lambda_powertools.event_handler import LambdaFunctionUrlResolver
 from leaseq import ConfigurationError, DatabaseSettings, LeaseqSettings
-from leaseq.db import Connection
+from leaseq.store.db import Connection
 from leaseq_lambda.runtime import Dependencies, connection_factory
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 

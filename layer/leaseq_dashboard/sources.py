@@ -12,7 +12,7 @@ readers"). The migrations make those logins, ``leaseq_tenant_reader_<tenant hex>
 
 Each execution environment answers one request at a time, so it holds the dashboard
 login's connection plus at most ``max_readers`` reader connections (the deploy-time
-connection budget counts exactly that, ``functions/migrations/connection_budget.py``).
+connection budget counts exactly that, ``layer/leaseq_deploy/connection_budget.py``).
 A request for another tenant closes the reader connection used least recently first.
 """
 
@@ -23,10 +23,10 @@ from collections.abc import Callable
 from typing import Final
 from uuid import UUID
 
-from leaseq.client import DEFAULT_MAX_IDLE_SECONDS, QueueClient
-from leaseq.db import Connection
-from leaseq.duties import ReaderClient
-from leaseq.views import OperatorViews, TenantViews
+from leaseq.read.views import OperatorViews, TenantViews
+from leaseq.store.client import DEFAULT_MAX_IDLE_SECONDS, QueueClient
+from leaseq.store.db import Connection
+from leaseq.store.duties import ReaderClient
 
 #: The name every tenant reader login starts with; the rest is the tenant's 32 hex digits.
 READER_LOGIN_PREFIX: Final = "leaseq_tenant_reader_"

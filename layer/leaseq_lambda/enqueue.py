@@ -34,11 +34,11 @@ from leaseq import (
     EnqueueResult,
     InvalidRequestError,
     LeaseqError,
-    QueueClient,
     Registry,
 )
-from leaseq.errors import PayloadRejectedError, UnknownKindError
-from leaseq.limits import DEFAULT_QUEUE
+from leaseq.base.errors import PayloadRejectedError, UnknownKindError
+from leaseq.base.limits import DEFAULT_QUEUE
+from leaseq.store.duties import ProducerCalls
 
 from leaseq_lambda.events import EnqueueBatch, FieldProblem, Rejection
 
@@ -108,7 +108,7 @@ def _result(index: int, request: EnqueueRequest, result: EnqueueResult) -> ItemR
                       queue=result.queue)
 
 
-def _one_by_one(client: QueueClient, pending: list[tuple[int, EnqueueRequest]]
+def _one_by_one(client: ProducerCalls, pending: list[tuple[int, EnqueueRequest]]
                 ) -> list[ItemResult]:
     results = []
     for index, request in pending:
@@ -142,7 +142,7 @@ def registry_problem(registry: Registry, request: EnqueueRequest) -> Rejection |
     return None
 
 
-def submit(connect: Callable[[], QueueClient], batch: EnqueueBatch,
+def submit(connect: Callable[[], ProducerCalls], batch: EnqueueBatch,
            tenants: Callable[[], Collection[UUID]] = _no_tenants,
            registry: Callable[[], Registry | None] = _no_registry) -> list[ItemResult]:
     """Enqueue ``batch``'s valid requests; one result per item, in the event's order.

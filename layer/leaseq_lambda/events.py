@@ -14,7 +14,7 @@ producer after its commit (wake), holding the place reserved for it in the worke
 Enqueue (direct invoke from another Lambda, or an EventBridge event):
   * one job ``{tenant_id, operation_key, kind, payload, available_at?, max_attempts?,
     correlation_id?}`` or a batch ``{"jobs": [...]}`` of at most 1000, whose payloads
-    hold at most 16 MiB together (``leaseq.limits.MAX_ENQUEUE_BYTES``; every job of a
+    hold at most 16 MiB together (``leaseq.base.limits.MAX_ENQUEUE_BYTES``; every job of a
     larger batch is rejected with the database's message, nothing is stored);
   * an EventBridge event with ``"detail-type": "leaseq.enqueue"`` whose detail is either.
 
@@ -33,9 +33,9 @@ from uuid import UUID
 
 from aws_lambda_powertools.utilities.parser import parse
 from leaseq import EnqueueRequest, InvalidRequestError
-from leaseq.errors import field_path, one_line
-from leaseq.jobs import enqueue_call_problem
-from leaseq.limits import MAX_ENQUEUE
+from leaseq.base.errors import field_path, one_line
+from leaseq.base.jobs import enqueue_call_problem
+from leaseq.base.limits import MAX_ENQUEUE
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 if TYPE_CHECKING:

@@ -42,8 +42,8 @@ from leaseq import (
     PermissionDeniedError,
     ResultTimeoutError,
 )
-from leaseq.limits import MAX_ENQUEUE
-from leaseq.results import JobResult
+from leaseq.base.limits import MAX_ENQUEUE
+from leaseq.base.results import JobResult
 
 __all__ = [
     "ENQUEUE_DETAIL_TYPE",

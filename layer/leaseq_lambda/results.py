@@ -15,9 +15,9 @@ module checks no tenant itself. The answer::
 
 or, for a query that is refused, ``{"operation": "result", "job": null, "rejected":
 {"reason": ..., "errors"?: [...], "sqlstate"?: "42501"}}``. The job's fields are those of
-:class:`leaseq.results.JobResult` (never the payload or the lease).
+:class:`leaseq.base.results.JobResult` (never the payload or the lease).
 
-Waiting is bounded polling with backoff and jitter (:func:`leaseq.results.poll_until_finished`)
+Waiting is bounded polling with backoff and jitter (:func:`leaseq.base.results.poll_until_finished`)
 for ``wait_seconds``, capped by the invocation's own remaining time less
 :data:`ANSWER_MARGIN_SECONDS`, so that the function always answers before its timeout;
 an unfinished job is answered as it is (``finished`` false) and the caller asks again.
@@ -30,8 +30,9 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 from uuid import UUID
 
-from leaseq import PermissionDeniedError, QueueClient
-from leaseq.results import JobResult, poll_until_finished
+from leaseq import PermissionDeniedError
+from leaseq.base.results import JobResult, poll_until_finished
+from leaseq.store.duties import ProducerCalls
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from leaseq_lambda.events import FieldProblem, describe, problems
@@ -90,7 +91,7 @@ def _rejected(reason: str, *, errors: tuple[FieldProblem, ...] = (),
     return ResultAnswer({"operation": RESULT_OPERATION, "job": None, "rejected": rejected})
 
 
-def answer_result(event: Any, connect: Callable[[], QueueClient],
+def answer_result(event: Any, connect: Callable[[], ProducerCalls],
                   remaining_seconds: Callable[[], float], **polling: Any) -> ResultAnswer:
     """Read (and wait for) the job ``event`` names; a query that does not validate is
     refused without touching the database, a tenant the login may not read with 42501."""

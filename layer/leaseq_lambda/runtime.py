@@ -22,7 +22,7 @@ How the connection logs in, in order of precedence:
    boto3, no network), over TLS, as RDS Proxy requires.
 
 The TLS of 2. and 3. is ``LEASEQ_DB_SSLMODE`` / ``LEASEQ_DB_SSLROOTCERT`` as
-:mod:`leaseq.tls` resolves them (verify-full against the system's roots for an RDS
+:mod:`leaseq.store.tls` resolves them (verify-full against the system's roots for an RDS
 Proxy host by default); a ``DATABASE_URL`` carries its own.
 
 The handlers module convention: ``LEASEQ_HANDLERS=package.module`` names a module with a
@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import ModuleType
-from typing import Any
+from typing import Any, Final
 
 from leaseq import (
     ConfigurationError,
@@ -56,11 +56,13 @@ from leaseq import (
     WorkerSettings,
     connect,
 )
-from leaseq.deadline import Deadline
-from leaseq.duties import ReaperClient, WorkerClient
-from leaseq.worker import ClaimHook
+from leaseq.base.deadline import Deadline
+from leaseq.drain.worker import ClaimHook
+from leaseq.settings import EnqueueSettings
+from leaseq.settings import variable as settings_variable
+from leaseq.store.duties import ProducerClient, ReaperClient, WorkerClient
 
-Connection = Any  # leaseq.db.Connection; kept loose so tests may pass any connect function
+Connection = Any  # leaseq.store.db.Connection; kept loose so tests may pass any connect function
 ConnectFunction = Callable[..., Connection]
 
 #: The template's parameters behind some worker settings, added to their environment
@@ -186,8 +188,13 @@ def _iam_factory(db: DatabaseSettings, deps: Dependencies,
     return open_connection
 
 
+#: The variables that name a handlers module: the worker's, and the enqueue function's check.
+HANDLERS_VARIABLE: Final = settings_variable(WorkerSettings, "handlers_module")
+ENQUEUE_HANDLERS_VARIABLE: Final = settings_variable(EnqueueSettings, "handlers_module")
+
+
 def load_registry(name: str | None, import_module: Callable[[str], ModuleType]
-                  = importlib.import_module, variable: str = "LEASEQ_HANDLERS") -> Registry:
+                  = importlib.import_module, variable: str = HANDLERS_VARIABLE) -> Registry:
     """The Registry of the handlers module named by ``variable`` (LEASEQ_HANDLERS)."""
     if not name:
         raise ConfigurationError(
@@ -235,12 +242,21 @@ class Runtime:
         self.client.check()
 
     @functools.cached_property
+    def _producer_face(self) -> ProducerClient:
+        return ProducerClient(self.client)
+
+    @functools.cached_property
     def _worker_face(self) -> WorkerClient:
         return WorkerClient(self.client)
 
     @functools.cached_property
     def _reaper_face(self) -> ReaperClient:
         return ReaperClient(self.client)
+
+    def producer_client(self) -> ProducerClient:
+        """The enqueue function's face of the client: the producer's calls only (enqueue,
+        read results, wake a worker)."""
+        return self._producer_face
 
     def worker_client(self) -> WorkerClient:
         """The worker function's face of the client: the worker's calls only, over the
@@ -268,7 +284,7 @@ class Runtime:
             return None
         if self._enqueue_registry is None:
             self._enqueue_registry = load_registry(name, self.deps.import_module,
-                                                   "LEASEQ_ENQUEUE_HANDLERS")
+                                                   ENQUEUE_HANDLERS_VARIABLE)
         return self._enqueue_registry
 
     def worker(self, owner: str, *,
@@ -314,7 +330,7 @@ class Runtime:
 
         One index probe (app.oldest_ready_at) that sees every tenant; the tenant listing
         it replaces stopped at 10,000 tenants and missed the ones after them."""
-        oldest = self.client.oldest_ready_at()
+        oldest = self.worker_client().oldest_ready_at()
         if oldest is None:
             return 0.0
         return max(0.0, ((now or datetime.now(UTC)) - oldest).total_seconds())

@@ -14,7 +14,7 @@ the Lambda half:
   reservation if it was started for one, else free room) and leaves it when it ends;
   refused, it returns at once. The place expires by itself when an invocation is killed.
 * :class:`FanOut`: the worker's ``on_claim`` hook. When a claim says the backlog is more
-  than the pool drains (:class:`leaseq.pool.ScaleUp`), it reserves one more place and
+  than the pool drains (:class:`leaseq.base.pool.ScaleUp`), it reserves one more place and
   invokes the worker function asynchronously with the pool-start event, from a
   background thread, so a claim never waits on Lambda. Every member asking for one more
   place per second doubles the pool each second while the backlog lasts.
@@ -42,13 +42,13 @@ from typing import Any, Literal
 from uuid import UUID
 
 import psycopg
-from leaseq import ClaimedJob, InvalidRequestError, LeaseqError, QueueClient
-from leaseq import client as client_calls
-from leaseq.deadline import Deadline
-from leaseq.duties import WorkerCalls
-from leaseq.limits import DEFAULT_QUEUE
-from leaseq.pool import PoolSize, ScaleUp
+from leaseq import ClaimedJob, InvalidRequestError, LeaseqError
+from leaseq.base.deadline import Deadline
+from leaseq.base.limits import DEFAULT_QUEUE
+from leaseq.base.pool import PoolSize, ScaleUp
 from leaseq.settings import PoolSettings
+from leaseq.store.client import release_worker_place, wake_worker_place
+from leaseq.store.duties import ProducerCalls, WorkerCalls
 
 from leaseq_lambda import invoker
 from leaseq_lambda.events import Tick, pool_start_event
@@ -109,7 +109,12 @@ def lambda_starter(function_name: str, lambda_client: Any | None = None) -> Invo
     return invoke
 
 
-def _release(client: WorkerCalls, place: UUID) -> None:
+#: Who starts a worker and gives its place back when the start fails: the worker's face
+#: (fan-out) or the producer's (the enqueue function's wake); both offer both calls.
+Starter = ProducerCalls | WorkerCalls
+
+
+def _release(client: Starter, place: UUID) -> None:
     """Give back a reserved place or a wake's ticket whose invocation never started
     (never raises: one that cannot be given back expires after the start hold)."""
     try:
@@ -119,7 +124,7 @@ def _release(client: WorkerCalls, place: UUID) -> None:
                        "start hold", extra={"place": str(place), "error": exc.message})
 
 
-def _start(client: WorkerCalls, invoke: Invoke, place: UUID, reason: StartReason) -> None:
+def _start(client: Starter, invoke: Invoke, place: UUID, reason: StartReason) -> None:
     try:
         invoke(pool_start_event(reason, place))
     except Exception as exc:
@@ -278,7 +283,7 @@ class FanOut:
     """The worker's ``on_claim`` hook: more worker invocations while the backlog lasts.
 
     Called after every claim from the thread that made it, it only asks
-    :class:`~leaseq.pool.ScaleUp` (no I/O) and hands a wanted start to a background
+    :class:`~leaseq.base.pool.ScaleUp` (no I/O) and hands a wanted start to a background
     thread, which reserves the places (``app.reserve_worker_places``: never beyond
     ``LEASEQ_MAX_WORKERS``) and invokes the worker function for each. A failed invoke
     gives its place back and is logged and counted. :meth:`close` ends it before the
@@ -388,7 +393,7 @@ class FanOut:
 # Wake ---------------------------------------------------------------------------------
 
 
-def wake(client: QueueClient, settings: PoolSettings, lambda_client: Any | None = None, *,
+def wake(client: ProducerCalls, settings: PoolSettings, lambda_client: Any | None = None, *,
          invoke: Invoke | None = None, queue: str | None = None) -> bool:
     """Start one worker invocation if nobody is polling or starting and this login's
     last wake is older than the schema owner's debounce; True when one was started.
@@ -420,7 +425,7 @@ def wake(client: QueueClient, settings: PoolSettings, lambda_client: Any | None 
     return True
 
 
-def wake_after_enqueue(client: QueueClient, settings: PoolSettings,
+def wake_after_enqueue(client: ProducerCalls, settings: PoolSettings,
                        lambda_client: Any | None = None, *,
                        queues: Sequence[str] = ()) -> tuple[bool, bool]:
     """:func:`wake` as the enqueue function calls it after its commit, once per queue of
@@ -480,7 +485,7 @@ def wake_worker(connection: psycopg.Connection[Any], function_name: str, *,
             "wake_worker was called inside an open transaction: commit the transaction "
             "that enqueued the jobs first, then call wake_worker, so that the worker it "
             "starts can see them")
-    place = client_calls.wake_worker_place(connection, queue)
+    place = wake_worker_place(connection, queue)
     if place is None:
         return False
     invoke = lambda_starter(function_name, lambda_client)
@@ -488,7 +493,7 @@ def wake_worker(connection: psycopg.Connection[Any], function_name: str, *,
         invoke(pool_start_event("wake", place))
     except WorkerStartError:
         try:
-            client_calls.release_worker_place(connection, place)
+            release_worker_place(connection, place)
         except LeaseqError as exc:
             logger.warning("worker wake failed and its ticket was not given back; it "
                            "expires after the start hold",

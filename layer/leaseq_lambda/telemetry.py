@@ -68,8 +68,8 @@ from leaseq import (
     ReapReport,
     job_log_fields,
 )
-from leaseq.pool import PoolSize
-from leaseq.queues import QueueOverview
+from leaseq.base.pool import PoolSize
+from leaseq.base.queues import QueueOverview
 
 from leaseq_lambda.scaling import FanOutReport
 

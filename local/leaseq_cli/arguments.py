@@ -10,9 +10,9 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-from leaseq.limits import MAX_PRIORITY, MIN_PRIORITY, queue_name_problem
+from leaseq.base.limits import MAX_PRIORITY, MIN_PRIORITY, queue_name_problem
 
-#: leaseq.schedules.SHARED_TENANT, without importing the library for --help.
+#: leaseq.base.schedules.SHARED_TENANT, without importing the library for --help.
 SHARED_TENANT = uuid.UUID(int=0)
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")

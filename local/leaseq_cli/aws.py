@@ -10,7 +10,7 @@ if the caller's IAM identity may ``rds-db:connect`` on the stack's output
 certificate must chain to a trusted root (``system``, the operating system's store, which
 trusts the certificates of RDS Proxy endpoints; for a database instance reached directly,
 pass the RDS certificate bundle with ``--sslrootcert``) and name the host. ``system`` is
-resolved to the OS bundle's file by :func:`leaseq.tls.system_roots`, as the functions do:
+resolved to the OS bundle's file by :func:`leaseq.store.tls.system_roots`, as the functions do:
 the psycopg-binary wheel's own OpenSSL looks for it where no OS keeps it.
 
 From outside the VPC, ``--tunnel [ADDRESS:]PORT`` connects through a port forward on this
@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from leaseq.tls import SYSTEM, check_ca_file, system_roots
+from leaseq.store.tls import SYSTEM, check_ca_file, system_roots
 from psycopg.conninfo import make_conninfo
 
 from leaseq_cli.failures import CliError, ExitCode, UsageError

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from leaseq.client import QueueClient
-from leaseq.jobs import EnqueueRequest
+from leaseq.base.jobs import EnqueueRequest
+from leaseq.store.duties import OperatorClient, ProducerClient, WorkerClient
 
 DEMO_HANDLERS = "leaseq_lambda.demo_handlers"
 
@@ -92,7 +92,7 @@ class DemoSummary:
         return sum(t.unfinished for t in self.tenants)
 
 
-def enqueue_demo(client: QueueClient, run_id: str) -> list[uuid.UUID]:
+def enqueue_demo(client: ProducerClient, run_id: str) -> list[uuid.UUID]:
     """Enqueue the demo jobs; initech's first welcome email goes in first, on its own, so
     it is the oldest job of its tenant and the one the crashing worker claims."""
     requests = demo_requests(run_id)
@@ -102,13 +102,13 @@ def enqueue_demo(client: QueueClient, run_id: str) -> list[uuid.UUID]:
     return [r.job_id for r in results if r.job_id is not None]
 
 
-def crash_a_worker(client: QueueClient) -> uuid.UUID | None:
+def crash_a_worker(client: WorkerClient) -> uuid.UUID | None:
     """Claim one job as a worker that never reports back: its lease simply expires."""
     claimed = client.claim_jobs(TENANTS["initech"], CRASHED_OWNER, 1, CRASHED_LEASE)
     return claimed[0].id if claimed else None
 
 
-def summarise(client: QueueClient, run_id: str, job_ids: list[uuid.UUID],
+def summarise(client: OperatorClient, run_id: str, job_ids: list[uuid.UUID],
               recovered: uuid.UUID | None) -> DemoSummary:
     summary = DemoSummary(run_id, recovered_job=recovered)
     by_tenant = {tenant: TenantSummary(name, tenant) for name, tenant in TENANTS.items()}
@@ -193,7 +193,7 @@ class FanOutSummary:
                 "samples": [s.__dict__ for s in self.samples]}
 
 
-def tenant_counts(client: QueueClient, tenant: uuid.UUID) -> dict[str, int]:
+def tenant_counts(client: OperatorClient, tenant: uuid.UUID) -> dict[str, int]:
     """The tenant's jobs by state."""
     counts: dict[str, int] = {}
     for row in client.queue_status(tenant):

@@ -26,11 +26,12 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal
 
-from leaseq.client import QueueClient
-from leaseq.config import FINISH_RESERVE, WorkerConfig, needed_for
-from leaseq.db import Connection
-from leaseq.queues import QueueOverview
+from leaseq.base.queues import QueueOverview
+from leaseq.drain.config import FINISH_RESERVE, WorkerConfig, needed_for
 from leaseq.settings import WorkerSettings
+from leaseq.store.client import QueueClient
+from leaseq.store.db import Connection
+from leaseq.store.duties import OperatorClient
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from leaseq_cli.failures import UsageError
@@ -74,7 +75,7 @@ class FinishedCounter:
     progress thread."""
 
     def __init__(self, connect: Callable[[], Connection]) -> None:
-        self._client = QueueClient(connect)
+        self._client = OperatorClient(QueueClient(connect))
 
     def __call__(self) -> int:
         rows = self._client.queue_status()
@@ -95,7 +96,7 @@ class Backlog:
     others: int = 0
 
     @classmethod
-    def read(cls, client: QueueClient, claims: WorkerConfig | None = None) -> Backlog:
+    def read(cls, client: OperatorClient, claims: WorkerConfig | None = None) -> Backlog:
         """The whole queue, or with ``claims`` (a worker's kind filter) the jobs of the
         kinds it claims."""
         if claims is not None and (claims.kinds or claims.exclude_kinds):
@@ -116,7 +117,7 @@ class Backlog:
         return cls(by_state, ready, min(due) if due else None)
 
     @classmethod
-    def _of_kinds(cls, client: QueueClient, claims: WorkerConfig) -> Backlog:
+    def _of_kinds(cls, client: OperatorClient, claims: WorkerConfig) -> Backlog:
         by_state = {"pending": 0, "retry_wait": 0, "running": 0}
         ready = others = 0
         for row in client.queue_depth_by_kind():
@@ -240,7 +241,7 @@ class _Progress:
 
 def drain(
     ui: Ui,
-    client: QueueClient,
+    client: OperatorClient,
     worker: Callable[[float], Any],
     *,
     budget: float,

@@ -15,7 +15,7 @@ role outside service_role before the migrations make it the group (and the migra
 then drop service_role, which no login uses any more). That bootstrap (roles,
 the database and its privileges, as the server's superuser) is the one SQL the command
 line writes itself, an installer's work beside the migrator's; every call of the queue's
-functions goes through :class:`leaseq.client.QueueClient`.
+functions goes through :class:`leaseq.store.client.QueueClient`.
 
 Only its own OS user can reach it. A superuser session can run programs as the server's
 OS user (``copy ... to program``), so a server another local user can log in to hands
@@ -80,9 +80,9 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from leaseq import duties
-from leaseq.db import connect
-from leaseq.migrate import MigrationReport, migrate
+from leaseq.store import duties
+from leaseq.store.db import connect
+from leaseq.store.migrate import MigrationReport, migrate
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from enum import IntEnum
 
-from leaseq.errors import (
+from leaseq.base.errors import (
     ConfigurationError,
     DatabaseUnavailableError,
     IdempotencyConflictError,

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from leaseq.client import QueueClient
-from leaseq.jobs import EnqueueRequest
+from leaseq.base.jobs import EnqueueRequest
+from leaseq.store.client import QueueClient
 
 #: The demo's queues: two drained at once, one paused all along.
 DRAINED = ("demo-emails", "demo-images")

@@ -15,7 +15,7 @@ from enum import Enum
 from typing import Any
 from uuid import UUID
 
-from leaseq.decoding import UndecodableJson
+from leaseq.base.decoding import UndecodableJson
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
-from leaseq.db import Connection, connect, describe_dsn
+from leaseq.store.db import Connection, connect, describe_dsn
 from psycopg.conninfo import conninfo_to_dict
 
 from leaseq_cli import embedded

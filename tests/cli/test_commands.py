@@ -133,17 +133,18 @@ def test_enqueue_file_larger_than_one_call_goes_in_calls_the_database_takes(
 ) -> None:
     """70 payloads of 256 KiB are more than one enqueue call may carry (16 MiB): the
     file is sent as calls within both bounds, and every job is stored."""
-    from leaseq import QueueClient
-    from leaseq.storable import json_size
+    from leaseq.base.storable import json_size
+    from leaseq.store.duties import ProducerClient
 
     calls: list[int] = []
-    original = QueueClient.enqueue_jobs
+    original = ProducerClient.enqueue_jobs
 
-    def counted(self: QueueClient, requests: Any) -> Any:
+    def counted(self: ProducerClient, requests: Any) -> Any:
         calls.append(sum(json_size(r.payload) for r in requests))
         return original(self, requests)
 
-    monkeypatch.setattr(QueueClient, "enqueue_jobs", counted)
+    # The command enqueues through the producer's face.
+    monkeypatch.setattr(ProducerClient, "enqueue_jobs", counted)
     path = _write_jobs(tmp_path / "big.jsonl", [
         {"operation_key": f"big-{i}", "kind": "import", "payload": {"d": "x" * (262_144 - 9)}}
         for i in range(70)])

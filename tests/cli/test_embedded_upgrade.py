@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from leaseq.migrate import load_migrations
+from leaseq.store.migrate import load_migrations
 from leaseq_cli import embedded
 from psycopg import sql
 from psycopg.conninfo import make_conninfo

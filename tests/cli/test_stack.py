@@ -23,9 +23,10 @@ from typing import Any
 import boto3
 import psycopg
 import pytest
-from leaseq import ConfigurationError, tls
-from leaseq.db import connect
-from leaseq.migrate import migrate
+from leaseq import ConfigurationError
+from leaseq.store import tls
+from leaseq.store.db import connect
+from leaseq.store.migrate import migrate
 from leaseq_cli import aws
 from leaseq_cli.commands import _shared
 from leaseq_cli.main import main
@@ -172,7 +173,7 @@ def test_stack_outputs_give_the_host_login_and_a_token_signed_for_them(
     database = aws.stack_database(STACK, aws.AwsClients("us-east-1"))
 
     params = conninfo_to_dict(database.dsn())
-    # "system" is the OS bundle's file, as leaseq.tls resolves it for every connection:
+    # "system" is the OS bundle's file, as leaseq.store.tls resolves it for every connection:
     # the psycopg-binary wheel's OpenSSL would look for it where no OS keeps it.
     assert {k: params[k] for k in ("host", "port", "dbname", "user", "sslmode", "sslrootcert")
             } == {"host": host, "port": "5432", "dbname": "leaseq", "user": OPERATOR,

@@ -23,8 +23,8 @@ from typing import Any
 import boto3
 import psycopg
 import pytest
-from leaseq.db import connect
-from leaseq.migrate import migrate
+from leaseq.store.db import connect
+from leaseq.store.migrate import migrate
 from leaseq_cli import aws
 from leaseq_cli.arguments import tunnel_address
 from leaseq_cli.commands import _shared

@@ -17,7 +17,7 @@ from uuid import UUID
 
 import pytest
 from leaseq import connect
-from leaseq.views import JobFilter, TenantViews
+from leaseq.read.views import JobFilter, TenantViews
 from leaseq_dashboard import AccessPolicy, build, handle
 from leaseq_dashboard.origin import FunctionUrlOrigin
 from leaseq_dashboard.sources import DashboardViewSource, reader_login

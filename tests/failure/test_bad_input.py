@@ -32,7 +32,7 @@ from leaseq import (
     connect,
     enqueue_jobs,
 )
-from leaseq.storable import nesting_depth
+from leaseq.base.storable import nesting_depth
 from leaseq_lambda import runtime
 from leaseq_lambda.enqueue import EnqueueRejectedError
 from psycopg.types.json import Jsonb

@@ -28,6 +28,7 @@ HANDLER_MODULES = {
     "reaper": "leaseq_lambda.handlers.reaper",
     "enqueue": "leaseq_lambda.handlers.enqueue",
     "dashboard": "leaseq_dashboard.function",
+    "migrations": "leaseq_deploy.function",
 }
 
 

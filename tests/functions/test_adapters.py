@@ -7,22 +7,23 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import json
+import subprocess
+import sys
 
 import pytest
 
 from tests.functions.conftest import HANDLER_MODULES, ROOT
 
-#: The one function whose code stays in its folder: the migrations custom resource, a
-#: set of top-level modules (cfn_response, runtime_role, ...) that its tests import as
-#: Lambda does.
-FOLDER_FUNCTIONS = {"migrations"}
 
+def test_every_function_folder_is_an_adapter_of_a_package_module() -> None:
+    """The migrations custom resource too: no function keeps code in its folder."""
+    folders = {path.name for path in (ROOT / "functions").glob("*")
+               if path.is_dir() and path.name != "__pycache__"}
 
-def test_every_function_folder_but_the_custom_resources_is_an_adapter_of_a_package_module(
-) -> None:
-    folders = {path.parent.name for path in (ROOT / "functions").glob("*/app.py")}
-
-    assert folders - FOLDER_FUNCTIONS == set(HANDLER_MODULES)
+    assert folders == set(HANDLER_MODULES)
+    assert all(sorted(p.name for p in (ROOT / "functions" / f).glob("*.py")) == ["app.py"]
+               for f in folders)
 
 
 @pytest.mark.parametrize(("function", "module"), sorted(HANDLER_MODULES.items()))
@@ -50,3 +51,20 @@ def test_a_functions_app_py_holds_no_code_of_its_own(function: str) -> None:
     assert ast.unparse(statements[0]) == (
         f"from {HANDLER_MODULES[function]} import lambda_handler")
     assert ast.unparse(statements[1]) == "__all__ = ['lambda_handler']"
+
+
+def test_the_migrations_handler_imports_with_the_standard_library_alone() -> None:
+    """The custom resource must answer CloudFormation even when the rest of the layer
+    cannot be imported (it imports the library inside its guarded block): importing its
+    handler loads neither the library nor psycopg."""
+    code = ("import json, sys\n"
+            f"sys.path.insert(0, {str(ROOT / 'functions' / 'migrations')!r})\n"
+            "import app\n"
+            "print(json.dumps(sorted({n.split('.')[0] for n in sys.modules})))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=False, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    loaded = set(json.loads(done.stdout.strip().splitlines()[-1]))
+
+    assert "leaseq_deploy" in loaded
+    assert not loaded & {"leaseq", "leaseq_lambda", "leaseq_dashboard", "psycopg", "pydantic"}

@@ -113,7 +113,7 @@ def test_a_handlers_module_that_cannot_be_imported_fails_the_invocation_and_stor
 def test_a_declared_kind_defers_through_the_enqueue_function_as_on_a_connection(
         checking_door: ModuleType, owner: Conn) -> None:
     from leaseq import IdempotencyConflictError
-    from leaseq.errors import PayloadRejectedError
+    from leaseq.base.errors import PayloadRejectedError
     from leaseq_lambda.producer import EnqueueFunction
 
     from tests.functions import handlers

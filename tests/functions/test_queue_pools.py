@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from leaseq import ConfigurationError, MonotonicDeadline, QueueClient, connect
-from leaseq.queues import QueueOverview, QueueState
+from leaseq.base.queues import QueueOverview, QueueState
 from leaseq.settings import LeaseqSettings, PoolSettings
 from leaseq_lambda.events import parse_tick
 from leaseq_lambda.scaling import PoolMembership, wake_after_enqueue

@@ -3,6 +3,7 @@ where their handlers come from, and what an execution environment keeps."""
 
 from __future__ import annotations
 
+import ast
 import json
 import time
 import uuid
@@ -14,6 +15,7 @@ from typing import Any
 import boto3
 import pytest
 from leaseq import ConfigurationError, DatabaseError, EnqueueRequest, Registry, connect
+from leaseq.store.duties import ProducerClient, ReaperClient, WorkerClient
 from leaseq_lambda import runtime
 from leaseq_lambda.context import LambdaDeadline, owner_id
 from moto import mock_aws
@@ -317,3 +319,36 @@ def test_the_worker_owner_is_the_function_or_worker_id_and_the_request_id() -> N
 def test_the_lambda_deadline_follows_the_contexts_remaining_time() -> None:
     assert 59.0 < LambdaDeadline(FakeLambdaContext(remaining_ms=60_000)).remaining() <= 60.0
     assert LambdaDeadline(FakeLambdaContext(remaining_ms=-5)).remaining() == 0.0
+
+
+# One face per duty ----------------------------------------------------------------------------
+
+
+def test_each_duty_gets_one_face_over_the_environments_one_client(
+        lambda_env: pytest.MonkeyPatch) -> None:
+    rt = runtime.get()
+
+    faces = {type(face): face for face in
+             (rt.producer_client(), rt.worker_client(), rt.reaper_client())}
+
+    assert set(faces) == {ProducerClient, WorkerClient, ReaperClient}
+    assert all(face.client is rt.client for face in faces.values())
+    assert rt.producer_client() is rt.producer_client()
+    assert not hasattr(rt.producer_client(), "claim_jobs")
+
+
+HANDLER_FACES = {"enqueue": "producer_client", "worker": "worker_client",
+                 "reaper": "reaper_client"}
+
+
+@pytest.mark.parametrize(("handler", "face"), sorted(HANDLER_FACES.items()))
+def test_a_functions_handler_reaches_the_queue_only_through_its_duty_face(
+        handler: str, face: str) -> None:
+    """A handler that read the runtime's all-duties ``client`` (or another duty's face)
+    could call what its login is not granted; the reader would not see it."""
+    source = (Path(runtime.__file__).parent / "handlers" / f"{handler}.py").read_text()
+    used = {node.attr for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Attribute)
+            and node.attr in {"client", *HANDLER_FACES.values()}}
+
+    assert used == {face}

@@ -24,8 +24,8 @@ from leaseq import (
     QueueClient,
     TlsVerificationError,
     connect,
-    tls,
 )
+from leaseq.store import tls
 from leaseq_lambda import runtime
 from moto import mock_aws
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -20,7 +19,6 @@ from tests.support import postgres
 from tests.support.postgres import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
-MIGRATIONS_DIR = ROOT / "functions" / "migrations"
 
 #: The NOLOGIN groups by duty that the schema migrations create (see sql/README.md).
 DUTY_GROUPS = (
@@ -88,19 +86,11 @@ def response_endpoint() -> Iterator[ResponseEndpoint]:
 
 @pytest.fixture(scope="session")
 def migrations_app() -> Any:
-    """functions/migrations/app.py, imported the way Lambda does (its folder on sys.path)."""
-    import importlib.util
+    """The migrations custom resource's handler module, :mod:`leaseq_deploy.function`
+    (functions/migrations/app.py re-exports its ``lambda_handler``)."""
+    import importlib
 
-    if str(MIGRATIONS_DIR) not in sys.path:
-        sys.path.append(str(MIGRATIONS_DIR))  # last: never shadows another function's app
-    spec = importlib.util.spec_from_file_location(
-        "leaseq_migrations_app", MIGRATIONS_DIR / "app.py"
-    )
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("leaseq_deploy.function")
 
 
 @pytest.fixture(scope="session")

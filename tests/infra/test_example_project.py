@@ -47,8 +47,8 @@ from tests.support.release import built_release
 
 PROJECT = ROOT / "examples" / "handler-project"
 #: What leaseq's layer carries; a handlers layer that shipped them would shadow leaseq's.
-LEASEQ_PACKAGES = ("leaseq", "leaseq_lambda", "leaseq_dashboard", "psycopg", "psycopg_binary",
-                   "pydantic", "pydantic_core", "aws_lambda_powertools")
+LEASEQ_PACKAGES = ("leaseq", "leaseq_lambda", "leaseq_dashboard", "leaseq_deploy", "psycopg",
+                   "psycopg_binary", "pydantic", "pydantic_core", "aws_lambda_powertools")
 #: handlers layer -> leaseq's layer of the same architecture
 HANDLERS_LAYERS = {"HandlersLayerX8664": "LeaseqLayerX8664",
                    "HandlersLayerArm64": "LeaseqLayerArm64"}
@@ -251,7 +251,7 @@ def test_both_workers_start_with_the_example_handlers_and_the_stacks_defaults(
     found = run_isolated(
         require_lambda_python(),
         "from leaseq import ConfigurationError, WorkerConfig\n"
-        "from leaseq.budget import check_registry\n"
+        "from leaseq.drain.budget import check_registry\n"
         "from leaseq.settings import WorkerSettings\n"
         "from leaseq_lambda.runtime import load_registry\n"
         "registry = load_registry('invoice_handlers')\n"

@@ -15,7 +15,6 @@ import hashlib
 import hmac
 import json
 import socket
-import sys
 import tempfile
 import threading
 import time
@@ -29,15 +28,15 @@ from typing import Any
 import boto3
 import psycopg
 import pytest
-from leaseq.db import connect
-from leaseq.migrate import MIGRATION_LOCK_KEY, load_migrations, migrate
+from leaseq.store.db import connect
+from leaseq.store.migrate import MIGRATION_LOCK_KEY, load_migrations, migrate
 from moto import mock_aws
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 
 from tests.conftest import Database
-from tests.infra.conftest import DUTY_GROUPS, MIGRATIONS_DIR, ResponseEndpoint
+from tests.infra.conftest import DUTY_GROUPS, ResponseEndpoint
 from tests.support import postgres
 from tests.support.postgres import Cluster
 
@@ -491,7 +490,7 @@ def test_a_login_holding_a_duty_groups_name_is_refused_before_any_migration_runs
     # The previous version's default runtime login was called leaseq_worker, the worker
     # group's name. The group's name is swapped for one unique to this test, so that the
     # session's real groups (cluster-wide) are not touched.
-    import runtime_role
+    from leaseq_deploy import runtime_role
 
     legacy = f"leaseq_legacy_{uuid.uuid4().hex[:8]}"
     monkeypatch.setattr(runtime_role, "DUTY_GROUPS", (*runtime_role.DUTY_GROUPS, legacy))
@@ -515,7 +514,7 @@ def test_without_the_duty_groups_the_logins_are_refused_naming_them(
     migrations_app: Any, database: Database, response_endpoint: ResponseEndpoint,
     logins: dict[str, str], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import runtime_role
+    from leaseq_deploy import runtime_role
 
     missing = f"leaseq_missing_{uuid.uuid4().hex[:8]}"
     monkeypatch.setattr(runtime_role, "REAPER", missing)
@@ -818,7 +817,7 @@ class RecordingCursor(psycopg.Cursor[Any]):
 def test_no_statement_sent_to_the_server_contains_a_plaintext_password(
     database: Database, logins: dict[str, str], migrations_app: Any,
 ) -> None:
-    import runtime_role
+    from leaseq_deploy import runtime_role
 
     with connect(database.owner_dsn) as conn:
         migrate(conn)
@@ -870,9 +869,7 @@ def scram_server() -> Iterator[str]:
 def test_a_login_given_a_password_logs_in_with_it_over_scram_and_not_with_another(
     scram_server: str,
 ) -> None:
-    if str(MIGRATIONS_DIR) not in sys.path:
-        sys.path.append(str(MIGRATIONS_DIR))
-    import runtime_role
+    from leaseq_deploy import runtime_role
 
     owner_dsn = make_conninfo(scram_server, user=SCRAM_OWNER, dbname="leaseq_scram")
     password = "Scr4m-only-" + uuid.uuid4().hex
@@ -1016,7 +1013,7 @@ def test_create_checks_the_budget_against_the_servers_own_max_connections_and_re
 def test_the_limits_are_read_as_the_server_reports_them(
     migrations_app: Any, database: Database,
 ) -> None:
-    import connection_budget
+    from leaseq_deploy import connection_budget
 
     expected = server_limits(database)
     with connect(database.owner_dsn) as conn:
@@ -1032,7 +1029,7 @@ def test_rds_reserved_slots_count_where_the_server_predates_reserved_connections
 ) -> None:
     """RDS for PostgreSQL 15 and earlier keeps slots for rds_superuser with a setting of its
     own; set here as the session's placeholder setting, as RDS's extension would."""
-    import connection_budget
+    from leaseq_deploy import connection_budget
 
     with connect(database.owner_dsn) as conn:
         conn.execute("set rds.rds_superuser_reserved_connections = 2")
@@ -1197,7 +1194,7 @@ def test_a_request_without_the_budget_comes_from_an_earlier_template_and_is_not_
 def test_a_stack_name_too_long_for_the_names_made_from_it_is_refused_before_connecting(
     migrations_app: Any, response_endpoint: ResponseEndpoint, logins: dict[str, str],
 ) -> None:
-    import stack_name
+    from leaseq_deploy import stack_name
 
     name = "leaseq-" + "n" * 51  # 58 characters: each name made from it is one too long
     event = request("Create", response_endpoint, logins=logins,
@@ -1272,7 +1269,7 @@ def test_lambda_handler_reads_each_runtime_secret_from_secrets_manager(
 
 
 def migrations_app_reader(client: Any) -> Callable[[str], Any]:
-    import owner_connection
+    from leaseq_deploy import owner_connection
 
     reader: Callable[[str], Any] = owner_connection.secrets_manager_reader(client)
     return reader
@@ -1305,7 +1302,7 @@ def test_an_unreachable_response_url_is_retried_then_given_up_without_raising(
 def test_an_overlong_failure_reason_is_cut_to_cloudformations_size_limit(
     response_endpoint: ResponseEndpoint, migrations_app: Any,
 ) -> None:
-    import cfn_response
+    from leaseq_deploy import cfn_response
 
     event = request("Create", response_endpoint,
                     logins={prop: "leaseq_x_login" for prop in GROUP_OF})
@@ -1316,7 +1313,7 @@ def test_an_overlong_failure_reason_is_cut_to_cloudformations_size_limit(
     assert json.loads(body)["Reason"].endswith("[truncated]")
 
 
-# ---- the owner's TLS: the runtime's rules (leaseq.tls) ------------------------------------------
+# ---- the owner's TLS: the runtime's rules (leaseq.store.tls) ----------------------------------
 
 OWNER_SECRET = {"username": "owner", "password": "pw"}
 OWNER_ENV = {"LEASEQ_DATABASE_SECRET_ARN": "arn:secret", "LEASEQ_DB_NAME": "leaseq",
@@ -1324,7 +1321,7 @@ OWNER_ENV = {"LEASEQ_DATABASE_SECRET_ARN": "arn:secret", "LEASEQ_DB_NAME": "leas
 
 
 def owner_dsn(migrations_app: Any, **variables: str) -> dict[str, str]:
-    import owner_connection
+    from leaseq_deploy import owner_connection
 
     dsn = owner_connection.owner_dsn_from_environment(
         {**OWNER_ENV, **variables}, lambda _arn: OWNER_SECRET)
@@ -1335,7 +1332,7 @@ def owner_dsn(migrations_app: Any, **variables: str) -> dict[str, str]:
 def test_the_owner_with_empty_tls_settings_is_refused_naming_the_stack_parameters(
     migrations_app: Any,
 ) -> None:
-    from leaseq.errors import ConfigurationError
+    from leaseq.base.errors import ConfigurationError
 
     # The template passes empty parameters as empty strings: they mean "not set", and an
     # RDS instance with nothing to verify it with is refused before anything is sent.
@@ -1365,7 +1362,7 @@ def test_the_owner_with_a_ca_bundle_alone_verifies_the_server_with_it(
 def test_the_owner_refuses_a_missing_bundle_and_an_unknown_mode_by_name(
     migrations_app: Any, tmp_path: Path,
 ) -> None:
-    from leaseq.errors import ConfigurationError
+    from leaseq.base.errors import ConfigurationError
 
     with pytest.raises(ConfigurationError, match=r"LEASEQ_DB_SSLROOTCERT=.*does not exist"):
         owner_dsn(migrations_app, LEASEQ_DB_SSLROOTCERT=str(tmp_path / "absent.pem"))

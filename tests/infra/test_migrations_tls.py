@@ -35,7 +35,7 @@ def server() -> Iterator[TlsServer]:
 
 def owner_dsn(server: TlsServer, host: str = INSTANCE_HOST, **variables: str) -> str:
     """The DSN the migrations function builds, pointed at the test server's address."""
-    import owner_connection
+    from leaseq_deploy import owner_connection
 
     environ = {"LEASEQ_DATABASE_SECRET_ARN": "arn:aws:secretsmanager:eu-west-1:1:secret:rds!db-1",
                "LEASEQ_DB_HOST": host, "LEASEQ_DB_PORT": str(server.port),

@@ -199,7 +199,7 @@ def test_the_built_layer_alone_imports_leaseq_on_python313_with_psycopgs_binary_
     found = run_isolated(
         require_lambda_python(),
         "import importlib, psycopg, leaseq, pydantic_core, aws_lambda_powertools\n"
-        "migrate = importlib.import_module('leaseq.migrate')\n"
+        "migrate = importlib.import_module('leaseq.store.migrate')\n"
         "print(json.dumps({'impl': psycopg.pq.__impl__, 'libpq': psycopg.pq.version(),"
         " 'psycopg': psycopg.__file__, 'leaseq': leaseq.__file__,"
         " 'python': list(sys.version_info[:2]),"
@@ -289,7 +289,7 @@ def test_the_built_layer_holds_what_lambda_runs_and_none_of_the_local_tools(
 ) -> None:
     layer = build_dir / layer_id / "python"
 
-    for package in ("leaseq", "leaseq_lambda", "leaseq_dashboard"):
+    for package in ("leaseq", "leaseq_lambda", "leaseq_dashboard", "leaseq_deploy"):
         assert (layer / package / "__init__.py").is_file(), package
     assert (layer / "leaseq_lambda" / "demo_handlers.py").is_file()
     present = [name for name in LOCAL_ONLY_PACKAGES if (layer / name).exists()]
@@ -501,7 +501,7 @@ def test_the_layer_ships_python313_bytecode_for_every_module_recorded_at_opt_pyt
     found = run_isolated(
         require_lambda_python(),
         "import importlib.util, marshal\n"
-        "names = ['leaseq/worker.py', 'leaseq_lambda/telemetry.py', 'pydantic/main.py']\n"
+        "names = ['leaseq/drain/worker.py', 'leaseq_lambda/telemetry.py', 'pydantic/main.py']\n"
         f"site = {str(build_dir / host_layer() / 'python')!r}\n"
         "out = {}\n"
         "for name in names:\n"

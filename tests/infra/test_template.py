@@ -620,7 +620,7 @@ def test_the_pool_limits_reach_the_owners_settings_through_the_migrations_and_fi
     """The maximum, the start hold and the debounce are written by the migrations custom
     resource as the schema owner (app.settings), from the same parameters the functions
     get, and every value the template accepts is one the database accepts."""
-    from leaseq.config import OWNER_POOL_BOUNDS
+    from leaseq.drain.config import OWNER_POOL_BOUNDS
 
     limits = cfn["Resources"]["Migrations"]["Properties"]["WorkerPool"]
     assert limits == {"MaxWorkers": {"Ref": "MaxWorkers"}, "StartHoldSeconds": "90",
@@ -642,7 +642,7 @@ def test_the_pool_limits_reach_the_owners_settings_through_the_migrations_and_fi
 def test_the_default_reservation_holds_the_default_pool_and_the_tick_everywhere(
     sam: dict[str, Any], migrations_app: Any,
 ) -> None:
-    import connection_budget
+    from leaseq_deploy import connection_budget
 
     parameters = sam["Parameters"]
     environments = {"defaults": {}, **samconfig_overrides()}
@@ -678,7 +678,7 @@ def test_a_rule_refuses_the_default_pool_with_a_smaller_worker_reservation(
 def test_the_migrations_get_every_parameter_of_the_connection_budget(
     sam: dict[str, Any], cfn: dict[str, Any], migrations_app: Any,
 ) -> None:
-    import connection_budget
+    from leaseq_deploy import connection_budget
 
     budget = cfn["Resources"]["Migrations"]["Properties"][connection_budget.PROPERTY]
 
@@ -702,7 +702,7 @@ def test_the_migrations_get_every_parameter_of_the_connection_budget(
 def test_stack_names_leave_room_for_every_name_made_from_them(
     cfn: dict[str, Any], migrations_app: Any,
 ) -> None:
-    import stack_name
+    from leaseq_deploy import stack_name
 
     limited = {"FunctionName", "Name", "RuleName", "DBProxyName"}
     made = set()
@@ -2102,7 +2102,7 @@ def test_the_dashboard_settings_declare_every_variable_the_template_sets() -> No
 def test_the_dashboard_is_reserved_and_by_default_fits_the_operators_allowance(
     sam: dict[str, Any], cfn: dict[str, Any], migrations_app: Any,
 ) -> None:
-    import connection_budget
+    from leaseq_deploy import connection_budget
 
     dashboard = function_properties(cfn, "DashboardFunction")
     assert dashboard["ReservedConcurrentExecutions"] == {"Ref": "DashboardReservedConcurrency"}

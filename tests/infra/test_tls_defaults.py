@@ -3,7 +3,7 @@
 Every function's LEASEQ_DB_SSLMODE, LEASEQ_DB_SSLROOTCERT and LEASEQ_DB_HOST are read from
 the template as aws-sam-translator expands it, resolved for a deploy (the database created
 here behind its proxy, an existing one through a proxy, an existing one reached directly),
-and handed to leaseq.tls as the function would at cold start. The default stack must
+and handed to leaseq.store.tls as the function would at cold start. The default stack must
 verify every connection, the migrations' login as the RDS master user first of all; and
 the template's Rules must refuse, before anything is created, exactly the parameter values
 that would leave a function refusing to connect (or connecting unverified without the
@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from leaseq import ConfigurationError, tls
+from leaseq import ConfigurationError
+from leaseq.store import tls
 
 from tests.infra.template_support import (
     load_sam_template,
@@ -95,7 +96,7 @@ def connections(cfn: dict[str, Any], **given: str) -> Iterator[tuple[str, str, A
 
 
 def cold_start_tls(host: str, mode: Any, rootcert: Any) -> tls.TlsOptions:
-    """What leaseq.tls chooses in the function, with the certificates layer's bundle (a
+    """What leaseq.store.tls chooses in the function, with the certificates layer's bundle (a
     stand-in) at /opt/rds and the system roots pointed at it too."""
     bundle = str(stand_in_rds_bundle())
     return tls.choose_tls(host=host, sslmode=mode,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from leaseq import MonotonicDeadline, lease_for
-from leaseq.deadline import MAX_LEASE
+from leaseq.base.deadline import MAX_LEASE
 
 from tests.support.fakes import ManualClock
 

@@ -22,8 +22,8 @@ from leaseq import (
     Registry,
     connect,
 )
-from leaseq.errors import PayloadRejectedError, UnknownKindError
-from leaseq.registry import DeclaredKind
+from leaseq.base.errors import PayloadRejectedError, UnknownKindError
+from leaseq.kinds.registry import DeclaredKind
 from pydantic import BaseModel, ConfigDict
 
 from tests.conftest import Database

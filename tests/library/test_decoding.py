@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from leaseq import QueueClient, Registry, UndecodableJson, Worker, WorkerConfig, connect
-from leaseq.db import fetch_rows
+from leaseq.store.db import fetch_rows
 
 from tests.conftest import Database
 from tests.library.support import enqueue

@@ -1,4 +1,4 @@
-"""The steps both drains share (leaseq.steps): one give-back rule, said the same way by
+"""The steps both drains share (leaseq.drain.steps): one give-back rule, said the same way by
 the one-at-a-time drain and the event-loop drain, on a real PostgreSQL."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 from leaseq import QueueClient, Registry, Worker, WorkerConfig
-from leaseq.config import FINISH_RESERVE
+from leaseq.drain.config import FINISH_RESERVE
 
 from tests.library.support import enqueue, states
 from tests.support.fakes import FakeDeadline

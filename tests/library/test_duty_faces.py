@@ -1,4 +1,4 @@
-"""Each duty's face (leaseq.duties) offers exactly the client's calls that its SQL group may
+"""Each duty's face (leaseq.store.duties) offers exactly the client's calls that its SQL group may
 execute, checked by connecting as a login of that group only, and each face works over
 its own login."""
 
@@ -14,8 +14,9 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from leaseq import QueueClient, connect, queries
-from leaseq.duties import (
+from leaseq import QueueClient, connect
+from leaseq.store import queries
+from leaseq.store.duties import (
     DUTY_GROUPS,
     DutyClient,
     OperatorClient,
@@ -55,7 +56,7 @@ def client_calls() -> set[str]:
 def sql_functions(func: Callable[..., Any], seen: set[Callable[..., Any]] | None = None
                   ) -> set[str]:
     """The app functions a call of the client executes: the statements it sends
-    (leaseq.queries), and those of the client's methods and the library's functions it
+    (leaseq.store.queries), and those of the client's methods and the library's functions it
     calls, read from their source."""
     seen = set() if seen is None else seen
     if func in seen:

@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 from leaseq import QueueClient, Registry, Worker, WorkerConfig, connect, reap_once
-from leaseq.errors import PermissionDeniedError
+from leaseq.base.errors import PermissionDeniedError
 
 from tests.conftest import Database
 from tests.library.support import requests, states

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from leaseq import EnqueueRequest, QueueClient
-from leaseq.storable import (
+from leaseq.base.storable import (
     FORMAT_CHARACTER_RANGES,
     MAX_NUMBER_CHARS,
     MAX_SCHEDULE_AHEAD,

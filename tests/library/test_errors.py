@@ -22,8 +22,8 @@ from leaseq import (
     connect,
     enqueue_jobs,
 )
-from leaseq.db import fetch_rows
-from leaseq.errors import CLIENT_ERRORS, error_type_for
+from leaseq.base.errors import CLIENT_ERRORS, error_type_for
+from leaseq.store.db import fetch_rows
 from psycopg.types.json import Jsonb
 
 from tests.conftest import Database

@@ -1,4 +1,4 @@
-"""leaseq.limits names the SQL contract's bounds: each is exactly the database's own.
+"""leaseq.base.limits names the SQL contract's bounds: each is exactly the database's own.
 
 At each bound the call goes through; one step beyond it the database refuses it
 (SQLSTATE 22023), so a Python check written with these names refuses what the database
@@ -14,7 +14,8 @@ from typing import Any
 
 import psycopg
 import pytest
-from leaseq import EnqueueRequest, InvalidRequestError, JobOutcome, QueueClient, limits
+from leaseq import EnqueueRequest, InvalidRequestError, JobOutcome, QueueClient
+from leaseq.base import limits
 from psycopg.types.json import Jsonb
 from pydantic import ValidationError
 

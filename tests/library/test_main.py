@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from leaseq.migrate import load_migrations
+from leaseq.store.migrate import load_migrations
 
 from tests.conftest import Database
 
@@ -45,7 +45,7 @@ def test_the_plain_environment_really_lacks_the_command_line(plain: Run) -> None
         result = plain("-c", f"import {name}")
         assert result.returncode == 1, name
         assert "is not installed" in result.stderr, name
-    assert plain("-c", "import leaseq.migrate").returncode == 0
+    assert plain("-c", "import leaseq.store.migrate").returncode == 0
 
 
 def test_python_dash_m_leaseq_migrate_applies_the_migrations_on_a_plain_install(

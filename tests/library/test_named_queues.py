@@ -19,7 +19,7 @@ from leaseq import (
     WorkerConfig,
     connect,
 )
-from leaseq.duties import OperatorClient
+from leaseq.store.duties import OperatorClient
 from pydantic import BaseModel, ValidationError
 
 from tests.conftest import Database

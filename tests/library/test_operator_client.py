@@ -1,5 +1,5 @@
 """The operator's calls of QueueClient: redrive and cancel call after bounded call until
-the selection is done, and the paged prune of leaseq.retention stops where it should."""
+the selection is done, and the paged prune of leaseq.upkeep.retention stops where it should."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from datetime import timedelta
 
 import pytest
 from leaseq import QueueClient
-from leaseq import client as client_module
-from leaseq.jobs import Selection
-from leaseq.retention import prune_in_pages
+from leaseq.base.jobs import Selection
+from leaseq.store import client as client_module
+from leaseq.upkeep.retention import prune_in_pages
 from psycopg.types.json import Jsonb
 
 from tests.sql.calls import claim, enqueue_many, event_types, job, new_tenant

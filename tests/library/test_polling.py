@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from leaseq.config import POLL_IDLE, POLL_MAX, POLL_MIN
-from leaseq.polling import PollSchedule
+from leaseq.drain.config import POLL_IDLE, POLL_MAX, POLL_MIN
+from leaseq.drain.polling import PollSchedule
 
 from tests.support.fakes import ManualClock
 

@@ -32,7 +32,7 @@ from leaseq import (
     connect,
     set_worker_pool_limits,
 )
-from leaseq import config as leaseq_config
+from leaseq.drain import config as leaseq_config
 from leaseq_lambda.runtime import Runtime
 
 from tests.conftest import Database

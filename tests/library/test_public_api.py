@@ -23,7 +23,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from leaseq import errors
+from leaseq.base import errors
 
 from tests.conftest import Database
 
@@ -44,9 +44,9 @@ def public_modules() -> Iterator[ModuleType]:
     for name in PACKAGES:
         package = importlib.import_module(name)
         yield package
-        for info in pkgutil.iter_modules(package.__path__):
-            if not info.name.startswith("_"):
-                yield importlib.import_module(f"{name}.{info.name}")
+        for info in pkgutil.walk_packages(package.__path__, prefix=f"{name}."):
+            if not any(part.startswith("_") for part in info.name.split(".")):
+                yield importlib.import_module(info.name)
 
 
 def own_docstring(obj: Any) -> str | None:
@@ -102,7 +102,7 @@ def test_every_exported_name_has_a_docstring() -> None:
 
 def test_every_public_class_and_function_of_a_public_module_has_a_docstring() -> None:
     members = module_members()
-    assert "leaseq.limits.Bounds" in members
+    assert "leaseq.base.limits.Bounds" in members
     assert [name for name, obj in members.items() if own_docstring(obj) is None] == []
 
 
@@ -152,8 +152,8 @@ def test_the_examples_in_the_docstrings_run(
 
 def test_there_are_examples_to_run() -> None:
     names = {test.name for test in examples()}
-    assert {"leaseq.worker.Worker", "leaseq.job_context.JobContext",
-            "leaseq.registry.Registry"} <= names
+    assert {"leaseq.drain.worker.Worker", "leaseq.kinds.job_context.JobContext",
+            "leaseq.kinds.registry.Registry"} <= names
 
 
 # ---- errors ---------------------------------------------------------------------------------
@@ -167,7 +167,7 @@ def constructed_names() -> set[str]:
     sources = [*(ROOT / "layer").rglob("*.py"), *(ROOT / "functions").rglob("*.py"),
                *(ROOT / "local").rglob("*.py")]
     for path in sources:
-        if path == ROOT / "layer" / "leaseq" / "errors.py" or ".aws-sam" in path.parts:
+        if path == ROOT / "layer" / "leaseq" / "base" / "errors.py" or ".aws-sam" in path.parts:
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Call):

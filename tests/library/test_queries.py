@@ -1,10 +1,10 @@
 """Every call of an ``app.*`` SQL function from Python goes through one client
-(leaseq.client.QueueClient) with its statement in leaseq/queries.py.
+(leaseq.store.client.QueueClient) with its statement in leaseq/store/queries.py.
 
 Read from the source of everything that ships or runs (layer/, local/, functions/):
 SQL that calls an ``app.`` function in any other module's string literal, or another
 module importing the statements to send them itself, is a second face of the contract.
-The migrator (leaseq/migrate.py) writes its own bookkeeping statements and is the one
+The migrator (leaseq/store/migrate.py) writes its own bookkeeping statements and is the one
 exception; it says so in its docstring."""
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 ROOTS = ("layer", "local", "functions")
 #: The statements, their one sender, and the migrator's bookkeeping.
-STATEMENTS = Path("layer/leaseq/queries.py")
-SENDER = Path("layer/leaseq/client.py")
-MIGRATOR = Path("layer/leaseq/migrate.py")
+STATEMENTS = Path("layer/leaseq/store/queries.py")
+SENDER = Path("layer/leaseq/store/client.py")
+MIGRATOR = Path("layer/leaseq/store/migrate.py")
 
 #: A call of a function of the app schema, as SQL writes it: app.name( or APP . name (.
 APP_CALL = re.compile(r"\bapp\s*\.\s*[a-z_][a-z0-9_]*\s*\(", re.IGNORECASE)
@@ -79,7 +79,7 @@ def test_no_module_but_the_statements_and_the_migrator_writes_an_app_function_ca
 
 def test_only_the_client_imports_the_statements() -> None:
     importers = [str(path) for path in sources()
-                 if "leaseq.queries" in imports_of((REPO / path).read_text("utf-8"))
+                 if "leaseq.store.queries" in imports_of((REPO / path).read_text("utf-8"))
                  and path != SENDER]
 
     assert importers == []
@@ -107,6 +107,6 @@ def test_the_scan_finds_sql_calls_and_passes_over_prose_and_code(text: str, foun
 
 
 def test_the_scan_finds_a_module_importing_the_statements() -> None:
-    assert "leaseq.queries" in imports_of("from leaseq import queries\n")
-    assert "leaseq.queries" in imports_of("from leaseq.queries import GET_JOB\n")
-    assert "leaseq.queries" in imports_of("import leaseq.queries\n")
+    assert "leaseq.store.queries" in imports_of("from leaseq.store import queries\n")
+    assert "leaseq.store.queries" in imports_of("from leaseq.store.queries import GET_JOB\n")
+    assert "leaseq.store.queries" in imports_of("import leaseq.store.queries\n")

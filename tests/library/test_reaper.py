@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 from leaseq import JobOutcome, QueueClient, connect, reap_once
-from leaseq.errors import InvalidRequestError, PermissionDeniedError
+from leaseq.base.errors import InvalidRequestError, PermissionDeniedError
 
 from tests.conftest import Database
 from tests.library.support import enqueue, event_types, job, states

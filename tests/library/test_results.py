@@ -24,7 +24,7 @@ from leaseq import (
     enqueue_job,
     wait_for_result,
 )
-from leaseq.results import JobResult, poll_until_finished
+from leaseq.base.results import JobResult, poll_until_finished
 
 from tests.conftest import Database
 from tests.support import postgres

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from leaseq import RetryPolicy
-from leaseq.retry import MAX_RETRY_DELAY
+from leaseq.kinds.retry import MAX_RETRY_DELAY
 
 
 def test_the_ceiling_doubles_with_each_attempt_from_the_base_delay() -> None:
@@ -76,7 +76,7 @@ def test_a_cap_below_the_first_delay_is_refused_naming_both() -> None:
 
 def test_the_policy_and_the_worker_settings_share_one_default_and_one_range() -> None:
     from leaseq import LeaseqSettings
-    from leaseq.retry import RETRY_BASE, RETRY_MAX
+    from leaseq.kinds.retry import RETRY_BASE, RETRY_MAX
 
     worker = LeaseqSettings.from_env({"DATABASE_URL": "postgresql://h/db"}).worker
     assert (RetryPolicy().base_delay, RetryPolicy().max_delay) == (

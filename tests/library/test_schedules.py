@@ -10,8 +10,8 @@ from datetime import timedelta
 import psycopg
 import pytest
 from leaseq import SHARED_TENANT, QueueClient, Registry, Schedule, reap_once
-from leaseq.errors import ConfigurationError, InvalidRequestError
-from leaseq.schedules import expression_problem, time_zone_problem
+from leaseq.base.errors import ConfigurationError, InvalidRequestError
+from leaseq.base.schedules import expression_problem, time_zone_problem
 from pydantic import ValidationError
 
 from tests.support.fakes import FakeDeadline

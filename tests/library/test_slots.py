@@ -1,4 +1,4 @@
-"""The event-loop drain (leaseq.slots) on a real PostgreSQL: async handlers at once,
+"""The event-loop drain (leaseq.drain.slots) on a real PostgreSQL: async handlers at once,
 sync handlers in threads, budgets per job, slots refilled by claims, leases renewed,
 outcomes recorded on time, a blocked loop reported, and polling."""
 

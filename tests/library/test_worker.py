@@ -26,7 +26,7 @@ from leaseq import (
     WorkerConfig,
     connect,
 )
-from leaseq.retry import MAX_RETRY_DELAY
+from leaseq.kinds.retry import MAX_RETRY_DELAY
 from pydantic import BaseModel
 
 from tests.conftest import Database

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from leaseq.db import connect
-from leaseq.migrate import load_migrations, migrate
+from leaseq.store.db import connect
+from leaseq.store.migrate import load_migrations, migrate
 
 from tests.conftest import Database
 from tests.migrations.test_reference_upgrade import REFERENCE

@@ -14,8 +14,8 @@ import uuid
 from collections.abc import Callable
 from datetime import timedelta
 
-from leaseq.db import connect
-from leaseq.migrate import load_migrations, migrate
+from leaseq.store.db import connect
+from leaseq.store.migrate import load_migrations, migrate
 
 from tests.conftest import Database
 from tests.sql.calls import WORKER_NAME

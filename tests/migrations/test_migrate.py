@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from leaseq.db import connect
-from leaseq.errors import (
+from leaseq.base.errors import (
     DatabaseError,
     MigrationBlockedError,
     PermissionDeniedError,
     SchemaVersionError,
 )
-from leaseq.migrate import (
+from leaseq.store.db import connect
+from leaseq.store.migrate import (
     MIGRATION_LOCK_KEY,
     FunctionFile,
     Migration,

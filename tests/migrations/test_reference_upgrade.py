@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from leaseq.db import connect
-from leaseq.migrate import load_migrations, migrate
+from leaseq.store.db import connect
+from leaseq.store.migrate import load_migrations, migrate
 from psycopg.types.json import Jsonb
 
 from tests.conftest import Database

@@ -13,8 +13,8 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 
-from leaseq.db import connect
-from leaseq.migrate import load_migrations, migrate
+from leaseq.store.db import connect
+from leaseq.store.migrate import load_migrations, migrate
 from psycopg import sql
 from psycopg.types.json import Jsonb
 

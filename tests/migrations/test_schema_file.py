@@ -17,8 +17,8 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from leaseq.db import connect
-from leaseq.migrate import migrate
+from leaseq.store.db import connect
+from leaseq.store.migrate import migrate
 
 from tests.conftest import Database
 from tests.support import postgres

@@ -16,8 +16,8 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from leaseq.db import connect
-from leaseq.migrate import load_migrations, migrate
+from leaseq.store.db import connect
+from leaseq.store.migrate import load_migrations, migrate
 from psycopg import sql
 
 from tests.conftest import Database

@@ -250,7 +250,7 @@ def test_the_message_names_the_character_without_repeating_it(producer: Conn) ->
 def test_the_refused_characters_are_exactly_those_of_the_python_model(owner: Conn) -> None:
     """Every code point PostgreSQL can store, through the SQL rule and the model's: the
     two sets are one (Cc, the fixed Cf list, U+2028 and U+2029), and nothing else."""
-    from leaseq.storable import character_problem
+    from leaseq.base.storable import character_problem
 
     row = owner.execute(
         "select array_agg(n order by n) as refused from generate_series(1, 1114111) n"

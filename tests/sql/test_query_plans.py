@@ -25,8 +25,8 @@ from typing import Any, LiteralString
 
 import psycopg
 import pytest
-from leaseq.db import connect
-from leaseq.migrate import migrate
+from leaseq.store.db import connect
+from leaseq.store.migrate import migrate
 
 from tests.conftest import Database
 from tests.support import postgres

@@ -19,8 +19,8 @@ from typing import Any, TypeVar
 
 import psycopg
 import pytest
-from leaseq.db import connect
-from leaseq.migrate import load_migrations, migrate
+from leaseq.store.db import connect
+from leaseq.store.migrate import load_migrations, migrate
 from psycopg import sql
 
 from tests.conftest import Database

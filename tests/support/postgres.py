@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from leaseq import duties
+from leaseq.store import duties
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row

@@ -32,7 +32,8 @@ from typing import Any
 from uuid import UUID
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
-from leaseq import LeaseqError, QueueClient, Registry
+from leaseq import LeaseqError, Registry
+from leaseq.store.duties import ProducerClient
 
 from leaseq_lambda import runtime, telemetry
 from leaseq_lambda.enqueue import ready_now, ready_queues, rejection_error, response, submit
@@ -45,10 +46,10 @@ metrics = telemetry.make_metrics()
 tracer = telemetry.make_tracer()
 
 
-def _client() -> QueueClient:
+def _client() -> ProducerClient:
     rt = runtime.get()
     rt.check()
-    return rt.client
+    return rt.producer_client()
 
 
 def _tenants() -> frozenset[UUID]:
@@ -110,7 +111,7 @@ def lambda_handler(event: Any, context: LambdaContext) -> dict[str, Any]:
     telemetry.record_enqueue(metrics, answer["created"], answer["existing"], answer["rejected"])
     if ready_now(results) and runtime.get().settings.pool.enabled:
         rt = runtime.get()
-        started, failed = wake_after_enqueue(rt.client, rt.settings.pool,
+        started, failed = wake_after_enqueue(rt.producer_client(), rt.settings.pool,
                                              queues=ready_queues(results))
         telemetry.record_wake(metrics, started=started, failed=failed)
     counts = {f"jobs_{status}": answer[status] for status in ("created", "existing", "rejected")}

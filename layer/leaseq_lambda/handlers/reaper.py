@@ -1,6 +1,6 @@
 """Scheduled reaper: release the expired leases of every tenant, check a page of tenants'
 turns, then delete finished jobs past their retention (LEASEQ_RETENTION_DAYS), each in
-bounded pages and within the invocation's time (see leaseq.reaper)."""
+bounded pages and within the invocation's time (see leaseq.upkeep.reaper)."""
 
 from __future__ import annotations
 

@@ -9,14 +9,19 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
-from leaseq.client import QueueClient
+from leaseq.settings import DatabaseSettings, WorkerSettings, variable
+from leaseq.store.client import QueueClient
+from leaseq.store.duties import DutyClient
 
 from leaseq_cli import demo, embedded
 from leaseq_cli.aws import AwsClients
 from leaseq_cli.failures import UsageError
 from leaseq_cli.render import Ui
 from leaseq_cli.target import Target, configured_url, resolve
+
+Face = TypeVar("Face", bound=DutyClient)
 
 STATES = ("pending", "running", "retry_wait", "succeeded", "dead", "cancelled")
 
@@ -54,8 +59,11 @@ def target_for(args: argparse.Namespace, ui: Ui) -> Target:
 
 
 @contextmanager
-def client_for(args: argparse.Namespace, ui: Ui) -> Iterator[QueueClient]:
-    """The queue's client on the command's database, as its worker login.
+def client_for(args: argparse.Namespace, ui: Ui, face: type[Face]) -> Iterator[Face]:
+    """The command's duty face of the queue (``face``: ``ProducerClient``,
+    ``OperatorClient``, ...) on the command's database, as its worker login (a member of
+    every duty's group on the embedded server; on a deployed stack, of the groups the
+    login was granted): a command reaches only its own duty's calls.
 
     It connects at once, so a refused login fails before the command does anything, and
     is closed when the command ends; like every client, it reconnects once if the
@@ -65,7 +73,7 @@ def client_for(args: argparse.Namespace, ui: Ui) -> Iterator[QueueClient]:
     client = QueueClient(target.connect_worker)
     try:
         client.check()
-        yield client
+        yield face(client)
     finally:
         client.close()
 
@@ -81,26 +89,31 @@ def actor(args: argparse.Namespace) -> str:
 
 
 def handlers_env(args: argparse.Namespace, target: Target) -> dict[str, str | None]:
-    handlers = getattr(args, "handlers", None) or os.environ.get("LEASEQ_HANDLERS") \
+    """The environment the functions' handlers run with in this process: the target's
+    database, the handlers module, and the command's options in place of the worker
+    settings they replace (each variable named where its setting is declared)."""
+    handlers_variable = variable(WorkerSettings, "handlers_module")
+    handlers = getattr(args, "handlers", None) or os.environ.get(handlers_variable) \
         or demo.DEMO_HANDLERS
     # Like `python -m`, let a handlers module in the current directory be found.
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    env: dict[str, str | None] = {"DATABASE_URL": target.worker_dsn,
-                                  "LEASEQ_HANDLERS": handlers}
+    env: dict[str, str | None] = {variable(DatabaseSettings, "url"): target.worker_dsn,
+                                  handlers_variable: handlers}
     if getattr(args, "job_timeout", None):
-        env["LEASEQ_JOB_TIMEOUT_SECONDS"] = f"{args.job_timeout:g}"
+        env[variable(WorkerSettings, "job_timeout_seconds")] = f"{args.job_timeout:g}"
     # --kind / --exclude-kind replace whichever filter the environment sets.
-    for option, variable in (("kinds", "LEASEQ_KINDS"),
-                             ("exclude_kinds", "LEASEQ_EXCLUDE_KINDS")):
+    filters = {option: variable(WorkerSettings, option) for option in ("kinds", "exclude_kinds")}
+    for option, name in filters.items():
         if getattr(args, option, None):
-            env["LEASEQ_KINDS"] = env["LEASEQ_EXCLUDE_KINDS"] = None
-            env[variable] = ",".join(getattr(args, option))
+            env.update(dict.fromkeys(filters.values()))
+            env[name] = ",".join(getattr(args, option))
     # --queue: the named queue the drained worker claims (LEASEQ_QUEUE).
     if getattr(args, "queue", None):
-        env["LEASEQ_QUEUE"] = args.queue
+        env[variable(WorkerSettings, "queue")] = args.queue
     # The command waits between invocations itself (--wait), so an invocation ends as
     # soon as the queue is empty, unless the environment asks it to poll.
-    if not os.environ.get("LEASEQ_POLL_IDLE_SECONDS"):
-        env["LEASEQ_POLL_IDLE_SECONDS"] = "0"
+    poll_idle = variable(WorkerSettings, "poll_idle_seconds")
+    if not os.environ.get(poll_idle):
+        env[poll_idle] = "0"
     return env

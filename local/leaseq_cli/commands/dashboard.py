@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable
 
 from leaseq import connect
-from leaseq.db import Connection
+from leaseq.store.db import Connection
 from leaseq_dashboard import AccessPolicy, build
 from leaseq_dashboard.local import ConnectionViewSource, LocalServer
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from leaseq.migrate import migrate
+from leaseq.store.migrate import migrate
 from rich.console import Console
 from rich.text import Text
 

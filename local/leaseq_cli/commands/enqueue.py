@@ -10,10 +10,11 @@ import uuid
 from pathlib import Path
 from typing import Any, TextIO
 
-from leaseq.errors import InvalidRequestError
-from leaseq.jobs import EnqueueRequest
-from leaseq.limits import MAX_ENQUEUE, MAX_ENQUEUE_BYTES
-from leaseq.storable import json_size
+from leaseq.base.errors import InvalidRequestError
+from leaseq.base.jobs import EnqueueRequest
+from leaseq.base.limits import MAX_ENQUEUE, MAX_ENQUEUE_BYTES
+from leaseq.base.storable import json_size
+from leaseq.store.duties import ProducerClient
 from pydantic import ValidationError
 from rich.console import Console
 
@@ -129,7 +130,7 @@ def cmd_enqueue(args: argparse.Namespace, ui: Ui) -> int:
     requests = _read_requests(args)
     if args.handlers:
         _check_with_handlers(args.handlers, requests)
-    with client_for(args, ui) as client:
+    with client_for(args, ui, ProducerClient) as client:
         results = []
         for start, chunk in _chunks(requests):
             for result in client.enqueue_jobs(chunk):

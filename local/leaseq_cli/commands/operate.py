@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from leaseq.client import MAX_OPERATOR_BATCH
-from leaseq.jobs import Selection
-from leaseq.retention import prune_in_pages
-from leaseq.storable import blank_problem
+from leaseq.base.jobs import Selection
+from leaseq.base.storable import blank_problem
+from leaseq.store.client import MAX_OPERATOR_BATCH
+from leaseq.store.duties import OperatorClient
+from leaseq.upkeep.retention import prune_in_pages
 from rich.console import Console
 
 from leaseq_cli.commands._shared import actor, client_for
@@ -43,7 +44,7 @@ def _selection(args: argparse.Namespace, verb: str, what: str) -> Selection:
 def _act(args: argparse.Namespace, ui: Ui, *, verb: str, past: str, what: str,
          allowed: tuple[str, ...]) -> int:
     selection = _selection(args, verb, what)
-    with client_for(args, ui) as client:
+    with client_for(args, ui, OperatorClient) as client:
         for job_id in selection.job_ids:
             if client.get_job(job_id) is None:
                 raise NotFoundError(f"no job has id {job_id}; nothing was {past}")
@@ -87,7 +88,7 @@ def cmd_cancel(args: argparse.Namespace, ui: Ui) -> int:
     selection = _selection(args, "cancel", "jobs")
     ids = list(selection.job_ids)[:args.limit] if args.limit else list(selection.job_ids)
     who = actor(args)
-    with client_for(args, ui) as client:
+    with client_for(args, ui, OperatorClient) as client:
         for job_id in ids:
             if client.get_job(job_id) is None:
                 raise NotFoundError(f"no job has id {job_id}; nothing was cancelled")
@@ -132,7 +133,7 @@ def cmd_cancel(args: argparse.Namespace, ui: Ui) -> int:
 
 
 def cmd_prune(args: argparse.Namespace, ui: Ui) -> int:
-    with client_for(args, ui) as client:
+    with client_for(args, ui, OperatorClient) as client:
         report = prune_in_pages(client.prune_jobs, args.older_than, limit=args.batch,
                                 max_pages=args.max_batches)
     ui.emit(dict(report.__dict__), lambda out: out.print(

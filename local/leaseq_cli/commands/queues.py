@@ -8,7 +8,8 @@ import argparse
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from leaseq.queues import QueueOverview
+from leaseq.base.queues import QueueOverview
+from leaseq.store.duties import OperatorClient
 from rich.console import Console
 
 from leaseq_cli.commands._shared import actor, client_for
@@ -42,7 +43,7 @@ def queue_table(rows: list[dict[str, Any]], title: str | None = None) -> Any:
 
 
 def cmd_queues_list(args: argparse.Namespace, ui: Ui) -> int:
-    with client_for(args, ui) as client:
+    with client_for(args, ui, OperatorClient) as client:
         rows = queue_rows(client.queue_overview(args.queue))
         history = client.queue_history(args.queue, args.history) if args.queue else []
 
@@ -66,7 +67,7 @@ def cmd_queues_list(args: argparse.Namespace, ui: Ui) -> int:
 
 def _change(args: argparse.Namespace, ui: Ui, pause: bool) -> int:
     who = actor(args)
-    with client_for(args, ui) as client:
+    with client_for(args, ui, OperatorClient) as client:
         state = (client.pause_queue(args.queue, who, args.reason) if pause
                  else client.resume_queue(args.queue, who))
     document = {"queue": state.queue, "paused": state.paused,

@@ -12,6 +12,7 @@ from contextlib import closing
 from typing import TextIO
 
 from leaseq import LeaseqError, QueueClient
+from leaseq.store.duties import OperatorClient, ProducerClient, WorkerClient
 from rich.console import Console
 
 from leaseq_cli import demo, invoke
@@ -43,7 +44,7 @@ def cmd_drain(args: argparse.Namespace, ui: Ui) -> int:
         try:
             worker = invoke.Invoker("worker", log=log)
             reaper = invoke.Invoker("reaper", log=log) if args.reap else None
-            with closing(QueueClient(target.connect_worker)) as client, \
+            with closing(OperatorClient(QueueClient(target.connect_worker))) as client, \
                     closing(FinishedCounter(target.connect_worker)) as counter:
                 client.check()
                 totals = drain(ui, client, worker, budget=args.budget,
@@ -81,11 +82,13 @@ def cmd_demo(args: argparse.Namespace, ui: Ui) -> int:
     target = target_for(args, ui)
     home = local_home()
     run_id = demo.new_run_id()
+    # The demo plays every duty over one connection: each step is handed its duty's face.
     with closing(QueueClient(target.connect_worker)) as client:
-        job_ids = demo.enqueue_demo(client, run_id)
+        operator = OperatorClient(client)
+        job_ids = demo.enqueue_demo(ProducerClient(client), run_id)
         ui.note(f"enqueued {len(job_ids)} jobs for {len(demo.TENANTS)} tenants "
                 f"({target.description})")
-        crashed = demo.crash_a_worker(client)
+        crashed = demo.crash_a_worker(WorkerClient(client))
         if crashed is not None:
             ui.note(f"a worker claimed job {crashed} and crashed: its lease expires in "
                     f"{demo.CRASHED_LEASE.total_seconds():g} s and the reaper takes it back")
@@ -95,13 +98,13 @@ def cmd_demo(args: argparse.Namespace, ui: Ui) -> int:
             invoke.reset_runtime()
             try:
                 with closing(FinishedCounter(target.connect_worker)) as counter:
-                    totals = drain(ui, client, invoke.Invoker("worker", log=log),
+                    totals = drain(ui, operator, invoke.Invoker("worker", log=log),
                                    budget=args.budget, wait=15.0,
                                    reaper=invoke.Invoker("reaper", log=log),
                                    count_finished=counter)
             finally:
                 invoke.reset_runtime()
-        summary = demo.summarise(client, run_id, job_ids, crashed)
+        summary = demo.summarise(operator, run_id, job_ids, crashed)
 
     document = {
         "run_id": run_id,
@@ -188,7 +191,7 @@ def _demo_fan_out(args: argparse.Namespace, ui: Ui) -> int:
         service = lambda_service.local_lambda(
             template, target, demo.DEMO_HANDLERS, log=log, max_workers=args.max_workers,
             env_vars={"WorkerFunction": worker_env}, schedules=False)
-        with service, closing(QueueClient(target.connect_worker)) as client:
+        with service, closing(OperatorClient(QueueClient(target.connect_worker))) as client:
             ui.note(f"local Lambda service on {service.url} ({target.description}); "
                     f"function logs: {'stderr' if ui.verbose else home / 'lambda.log'}")
             ui.note(f"enqueueing {args.jobs} jobs through the enqueue function; at most "
@@ -230,7 +233,7 @@ def _demo_fan_out(args: argparse.Namespace, ui: Ui) -> int:
     return 0
 
 
-def _watch_fan_out(ui: Ui, summary: demo.FanOutSummary, client: QueueClient,
+def _watch_fan_out(ui: Ui, summary: demo.FanOutSummary, client: OperatorClient,
                    started: float) -> None:
     """Sample the pool and the backlog until every job finished (or the wait ends)."""
     shown = -1.0

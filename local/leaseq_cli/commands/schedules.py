@@ -9,8 +9,9 @@ import os
 import sys
 from typing import Any
 
-from leaseq.registry import Registry
-from leaseq.schedules import Schedule
+from leaseq.base.schedules import Schedule
+from leaseq.kinds.registry import Registry
+from leaseq.store.duties import OperatorClient
 from rich.console import Console
 
 from leaseq_cli.commands._shared import client_for
@@ -23,7 +24,7 @@ def cmd_schedules_add(args: argparse.Namespace, ui: Ui) -> int:
                         expression=args.expression, time_zone=args.tz,
                         payload=args.payload or {}, fill_limit=args.fill,
                         max_attempts=args.max_attempts)
-    with client_for(args, ui) as client:
+    with client_for(args, ui, OperatorClient) as client:
         row = client.put_schedule(schedule)
     document = {**row, **schedule.model_dump()}
 
@@ -37,7 +38,7 @@ def cmd_schedules_add(args: argparse.Namespace, ui: Ui) -> int:
 
 
 def cmd_schedules_list(args: argparse.Namespace, ui: Ui) -> int:
-    with client_for(args, ui) as client:
+    with client_for(args, ui, OperatorClient) as client:
         rows = client.list_schedules(args.tenant, args.next)
 
     def render(out: Console) -> None:
@@ -66,7 +67,7 @@ def cmd_schedules_list(args: argparse.Namespace, ui: Ui) -> int:
 
 
 def _pause(args: argparse.Namespace, ui: Ui, paused: bool) -> int:
-    with client_for(args, ui) as client:
+    with client_for(args, ui, OperatorClient) as client:
         if not any(r["name"] == args.name for r in client.list_schedules(args.tenant, 0)):
             raise NotFoundError(f"no schedule named {args.name!r} in tenant {args.tenant}; "
                                 "see them with leaseq schedules list")
@@ -87,7 +88,7 @@ def cmd_schedules_resume(args: argparse.Namespace, ui: Ui) -> int:
 
 
 def cmd_schedules_remove(args: argparse.Namespace, ui: Ui) -> int:
-    with client_for(args, ui) as client:
+    with client_for(args, ui, OperatorClient) as client:
         removed = client.remove_schedule(args.tenant, args.name)
     if not removed:
         raise NotFoundError(f"no schedule named {args.name!r} in tenant {args.tenant}; "
@@ -119,7 +120,7 @@ def cmd_schedules_sync(args: argparse.Namespace, ui: Ui) -> int:
         raise UsageError("say which handlers module declares the schedules: --handlers "
                          "MODULE (or $LEASEQ_HANDLERS)")
     schedules = _registry(handlers).schedules
-    with client_for(args, ui) as client:
+    with client_for(args, ui, OperatorClient) as client:
         rows = client.sync_schedules(schedules)
 
     def render(out: Console) -> None:

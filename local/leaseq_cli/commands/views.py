@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from leaseq.decoding import UndecodableJson
+from leaseq.base.decoding import UndecodableJson
+from leaseq.store.duties import OperatorClient
 from rich.console import Console
 
 from leaseq_cli.commands._shared import STATES, client_for
@@ -66,7 +67,7 @@ def _add_waiting(document: dict[str, Any], rows: list[dict[str, Any]]) -> None:
 
 
 def cmd_status(args: argparse.Namespace, ui: Ui) -> int:
-    with client_for(args, ui) as client:
+    with client_for(args, ui, OperatorClient) as client:
         document = _status_document(client.queue_status(args.tenant))
         _add_waiting(document, client.waiting_jobs(args.tenant))
         # Named queues are every tenant's: shown without --tenant only.
@@ -123,7 +124,7 @@ def _count(state: str, count: int) -> str:
 
 
 def cmd_jobs_show(args: argparse.Namespace, ui: Ui) -> int:
-    with client_for(args, ui) as client:
+    with client_for(args, ui, OperatorClient) as client:
         job = client.get_job(args.job_id)
         if job is None:
             raise NotFoundError(f"no job has id {args.job_id}; find ids with leaseq dead list, "
@@ -212,7 +213,7 @@ def _error_summary(error: Any) -> str:
 
 def cmd_dead_list(args: argparse.Namespace, ui: Ui) -> int:
     kind = checked_kind(args.kind)
-    with client_for(args, ui) as client:
+    with client_for(args, ui, OperatorClient) as client:
         rows = client.dead_jobs(args.tenant, kind, args.limit)
 
     def render(out: Console) -> None:
