@@ -178,7 +178,8 @@ class PoolMembership:
         after the invocation's ``deadline``."""
         self.tick = tick
         if not self.enabled:
-            return True
+            # No pool to refuse it: a paused queue's invocation still returns at once.
+            return not self._paused()
         self.joined = self.client.join_worker_pool(
             self.owner, tick.pool_reason, tick.reservation, self.settings.max_workers,
             deadline.remaining() + POOL_EXPIRY_MARGIN, self.settings.queue)
@@ -189,12 +190,14 @@ class PoolMembership:
     def refusal(self) -> str:
         """Why :meth:`join` said no: ``paused`` (an operator paused the queue) or
         ``pool_full``; read only after a refusal (``pool_full`` when it cannot be read)."""
+        return "paused" if self._paused() else "pool_full"
+
+    def _paused(self) -> bool:
         try:
-            views = self.client.queue_overview(self.settings.queue)
+            return self.client.queue_state(self.settings.queue).paused
         except LeaseqError as exc:
             logger.warning("queue state unavailable", extra={"error": exc.message})
-            return "pool_full"
-        return "paused" if any(view.paused for view in views) else "pool_full"
+            return False
 
     @property
     def poll_idle(self) -> float | None:

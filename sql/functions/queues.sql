@@ -284,3 +284,26 @@ begin
 end;
 $$;
 revoke all on function app.set_queue_limits(text, integer) from public;
+
+-- One queue's pause (one primary-key probe of app.queues; a queue without a row runs):
+-- what a worker checks before it drains, so that a paused queue's scheduled invocation
+-- returns at once even without a pool, and why a join was refused.
+create or replace function app.queue_state(p_queue text)
+returns table (queue text, paused_at timestamptz, paused_by text, pause_reason text)
+language plpgsql
+stable
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+#variable_conflict use_column
+begin
+  perform app.check_queue('p_queue', p_queue);
+  return query
+  select p_queue, q.paused_at, q.paused_by, q.pause_reason
+  from (select 1) one
+  left join app.queues q on q.name = p_queue;
+end;
+$$;
+revoke all on function app.queue_state(text) from public;
+grant execute on function app.queue_state(text)
+  to leaseq_worker, leaseq_operator, leaseq_dashboard;

@@ -101,6 +101,7 @@ app.queue_depth(uuid,text,integer)                                              
 app.queue_history(text,integer)                                                                  x   x   .    .     .    .    x    .    .
 app.queue_max_workers(text)                                                                      x   .   .    .     .    .    .    .    .
 app.queue_overview(text)                                                                         x   x   .    .     x    x    x    .    .
+app.queue_state(text)                                                                            x   x   .    .     x    .    x    .    .
 app.queue_status(uuid)                                                                           x   x   .    .     .    .    x    .    .
 app.raise_invalid(text)                                                                          x   .   .    .     .    .    .    .    .
 app.reader_get_job(uuid)                                                                         x   .   .    .     .    .    .    x    .

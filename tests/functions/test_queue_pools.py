@@ -82,6 +82,17 @@ def test_a_paused_queues_worker_is_refused_its_place_and_says_the_queue_is_pause
     other.finish(MonotonicDeadline(60))
 
 
+def test_without_a_pool_a_paused_queues_worker_still_returns_without_draining(
+        client: QueueClient, operator: Conn) -> None:
+    operator.execute("select * from app.pause_queue('slow', 'ada')")
+    tick = parse_tick(load_event("worker_schedule"), "worker")
+    paused = PoolMembership(client, pool(max_workers=0, queue="slow"), "slow-1")
+    assert not paused.join(tick, MonotonicDeadline(60))
+    assert paused.refusal() == "paused"
+    running = PoolMembership(client, pool(max_workers=0, queue="default"), "default-1")
+    assert running.join(tick, MonotonicDeadline(60))
+
+
 def test_the_queue_settings_read_the_queue_once_and_its_peers_workers_as_json() -> None:
     settings = LeaseqSettings.from_env({
         "DATABASE_URL": "postgresql://localhost/app", "LEASEQ_QUEUE": "reports",

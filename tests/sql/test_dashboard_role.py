@@ -41,6 +41,7 @@ DASHBOARD_FUNCTIONS = {
     "app.resume_queue(text,text)",
     "app.queue_overview(text)",
     "app.queue_history(text,integer)",
+    "app.queue_state(text)",
 }
 GROUP_ROLES = ("authenticated", "leaseq_producer", "leaseq_tenant_producer",
                "leaseq_worker", "leaseq_reaper", "leaseq_operator", "leaseq_dashboard")

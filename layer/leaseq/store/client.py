@@ -579,6 +579,12 @@ class QueueClient:
         rows = self._query(queries.QUEUE_OVERVIEW, {"queue": queue})
         return [QueueOverview.from_row(row) for row in rows]
 
+    def queue_state(self, queue: str) -> QueueState:
+        """``queue``'s pause (app.queue_state, one key probe): what a worker checks
+        before it drains."""
+        (row,) = self._query(queries.QUEUE_STATE, {"queue": queue})
+        return QueueState.from_row(row)
+
     def queue_history(self, queue: str, limit: int = 100) -> list[dict[str, Any]]:
         """A queue's pauses and resumes, newest first: actor, login, reason, time."""
         return self._query(queries.QUEUE_HISTORY, {"queue": queue, "limit": limit})

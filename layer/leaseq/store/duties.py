@@ -169,6 +169,7 @@ class WorkerClient(DutyClient):
     wake_worker_place = _call(QueueClient.wake_worker_place)
     worker_pool_size = _call(QueueClient.worker_pool_size)
     queue_overview = _call(QueueClient.queue_overview)
+    queue_state = _call(QueueClient.queue_state)
 
 
 class ReaperClient(DutyClient):
@@ -219,6 +220,7 @@ class OperatorClient(DutyClient):
     pause_queue = _call(QueueClient.pause_queue)
     resume_queue = _call(QueueClient.resume_queue)
     queue_overview = _call(QueueClient.queue_overview)
+    queue_state = _call(QueueClient.queue_state)
     queue_history = _call(QueueClient.queue_history)
 
 

@@ -124,6 +124,9 @@ QUEUE_OVERVIEW: Final[LiteralString] = (
     " reserved_workers, max_workers, paused_at, paused_by, pause_reason"
     " from app.queue_overview(%(queue)s::text)"
 )
+QUEUE_STATE: Final[LiteralString] = (
+    "select queue, paused_at, paused_by, pause_reason from app.queue_state(%(queue)s)"
+)
 QUEUE_HISTORY: Final[LiteralString] = (
     "select queue, event_type, actor, login, reason, created_at"
     " from app.queue_history(%(queue)s, %(limit)s)"
