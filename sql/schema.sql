@@ -296,7 +296,7 @@ ALTER TABLE app.kind_turns ENABLE ROW LEVEL SECURITY;
 -- TABLE: queue_events
 -- Every pause and resume of a queue, with the operator's identity and the login.
 CREATE TABLE app.queue_events (
-    id bigint NOT NULL,
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
     queue text NOT NULL,
     event_type text NOT NULL,
     actor text NOT NULL,
@@ -306,16 +306,6 @@ CREATE TABLE app.queue_events (
     created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     CONSTRAINT queue_events_actor_check CHECK (((length(actor) >= 1) AND (length(actor) <= 200))),
     CONSTRAINT queue_events_type_check CHECK ((event_type = ANY (ARRAY['paused'::text, 'resumed'::text])))
-);
-
--- SEQUENCE: queue_events_id_seq
-ALTER TABLE app.queue_events ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
-    SEQUENCE NAME app.queue_events_id_seq
-    START WITH 1
-    INCREMENT BY 1
-    NO MINVALUE
-    NO MAXVALUE
-    CACHE 1
 );
 
 -- CONSTRAINT: queue_events queue_events_pkey

@@ -55,7 +55,8 @@ insert into app.queues (name) values ('default');
 create index queues_paused_idx on app.queues (name) where paused_at is not null;
 
 create table app.queue_events (
-  id bigint generated always as identity primary key,
+  -- A random id, not a sequence: a sequence's position is readable by every login.
+  id uuid primary key default gen_random_uuid(),
   queue text not null references app.queues (name),
   event_type text not null
     constraint queue_events_type_check check (event_type in ('paused', 'resumed')),

@@ -32,8 +32,8 @@ def test_an_operator_pauses_and_resumes_a_queue_from_the_page_audited_as_themsel
     row = queue_row(owner, "default")
     assert row is not None
     assert row["paused_at"] is None
-    events = owner.execute("select event_type, actor from app.queue_events order by id"
-                           ).fetchall()
+    events = owner.execute("select event_type, actor from app.queue_events"
+                           " order by created_at").fetchall()
     assert [e["event_type"] for e in events] == ["paused", "resumed"]
 
 

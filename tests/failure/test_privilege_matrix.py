@@ -173,7 +173,6 @@ HIDDEN_COLUMNS = {
 SEQUENCES = """
 sequence                      own all prod tprod work reap oper read out
 app.job_events_sequence_seq   x   .   .    .     .    .    .    .    .
-app.queue_events_id_seq       x   .   .    .     .    .    .    .    .
 """
 
 SCHEMA_USAGE = {role: role != "out" for role in ROLES}
