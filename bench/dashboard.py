@@ -178,8 +178,8 @@ def fill(dsn: str, *, tenants: int, finished: int, history: str, waiting: int) -
                                " '10 minutes')").fetchall()
         claimed += conn.execute("select * from app.claim_ready_jobs('bench-worker', 100,"
                                 " '10 minutes')").fetchall()
-        conn.execute("update app.jobs set lease_expires_at = now() - interval '5 minutes'"
-                     " where id = any(%s)", ([c["id"] for c in claimed[:20]],))
+        conn.execute("update app.leases set expires_at = now() - interval '5 minutes'"
+                     " where job_id = any(%s)", ([c["id"] for c in claimed[:20]],))
         for _ in range(max(1, waiting // 1000)):
             batch = conn.execute("select * from app.claim_ready_jobs('bench-failer', 100,"
                                  " '10 minutes')").fetchall()

@@ -79,7 +79,8 @@ def run(dsn: str, schedules: int, rounds: int) -> dict[str, Any]:
             conn.execute("select * from app.put_schedule(%s, %s, 'bench', %s, 'UTC', '{}', 50)",
                          (catch_up, f"c{i}", f"0-49 {hour['h']} * * *"))
         for _ in range(rounds):
-            conn.execute("truncate app.jobs, app.job_events, app.tenant_turns, app.kind_turns")
+            conn.execute("truncate app.jobs, app.job_events, app.claimable, app.leases,"
+                         " app.tenant_turns, app.kind_turns")
             conn.execute("update app.schedules set next_slot = date_trunc('minute', now())"
                          " where tenant_id = %s", (tenant,))
             conn.execute("update app.schedules set next_slot = 'infinity'"

@@ -1,4 +1,4 @@
--- The tables of schema app as the migrations leave them (after 0023_named_queues).
+-- The tables of schema app as the migrations leave them (after 0024_named_queues).
 --
 -- Generated from a freshly migrated database by scripts/write-schema: do not edit. After adding
 -- a migration, run scripts/write-schema and commit this file with it;
@@ -9,9 +9,11 @@
 -- Each table, with what it and its columns are for (their comments in the catalog), is
 -- followed by its keys, indexes, row-level security, policies and grants.
 -- Tables:
+--   app.claimable
 --   app.job_events
 --   app.jobs
 --   app.kind_turns
+--   app.leases
 --   app.queue_events
 --   app.queue_kinds
 --   app.queues
@@ -30,9 +32,6 @@
 -- SCHEMA: app
 CREATE SCHEMA app;
 
--- DOMAIN: job_payload
-CREATE DOMAIN app.job_payload AS jsonb;
-
 -- TYPE: job_state
 CREATE TYPE app.job_state AS ENUM (
     'pending',
@@ -42,6 +41,29 @@ CREATE TYPE app.job_state AS ENUM (
     'dead',
     'cancelled'
 );
+
+-- TYPE: claimed_job
+CREATE TYPE app.claimed_job AS (
+	id uuid,
+	tenant_id uuid,
+	operation_key text,
+	kind text,
+	payload jsonb,
+	state app.job_state,
+	attempts integer,
+	max_attempts integer,
+	available_at timestamp with time zone,
+	created_at timestamp with time zone,
+	correlation_id text,
+	priority smallint,
+	lease_owner text,
+	lease_token uuid,
+	lease_expires_at timestamp with time zone,
+	claim_key timestamp with time zone
+);
+
+-- DOMAIN: job_payload
+CREATE DOMAIN app.job_payload AS jsonb;
 
 -- CHECK CONSTRAINT: job_payload job_payload_is_object
 ALTER DOMAIN app.job_payload
@@ -55,6 +77,59 @@ GRANT USAGE ON SCHEMA app TO leaseq_worker;
 GRANT USAGE ON SCHEMA app TO leaseq_reaper;
 GRANT USAGE ON SCHEMA app TO leaseq_operator;
 GRANT USAGE ON SCHEMA app TO leaseq_dashboard;
+
+-- ======================================================================================
+-- app.claimable
+-- ======================================================================================
+
+-- TABLE: claimable
+-- One entry per job a claim may take (pending or retry_wait), in claim order; inserted
+-- when the job becomes claimable, deleted by the claim that takes it, never updated.
+CREATE TABLE app.claimable (
+    tenant_id uuid NOT NULL,
+    kind text NOT NULL,
+    -- The job's place in its tenant's claim order: available_at less the priority's steps.
+    claim_key timestamp with time zone NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    job_id uuid NOT NULL,
+    -- Earliest time a claim may take the job; the claim skips entries not yet due.
+    available_at timestamp with time zone NOT NULL,
+    -- pending or retry_wait, as on the job row, so a claim reads the entry alone.
+    state app.job_state NOT NULL,
+    priority smallint NOT NULL,
+    -- The job's queue (app.jobs.queue): a queue's claim walks its own entries.
+    queue text DEFAULT 'default'::text NOT NULL
+)
+WITH (fillfactor='100', autovacuum_vacuum_scale_factor='0.0', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_insert_threshold='1000', autovacuum_analyze_scale_factor='0.05', autovacuum_vacuum_cost_delay='0');
+
+-- INDEX: claimable_kind_idx
+CREATE INDEX claimable_kind_idx ON app.claimable USING btree (tenant_id, kind, claim_key, created_at, job_id) INCLUDE (available_at);
+
+-- INDEX: claimable_order_idx
+CREATE INDEX claimable_order_idx ON app.claimable USING btree (tenant_id, claim_key, created_at, job_id) INCLUDE (available_at);
+
+-- INDEX: claimable_queue_idx
+CREATE INDEX claimable_queue_idx ON app.claimable USING btree (queue, tenant_id, claim_key, created_at, job_id) INCLUDE (available_at);
+
+-- INDEX: claimable_ready_idx
+CREATE INDEX claimable_ready_idx ON app.claimable USING btree (available_at);
+
+-- ROW SECURITY: claimable
+ALTER TABLE app.claimable ENABLE ROW LEVEL SECURITY;
+
+-- POLICY: claimable claimable_tenant_select
+CREATE POLICY claimable_tenant_select ON app.claimable FOR SELECT TO authenticated USING ((tenant_id = ( SELECT app.current_tenant_id() AS current_tenant_id)));
+
+-- ACL: columns of claimable
+GRANT SELECT(tenant_id) ON TABLE app.claimable TO authenticated;
+GRANT SELECT(kind) ON TABLE app.claimable TO authenticated;
+GRANT SELECT(claim_key) ON TABLE app.claimable TO authenticated;
+GRANT SELECT(created_at) ON TABLE app.claimable TO authenticated;
+GRANT SELECT(job_id) ON TABLE app.claimable TO authenticated;
+GRANT SELECT(available_at) ON TABLE app.claimable TO authenticated;
+GRANT SELECT(state) ON TABLE app.claimable TO authenticated;
+GRANT SELECT(priority) ON TABLE app.claimable TO authenticated;
+GRANT SELECT(queue) ON TABLE app.claimable TO authenticated;
 
 -- ======================================================================================
 -- app.job_events
@@ -155,12 +230,6 @@ CREATE TABLE app.jobs (
     available_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     -- Owner id of the worker invocation holding the lease; set exactly while running.
     lease_owner text,
-    -- Fences the lease: finishing or renewing needs it, so a worker whose lease expired
-    -- cannot finish the next holder's attempt. Never granted to tenant readers.
-    lease_token uuid,
-    -- When the lease ends; after it the reaper makes the job retry_wait again, or dead at
-    -- its last attempt.
-    lease_expires_at timestamp with time zone,
     -- Error document of the last failed attempt, NULL until one failed.
     last_error jsonb,
     -- The handler's result document once the job succeeded.
@@ -175,13 +244,20 @@ CREATE TABLE app.jobs (
     cancel_requested_by text,
     priority smallint DEFAULT 5 NOT NULL,
     claim_key timestamp with time zone NOT NULL,
+    -- The final state once the job has one (succeeded, dead, cancelled), NULL before: the
+    -- finished lists index it, so the transitions before the outcome stay HOT updates.
+    outcome app.job_state GENERATED ALWAYS AS (
+CASE
+    WHEN (state = ANY (ARRAY['succeeded'::app.job_state, 'dead'::app.job_state, 'cancelled'::app.job_state])) THEN state
+    ELSE NULL::app.job_state
+END) STORED,
     -- The named queue whose workers claim the job; 'default' unless routed or named.
     queue text DEFAULT 'default'::text NOT NULL,
     CONSTRAINT jobs_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT jobs_available_at_finite CHECK (isfinite(available_at)),
     CONSTRAINT jobs_correlation_id_shape CHECK (((correlation_id IS NULL) OR ((length(correlation_id) >= 1) AND (length(correlation_id) <= 200)))),
     CONSTRAINT jobs_kind_shape CHECK ((((length(kind) >= 1) AND (length(kind) <= 128)) AND (kind !~ '^\s*$'::text))),
-    CONSTRAINT jobs_lease_shape CHECK ((((state = 'running'::app.job_state) AND (lease_owner IS NOT NULL) AND (lease_token IS NOT NULL) AND (lease_expires_at IS NOT NULL)) OR ((state <> 'running'::app.job_state) AND (lease_owner IS NULL) AND (lease_token IS NULL) AND (lease_expires_at IS NULL)))),
+    CONSTRAINT jobs_lease_shape CHECK (((state = 'running'::app.job_state) = (lease_owner IS NOT NULL))),
     CONSTRAINT jobs_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 20))),
     CONSTRAINT jobs_operation_key_shape CHECK ((((length(operation_key) >= 1) AND (length(operation_key) <= 255)) AND (operation_key !~ '^\s*$'::text))),
     CONSTRAINT jobs_priority_range CHECK (((priority >= 1) AND (priority <= 9)))
@@ -204,32 +280,20 @@ ALTER TABLE app.jobs
 ALTER TABLE app.jobs
     ADD CONSTRAINT jobs_queue_name CHECK ((queue ~ '^[a-z][a-z0-9_-]{0,39}$'::text)) NOT VALID;
 
--- INDEX: jobs_claimable_idx
-CREATE INDEX jobs_claimable_idx ON app.jobs USING btree (tenant_id, claim_key, created_at, id) INCLUDE (available_at) WHERE (state = ANY (ARRAY['pending'::app.job_state, 'retry_wait'::app.job_state]));
-
 -- INDEX: jobs_completed_idx
 CREATE INDEX jobs_completed_idx ON app.jobs USING btree (completed_at) WHERE (completed_at IS NOT NULL);
 
 -- INDEX: jobs_dead_tenant_idx
-CREATE INDEX jobs_dead_tenant_idx ON app.jobs USING btree (tenant_id, completed_at, id) INCLUDE (kind) WHERE (state = 'dead'::app.job_state);
-
--- INDEX: jobs_kind_claimable_idx
-CREATE INDEX jobs_kind_claimable_idx ON app.jobs USING btree (tenant_id, kind, claim_key, created_at, id) INCLUDE (available_at) WHERE (state = ANY (ARRAY['pending'::app.job_state, 'retry_wait'::app.job_state]));
-
--- INDEX: jobs_lease_expiry_idx
-CREATE INDEX jobs_lease_expiry_idx ON app.jobs USING btree (lease_expires_at) WHERE (state = 'running'::app.job_state);
-
--- INDEX: jobs_queue_claimable_idx
-CREATE INDEX jobs_queue_claimable_idx ON app.jobs USING btree (queue, tenant_id, claim_key, created_at, id) INCLUDE (available_at) WHERE (state = ANY (ARRAY['pending'::app.job_state, 'retry_wait'::app.job_state]));
-
--- INDEX: jobs_ready_at_idx
-CREATE INDEX jobs_ready_at_idx ON app.jobs USING btree ((available_at AT TIME ZONE 'UTC'::text)) WHERE (state = ANY (ARRAY['pending'::app.job_state, 'retry_wait'::app.job_state]));
+CREATE INDEX jobs_dead_tenant_idx ON app.jobs USING btree (tenant_id, completed_at, id) INCLUDE (kind) WHERE (outcome = 'dead'::app.job_state);
 
 -- INDEX: jobs_unsuccessful_idx
-CREATE INDEX jobs_unsuccessful_idx ON app.jobs USING btree (state, completed_at, id) INCLUDE (tenant_id, kind) WHERE (state = ANY (ARRAY['dead'::app.job_state, 'cancelled'::app.job_state]));
+CREATE INDEX jobs_unsuccessful_idx ON app.jobs USING btree (outcome, completed_at, id) INCLUDE (tenant_id, kind) WHERE (outcome = ANY (ARRAY['dead'::app.job_state, 'cancelled'::app.job_state]));
 
--- INDEX: jobs_waiting_idx
-CREATE INDEX jobs_waiting_idx ON app.jobs USING btree (state, available_at, id) INCLUDE (tenant_id, kind) WHERE (state = ANY (ARRAY['pending'::app.job_state, 'retry_wait'::app.job_state]));
+-- TRIGGER: jobs jobs_claimable_on_insert
+CREATE TRIGGER jobs_claimable_on_insert AFTER INSERT ON app.jobs REFERENCING NEW TABLE AS added FOR EACH STATEMENT EXECUTE FUNCTION app.claimable_added();
+
+-- TRIGGER: jobs jobs_claimable_on_update
+CREATE TRIGGER jobs_claimable_on_update AFTER UPDATE ON app.jobs FOR EACH ROW WHEN (((new.state <> 'running'::app.job_state) AND ((old.state = ANY (ARRAY['pending'::app.job_state, 'retry_wait'::app.job_state])) OR (new.state = ANY (ARRAY['pending'::app.job_state, 'retry_wait'::app.job_state]))) AND ((old.state IS DISTINCT FROM new.state) OR (old.claim_key IS DISTINCT FROM new.claim_key) OR (old.available_at IS DISTINCT FROM new.available_at) OR (old.kind IS DISTINCT FROM new.kind) OR (old.created_at IS DISTINCT FROM new.created_at) OR (old.priority IS DISTINCT FROM new.priority) OR (old.tenant_id IS DISTINCT FROM new.tenant_id) OR (old.queue IS DISTINCT FROM new.queue)))) EXECUTE FUNCTION app.claimable_moved();
 
 -- TRIGGER: jobs jobs_fill_claim_key
 CREATE TRIGGER jobs_fill_claim_key BEFORE INSERT ON app.jobs FOR EACH ROW WHEN ((new.claim_key IS NULL)) EXECUTE FUNCTION app.fill_claim_key();
@@ -254,7 +318,6 @@ GRANT SELECT(attempts) ON TABLE app.jobs TO authenticated;
 GRANT SELECT(max_attempts) ON TABLE app.jobs TO authenticated;
 GRANT SELECT(available_at) ON TABLE app.jobs TO authenticated;
 GRANT SELECT(lease_owner) ON TABLE app.jobs TO authenticated;
-GRANT SELECT(lease_expires_at) ON TABLE app.jobs TO authenticated;
 GRANT SELECT(last_error) ON TABLE app.jobs TO authenticated;
 GRANT SELECT(result) ON TABLE app.jobs TO authenticated;
 GRANT SELECT(created_at) ON TABLE app.jobs TO authenticated;
@@ -265,6 +328,7 @@ GRANT SELECT(cancel_requested_at) ON TABLE app.jobs TO authenticated;
 GRANT SELECT(cancel_requested_by) ON TABLE app.jobs TO authenticated;
 GRANT SELECT(priority) ON TABLE app.jobs TO authenticated;
 GRANT SELECT(claim_key) ON TABLE app.jobs TO authenticated;
+GRANT SELECT(outcome) ON TABLE app.jobs TO authenticated;
 GRANT SELECT(queue) ON TABLE app.jobs TO authenticated;
 
 -- ======================================================================================
@@ -288,6 +352,46 @@ CREATE INDEX kind_turns_due_idx ON app.kind_turns USING btree (kind, turn_at, te
 
 -- ROW SECURITY: kind_turns
 ALTER TABLE app.kind_turns ENABLE ROW LEVEL SECURITY;
+
+-- ======================================================================================
+-- app.leases
+-- ======================================================================================
+
+-- TABLE: leases
+-- One row per running job: who holds it, the fencing token and when it ends. Renewals are
+-- HOT updates (no index on expires_at).
+CREATE TABLE app.leases (
+    job_id uuid NOT NULL,
+    tenant_id uuid NOT NULL,
+    -- Owner id of the worker invocation holding the lease, as on the job row.
+    lease_owner text NOT NULL,
+    -- Fences the lease: finishing or renewing needs it, so a worker whose lease expired
+    -- cannot finish the next holder's attempt. Never granted to tenant readers.
+    lease_token uuid NOT NULL,
+    -- When the lease ends; the reaper then makes the job retry_wait again, or dead at its
+    -- last attempt. Renewals move it in place (HOT: no index holds it).
+    expires_at timestamp with time zone NOT NULL,
+    -- When the claim that holds the lease took the job.
+    claimed_at timestamp with time zone NOT NULL
+)
+WITH (fillfactor='50', autovacuum_vacuum_scale_factor='0.0', autovacuum_vacuum_threshold='1000', autovacuum_analyze_scale_factor='0.05', autovacuum_vacuum_cost_delay='0');
+
+-- CONSTRAINT: leases leases_pkey
+ALTER TABLE ONLY app.leases
+    ADD CONSTRAINT leases_pkey PRIMARY KEY (job_id);
+
+-- ROW SECURITY: leases
+ALTER TABLE app.leases ENABLE ROW LEVEL SECURITY;
+
+-- POLICY: leases leases_tenant_select
+CREATE POLICY leases_tenant_select ON app.leases FOR SELECT TO authenticated USING ((tenant_id = ( SELECT app.current_tenant_id() AS current_tenant_id)));
+
+-- ACL: columns of leases
+GRANT SELECT(job_id) ON TABLE app.leases TO authenticated;
+GRANT SELECT(tenant_id) ON TABLE app.leases TO authenticated;
+GRANT SELECT(lease_owner) ON TABLE app.leases TO authenticated;
+GRANT SELECT(expires_at) ON TABLE app.leases TO authenticated;
+GRANT SELECT(claimed_at) ON TABLE app.leases TO authenticated;
 
 -- ======================================================================================
 -- app.queue_events

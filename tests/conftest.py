@@ -102,7 +102,8 @@ def db(migrated_database: Database) -> Database:
     queue 'default' (running), and the pool's limits and the priority step at their
     defaults."""
     with migrated_database.connect(postgres.OWNER) as conn:
-        conn.execute("truncate app.jobs, app.job_events, app.tenant_readers,"
+        conn.execute("truncate app.jobs, app.job_events, app.claimable, app.leases,"
+                     " app.tenant_readers,"
                      " app.tenant_producers, app.tenant_turns, app.worker_pool, app.kind_turns,"
                      " app.worker_wakes, app.schedules, app.queue_events, app.queue_kinds,"
                      " app.queues")

@@ -20,6 +20,8 @@ from harness.drain import DrainResult, measured
 from harness.pg import connect
 
 SCRIPT = Path(__file__).resolve().parent.parent / "ceiling.sql"
+#: The same on the reference schema, whose one job table every transition updates.
+REFERENCE_SCRIPT = Path(__file__).resolve().parent.parent / "ceiling_reference.sql"
 BATCH = 10
 
 _TPS = re.compile(r"tps = ([0-9.]+) \(without initial connection time\)")
@@ -41,12 +43,13 @@ def run_ceiling(
     relay: Callable[[], int] | None = None,
     relay_dsn: str | None = None,
     nice: int = 0,
+    script: Path = SCRIPT,
 ) -> DrainResult:
     """Run pgbench once over a database holding ``jobs`` enqueued jobs."""
     threads = max(1, min(clients, 2))
     command = [
         pgbench, "-n", "-M", "simple", "-c", str(clients), "-j", str(threads),
-        "-t", str(transactions_per_client(jobs, clients)), "-f", str(SCRIPT),
+        "-t", str(transactions_per_client(jobs, clients)), "-f", str(script),
         relay_dsn or dsn,
     ]
     with connect(dsn) as probe:

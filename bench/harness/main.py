@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from harness import machine, meters, report, secondary, source, tablestats
-from harness.ceiling import run_ceiling
+from harness.ceiling import REFERENCE_SCRIPT, SCRIPT, run_ceiling
 from harness.drain import DrainResult, measured, run_drain
 from harness.pg import Server, analyze, connect, find_pgbench, run_database
 from harness.systems import (
+    LEASEQ_TABLES,
     SYSTEMS,
     WAITING_SYSTEMS,
     System,
@@ -194,7 +195,8 @@ class Bench:
             # Restart the checkpoint cycle before the enqueue, so the drain that follows
             # within seconds pays the full-page images a steady queue would (few).
             self.server.checkpoint()
-            tables = ["app.jobs", "app.job_events"] if system is None else list(system.tables)
+            tables = (["app.jobs", "app.job_events"] if on_reference
+                      else list(LEASEQ_TABLES) if system is None else list(system.tables))
             enqueued = self._measured_enqueue(dsn, dbname, jobs, system, on_reference,
                                               walinspect)
             analyze(dsn, tables)
@@ -207,7 +209,8 @@ class Bench:
                     self.pgbench, dsn, jobs, cell.concurrency,
                     cpu_meter=self._cpu_meter(dbname), walinspect=walinspect,
                     relay=(lambda: relay.round_trips) if relay else None,
-                    relay_dsn=relay.dsn_for(dsn) if relay else None, nice=self.args.nice)
+                    relay_dsn=relay.dsn_for(dsn) if relay else None, nice=self.args.nice,
+                    script=REFERENCE_SCRIPT if on_reference else SCRIPT)
                 after = tablestats.snapshot(dsn, tables)
                 finished = result.jobs if on_reference else leaseq_finished(dsn)
             else:

@@ -97,6 +97,10 @@ def analyze(dsn: str, tables: list[str]) -> None:
     """
     with connect(dsn) as conn:
         for table in tables:
+            # A table of a later schema than the one installed (--sql-upto) is skipped.
+            found = conn.execute("select to_regclass(%s) is not null as ok", (table,)).fetchone()
+            if found is None or not found["ok"]:
+                continue
             conn.execute(sql.SQL("analyze {}").format(sql.Identifier(*table.split("."))))
 
 

@@ -47,7 +47,8 @@ BENCH_DIR = Path(__file__).resolve().parent.parent
 TICK = 0.1
 BATCH = 10
 IDLE_SLEEP = 0.01
-TABLES = {"leaseq": ["app.jobs", "app.job_events", "app.tenant_turns"],
+TABLES = {"leaseq": ["app.jobs", "app.job_events", "app.claimable", "app.leases",
+                     "app.tenant_turns"],
           "pgqueuer": ["public.pgqueuer", "public.pgqueuer_log"]}
 HOLD_QUERY = {"leaseq": "select count(*) from app.jobs",
               "pgqueuer": "select count(*) from pgqueuer"}

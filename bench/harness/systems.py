@@ -173,11 +173,15 @@ def leaseq_finished(dsn: str) -> int:
     return int(row["done"])
 
 
+#: leaseq's tables a job's life writes (app.claimable and app.leases since 0023).
+LEASEQ_TABLES: tuple[str, ...] = ("app.jobs", "app.job_events", "app.claimable", "app.leases")
+
+
 @dataclass
 class LeaseqSqlFloor:
     key: str = "leaseq-sql"
     label: str = "leaseq SQL floor (functions called directly)"
-    tables: tuple[str, ...] = ("app.jobs", "app.job_events")
+    tables: tuple[str, ...] = LEASEQ_TABLES
     worker_module: str = "harness.workers.leaseq_sql"
 
     def install(self, dsn: str) -> None:

@@ -26,7 +26,7 @@
 drop function if exists app.enqueue_jobs(uuid[], text[], text[], jsonb[], timestamptz[],
                                          integer[], text[]);
 drop function if exists app.enqueue_job(uuid, text, text, jsonb, timestamptz, integer);
--- And the signatures before named queues (0023_named_queues drops them too).
+-- And the signatures before named queues (0024_named_queues drops them too).
 drop function if exists app.enqueue_items(uuid[], text[], text[], jsonb[], timestamptz[],
                                           integer[], text[], integer[]);
 drop function if exists app.enqueue_jobs(uuid[], text[], text[], jsonb[], timestamptz[],
@@ -443,9 +443,9 @@ begin
                        p_operation_key, p_tenant_id),
       hint = 'Use a new operation_key for a different job, or repeat the original kind and payload exactly.';
   end if;
+  -- The job row holds no lease token (app.leases does): a producer learns the job's
+  -- state, never the lease that a worker holds on it.
   select * into v_job from app.jobs where id = v_result.job_id and tenant_id = p_tenant_id;
-  -- A producer learns the job's state, never the lease that a worker holds on it.
-  v_job.lease_token := null;
   return v_job;
 end;
 $$;

@@ -6,7 +6,8 @@
 
 -- Expired leases go back to retry_wait (available now) or, at max_attempts, to dead; a
 -- job whose cancel was requested (app.request_job_cancel) ends 'cancelled' instead,
--- never retried, its event naming the operator who asked. One statement updates the rows and writes their audit rows; the old owner and token
+-- never retried, its event naming the operator who asked. One statement deletes the
+-- leases, updates the jobs and writes their audit rows; the old owner and token
 -- are kept in the event. p_tenant_id NULL means every tenant (internal use only).
 create or replace function app.release_expired(p_tenant_id uuid, p_limit integer)
 returns integer
@@ -20,15 +21,24 @@ declare
   v_retrying uuid[];
   v_retrying_kinds text[];
 begin
-  with expired as materialized (
-    select j.id, j.lease_owner, j.lease_token, j.cancel_requested_at is not null as cancelling
-    from app.jobs j
-    where j.state = 'running'
-      and j.lease_expires_at <= v_now
-      and (p_tenant_id is null or j.tenant_id = p_tenant_id)
-    order by j.lease_expires_at
-    for update skip locked
+  with expiring as materialized (
+    -- A scan of app.leases (the running jobs only; no index on expires_at, so that a
+    -- renewal stays a HOT update). SKIP LOCKED on the lease and its job: a lease being
+    -- renewed or finished right now is that statement's, a job an operator holds (a
+    -- cancel request) is the operator's, and the next pass takes it.
+    select l.ctid as tid
+    from app.leases l
+    join app.jobs j on j.id = l.job_id and j.tenant_id = l.tenant_id
+    where l.expires_at <= v_now
+      and (p_tenant_id is null or l.tenant_id = p_tenant_id)
+    order by l.expires_at
+    for update of l, j skip locked
     limit p_limit
+  ), expired as materialized (
+    delete from app.leases l
+    using expiring x
+    where l.ctid = x.tid
+    returning l.job_id as id, l.tenant_id, l.lease_owner, l.lease_token
   ), released as (
     update app.jobs j
     set state = case when e.cancelling then 'cancelled'::app.job_state
@@ -43,13 +53,16 @@ begin
                                                      and not e.cancelling,
                                         'leaseOwner', e.lease_owner),
         lease_owner = null,
-        lease_token = null,
-        lease_expires_at = null,
         completed_at = case when j.attempts >= j.max_attempts or e.cancelling
                             then v_now else null end,
         updated_at = v_now
-    from expired e
+    from (select x.id, x.tenant_id, x.lease_owner, x.lease_token,
+                 y.cancel_requested_at is not null as cancelling
+          from expired x
+          join app.jobs y on y.id = x.id and y.tenant_id = x.tenant_id) e
     where j.id = e.id
+      and j.tenant_id = e.tenant_id
+      and j.state = 'running'
     returning j.id, j.tenant_id, j.kind, j.state, j.attempts, e.lease_owner, e.lease_token,
               j.cancel_requested_by, j.cancel_requested_at
   ), audit as (

@@ -54,8 +54,10 @@ revoke all on function app.explain_invalid_outcome(bigint, uuid, uuid, uuid, tex
 -- job's attempts are used up), 'dead' (the error; dead at once, reason discarded),
 -- 'exhausted' (the error; dead at once, reason max_attempts: the kind's own retry
 -- policy allowed no more attempts). The batch is validated by one set-based query.
--- The fences are in the UPDATE's WHERE, which PostgreSQL re-checks on a row updated
--- concurrently (by the reaper, say), so the rows need no lock beforehand.
+-- The fences are in the DELETE of the lease (app.leases), which PostgreSQL re-checks on
+-- a row deleted concurrently (by the reaper, say), so the rows need no lock beforehand:
+-- of a finish and a reaper racing for one lease, exactly one deletes it. The job row is
+-- then written once, its final outcome (or a retry, a HOT update).
 -- Returns one row per outcome that was applied; a stale token simply returns no row.
 -- A job with a cancel request (app.request_job_cancel) ends 'cancelled' whatever the
 -- outcome, never retried: its 'cancelled' event names the operator who asked (actor),
@@ -158,6 +160,16 @@ begin
            u.delay
     from unnest(p_tenant_ids, p_job_ids, p_tokens, p_outcomes, p_details, p_retry_delays)
       as u(tenant_id, job_id, token, outcome, detail, delay)
+  ), ended as (
+    -- The lease, fenced by owner, token and expiry: one primary-key probe each.
+    delete from app.leases l
+    using input i
+    where l.job_id = i.job_id
+      and l.tenant_id = i.tenant_id
+      and l.lease_owner = p_owner
+      and l.lease_token = i.token
+      and l.expires_at > v_now
+    returning l.job_id, l.tenant_id, i.token, i.outcome, i.detail, i.delay
   ), finished as (
     update app.jobs j
     set state = case
@@ -176,19 +188,14 @@ begin
                          then v_now + i.delay - (j.priority - 1) * v_step
                          else j.claim_key end,
         lease_owner = null,
-        lease_token = null,
-        lease_expires_at = null,
         completed_at = case when i.outcome = 'retry' and j.attempts < j.max_attempts
                                  and j.cancel_requested_at is null
                             then null else v_now end,
         updated_at = v_now
-    from input i
+    from ended i
     where j.id = i.job_id
       and j.tenant_id = i.tenant_id
       and j.state = 'running'
-      and j.lease_owner = p_owner
-      and j.lease_token = i.token
-      and j.lease_expires_at > v_now
     returning j.id, j.tenant_id, j.state, j.attempts, j.available_at, i.token, i.outcome, i.detail,
               j.cancel_requested_by, j.cancel_requested_at
   ), audit as (
@@ -344,6 +351,15 @@ begin
                                            and r.job_id = u.job_id
                                            and r.event_type = 'redriven'), 0)) as too_often
     from unnest(p_tenant_ids, p_job_ids, p_tokens) as u(tenant_id, job_id, token)
+  ), ended as (
+    delete from app.leases l
+    using input i
+    where l.job_id = i.job_id
+      and l.tenant_id = i.tenant_id
+      and l.lease_owner = p_owner
+      and l.lease_token = i.token
+      and l.expires_at > v_now
+    returning l.job_id, l.tenant_id, i.token, i.too_often
   ), given_back as (
     update app.jobs j
     set state = case when j.cancel_requested_at is not null then 'cancelled'::app.job_state
@@ -368,16 +384,11 @@ begin
                          'then redrive it', j.kind))
                      else j.last_error end,
         lease_owner = null,
-        lease_token = null,
-        lease_expires_at = null,
         updated_at = v_now
-    from input i
+    from ended i
     where j.id = i.job_id
       and j.tenant_id = i.tenant_id
       and j.state = 'running'
-      and j.lease_owner = p_owner
-      and j.lease_token = i.token
-      and j.lease_expires_at > v_now
     returning j.id, j.tenant_id, j.state, j.attempts, i.token, i.too_often, j.last_error,
               j.cancel_requested_by, j.cancel_requested_at
   ), audit as (
@@ -414,7 +425,6 @@ grant execute on function app.release_jobs(text, uuid[], uuid[], uuid[]) to leas
 -- what a worker needs to run them). p_limit 0 claims nothing; an empty outcome list
 -- records nothing. p_kinds / p_exclude_kinds are the claim's kind filter
 -- (app.claim_ready_jobs); a bad one refuses the whole call, also when p_limit is 0.
--- p_queue is the claim's queue (NULL: every queue that is not paused), checked the same.
 -- The payload is cast to jsonb because RETURN QUERY wants the declared column types
 -- exactly and the column's type is the domain app.job_payload.
 create or replace function app.finish_and_claim_jobs(
@@ -446,7 +456,8 @@ returns table (
   lease_owner text,
   lease_token uuid,
   lease_expires_at timestamptz,
-  correlation_id text
+  correlation_id text,
+  priority smallint
 )
 language plpgsql
 security definer
@@ -468,7 +479,7 @@ begin
     return query
     select false, f.job_id, null::uuid, f.state, null::text, null::text, null::jsonb,
            null::integer, null::integer, null::timestamptz, null::timestamptz,
-           null::text, null::uuid, null::timestamptz, null::text
+           null::text, null::uuid, null::timestamptz, null::text, null::smallint
     from app.finish_jobs(p_owner, p_tenant_ids, p_job_ids, p_tokens, p_outcomes, p_details,
                          p_retry_delays) f;
   else
@@ -492,7 +503,7 @@ begin
     return query
     select true, c.id, c.tenant_id, c.state, c.operation_key, c.kind, c.payload::jsonb,
            c.attempts, c.max_attempts, c.available_at, c.created_at,
-           c.lease_owner, c.lease_token, c.lease_expires_at, c.correlation_id
+           c.lease_owner, c.lease_token, c.lease_expires_at, c.correlation_id, c.priority
     from app.claim_ready_jobs(p_owner, p_limit, p_lease, p_kinds, p_exclude_kinds,
                                 p_queue) c;
   end if;

@@ -57,7 +57,7 @@ begin
   with victims as materialized (
     select j.id, j.attempts as previous_attempts
     from app.jobs j
-    where j.state = 'dead'
+    where j.outcome = 'dead'
       and (p_tenant_id is null or j.tenant_id = p_tenant_id)
       and (p_job_ids is null or j.id = any (p_job_ids))
       and (p_kind is null or j.kind = p_kind)
@@ -127,14 +127,16 @@ begin
 
   return query
   with victims as materialized (
+    -- The waiting jobs through their claimable entries (a small table), in due order.
     select j.id, j.state as previous_state
-    from app.jobs j
+    from app.claimable c
+    join app.jobs j on j.id = c.job_id and j.tenant_id = c.tenant_id
     where j.state in ('pending', 'retry_wait')
-      and (p_tenant_id is null or j.tenant_id = p_tenant_id)
-      and (p_job_ids is null or j.id = any (p_job_ids))
-      and (p_kind is null or j.kind = p_kind)
-    order by j.available_at, j.id
-    for update skip locked
+      and (p_tenant_id is null or c.tenant_id = p_tenant_id)
+      and (p_job_ids is null or c.job_id = any (p_job_ids))
+      and (p_kind is null or c.kind = p_kind)
+    order by c.available_at, c.job_id
+    for update of j skip locked
     limit p_limit
   ), cancelled as (
     update app.jobs j
@@ -305,7 +307,8 @@ begin
     where j.id = any (p_job_ids)
       and j.state = 'running'
       and j.cancel_requested_at is null
-    returning j.id, j.tenant_id, j.kind, j.attempts, j.lease_owner, j.lease_token
+    returning j.id, j.tenant_id, j.kind, j.attempts, j.lease_owner,
+              (select l.lease_token from app.leases l where l.job_id = j.id) as lease_token
   ), audit as (
     insert into app.job_events (tenant_id, job_id, event_type, actor, lease_token, details, created_at)
     select c.tenant_id, c.id, 'cancelled', p_actor, null,

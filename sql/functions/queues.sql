@@ -1,4 +1,4 @@
--- leaseq functions: named queues (tables in migrations/0023_named_queues.sql).
+-- leaseq functions: named queues (tables in migrations/0024_named_queues.sql).
 --
 -- A job's queue decides which workers claim it (the claim functions' p_queue) and whose
 -- pool fans out for it (functions/pool.sql). Operators pause and resume a queue; the
@@ -120,9 +120,9 @@ grant execute on function app.resume_queue(text, text) to leaseq_operator, lease
 -- unfinished or dead job names. Per queue: ready (claimable now), scheduled (pending or
 -- retry_wait, due later), running, retrying (retry_wait), dead, the oldest ready job's
 -- available_at, the pool's live and reserved places, its worker limit (the queue's own, or
--- the owner's max_workers) and the pause. One queue with p_queue. Reads the unfinished
--- jobs (the hot part of the table) and the dead ones (jobs_unsuccessful_idx); finished
--- jobs are never read. Operators, the dashboard, workers, and the reaper (its per-queue
+-- the owner's max_workers) and the pause. One queue with p_queue. Reads the claimable
+-- entries and the leases (the small tables of unfinished work, 0023_hot_and_cold_jobs)
+-- and the dead jobs (jobs_unsuccessful_idx); finished jobs are never read. Operators, the dashboard, workers, and the reaper (its per-queue
 -- metrics, once per tick).
 create or replace function app.queue_overview(p_queue text default null)
 returns table (
@@ -153,24 +153,31 @@ begin
     perform app.check_queue('p_queue', p_queue);
   end if;
   return query
-  with counts as (
-    select j.queue,
-           count(*) filter (where j.state in ('pending', 'retry_wait')
-                              and j.available_at <= v_now) as ready,
-           count(*) filter (where j.state in ('pending', 'retry_wait')
-                              and j.available_at > v_now) as scheduled,
-           count(*) filter (where j.state = 'running') as running,
-           count(*) filter (where j.state = 'retry_wait') as retrying,
-           min(j.available_at) filter (where j.state in ('pending', 'retry_wait')
-                                         and j.available_at <= v_now) as oldest_ready_at
-    from app.jobs j
-    where j.state in ('pending', 'retry_wait', 'running')
-      and (p_queue is null or j.queue = p_queue)
+  with waiting as (
+    select c.queue,
+           count(*) filter (where c.available_at <= v_now) as ready,
+           count(*) filter (where c.available_at > v_now) as scheduled,
+           count(*) filter (where c.state = 'retry_wait') as retrying,
+           min(c.available_at) filter (where c.available_at <= v_now) as oldest_ready_at
+    from app.claimable c
+    where p_queue is null or c.queue = p_queue
+    group by c.queue
+  ), busy as (
+    select j.queue, count(*) as running
+    from app.leases l
+    join app.jobs j on j.id = l.job_id and j.tenant_id = l.tenant_id
+    where p_queue is null or j.queue = p_queue
     group by j.queue
+  ), counts as (
+    select coalesce(w.queue, b.queue) as queue, coalesce(w.ready, 0) as ready,
+           coalesce(w.scheduled, 0) as scheduled, coalesce(b.running, 0) as running,
+           coalesce(w.retrying, 0) as retrying, w.oldest_ready_at
+    from waiting w
+    full join busy b on b.queue = w.queue
   ), dead as (
     select j.queue, count(*) as dead
     from app.jobs j
-    where j.state = 'dead' and (p_queue is null or j.queue = p_queue)
+    where j.outcome = 'dead' and (p_queue is null or j.queue = p_queue)
     group by j.queue
   ), pool as (
     select p.queue,
@@ -255,10 +262,14 @@ begin
   insert into app.queue_kinds (kind, queue)
   select distinct k.kind, p_queue from unnest(p_kinds) as k(kind) where k.kind is not null
   on conflict (kind) do update set queue = excluded.queue, updated_at = clock_timestamp();
+  -- The waiting jobs, found by their claimable entries (the job table has no index on
+  -- waiting jobs); the update trigger moves each entry to the new queue.
   update app.jobs j
   set queue = p_queue
-  where j.state in ('pending', 'retry_wait') and j.queue = 'default'
-    and j.kind = any (p_kinds);
+  from app.claimable c
+  where c.queue = 'default' and c.kind = any (p_kinds)
+    and j.id = c.job_id and j.tenant_id = c.tenant_id
+    and j.state in ('pending', 'retry_wait');
   get diagnostics v_moved = row_count;
   return v_moved;
 end;

@@ -89,7 +89,8 @@ begin
   perform app.check_required('p_job_id', p_job_id);
   return query
   select j.id, j.tenant_id, j.operation_key, j.kind, j.payload::jsonb, j.state, j.attempts,
-         j.max_attempts, j.available_at, j.lease_owner, j.lease_expires_at, j.last_error,
+         j.max_attempts, j.available_at, j.lease_owner,
+         (select l.expires_at from app.leases l where l.job_id = j.id), j.last_error,
          j.result, j.correlation_id, j.created_at, j.updated_at, j.completed_at,
          j.cancel_requested_at, j.cancel_requested_by
   from app.jobs j
@@ -166,7 +167,7 @@ begin
     limit 1
   ) d on true
   where j.completed_at is not null
-    and j.state = 'dead'
+    and j.outcome = 'dead'
     and (p_tenant_id is null or j.tenant_id = p_tenant_id)
     and (p_kind is null or j.kind = p_kind)
   order by j.completed_at desc, j.id
@@ -195,9 +196,9 @@ grant execute on function app.dead_jobs(uuid, text, integer) to leaseq_operator;
 -- (pending, of which ready now; running, of which past their lease expiry; retry_wait)
 -- and the dead ones still kept, with the oldest ready job's available_at. Tenants come
 -- longest-waiting first (then deepest), at most p_limit of them; kinds at most 200.
--- Each of the three branches matches one partial index (jobs_waiting_idx,
--- jobs_lease_expiry_idx, jobs_dead_tenant_idx), so the cost is the number of unfinished
--- and dead jobs, never the finished history (docs/benchmarks.md, "Dashboard").
+-- The three branches read app.claimable, app.leases (with their jobs) and
+-- jobs_dead_tenant_idx, so the cost is the number of unfinished and dead jobs, never the
+-- finished history (docs/benchmarks.md, "Dashboard").
 create or replace function app.reader_queue_depth(
   p_tenant_id uuid default null,
   p_kind text default null,
@@ -235,23 +236,23 @@ begin
   end if;
   return query
   with live as (
-    -- Each branch reads only columns of its index (0013's INCLUDE lists), so the counts
-    -- are index-only scans; the running jobs are few and read from the heap.
-    select j.tenant_id, j.kind, j.state, j.available_at, null::timestamptz as lease_expires_at
-    from app.jobs j
-    where j.state in ('pending', 'retry_wait')
-      and (p_tenant_id is null or j.tenant_id = p_tenant_id)
-      and (p_kind is null or j.kind = p_kind)
+    -- The claimable entries and the leases are small tables of their own (0023), read
+    -- whole; the dead jobs are an index-only scan of jobs_dead_tenant_idx.
+    select c.tenant_id, c.kind, c.state, c.available_at, null::timestamptz as lease_expires_at
+    from app.claimable c
+    where (p_tenant_id is null or c.tenant_id = p_tenant_id)
+      and (p_kind is null or c.kind = p_kind)
     union all
-    select j.tenant_id, j.kind, j.state, j.available_at, j.lease_expires_at
-    from app.jobs j
+    select j.tenant_id, j.kind, j.state, j.available_at, l.expires_at
+    from app.leases l
+    join app.jobs j on j.id = l.job_id and j.tenant_id = l.tenant_id
     where j.state = 'running'
-      and (p_tenant_id is null or j.tenant_id = p_tenant_id)
+      and (p_tenant_id is null or l.tenant_id = p_tenant_id)
       and (p_kind is null or j.kind = p_kind)
     union all
     select j.tenant_id, j.kind, 'dead'::app.job_state, null::timestamptz, null::timestamptz
     from app.jobs j
-    where j.state = 'dead'
+    where j.outcome = 'dead'
       and (p_tenant_id is null or j.tenant_id = p_tenant_id)
       and (p_kind is null or j.kind = p_kind)
   ), grouped as (
@@ -410,10 +411,10 @@ begin
         select least(width_bucket(extract(epoch from j.completed_at),
                                   extract(epoch from v_start), extract(epoch from v_now),
                                   p_buckets), p_buckets) - 1,
-               0, count(*) filter (where j.state = 'dead'),
-               count(*) filter (where j.state = 'cancelled')
+               0, count(*) filter (where j.outcome = 'dead'),
+               count(*) filter (where j.outcome = 'cancelled')
         from app.jobs j
-        where j.state in ('dead', 'cancelled') and j.completed_at >= v_start
+        where j.outcome in ('dead', 'cancelled') and j.completed_at >= v_start
         group by 1
       ) a
       group by a.i
@@ -602,9 +603,22 @@ begin
     ' j.lease_owner, j.lease_expires_at,'
     ' left(coalesce(j.last_error ->> ''message'', j.last_error::text), 300),'
     ' j.created_at, j.completed_at, j.%1$I'
-    ' from app.jobs j where j.state = %2$L::app.job_state', v_column, p_state);
+    ' from %3$s j where j.state = %2$L::app.job_state', v_column, p_state,
+    -- Running jobs through their leases, waiting ones through their claimable entries
+    -- (small tables), finished ones through the outcome's indexes.
+    case p_state
+      when 'running' then '(select jj.*, l.expires_at as lease_expires_at'
+        ' from app.leases l join app.jobs jj on jj.id = l.job_id and jj.tenant_id = l.tenant_id)'
+      when 'pending' then '(select jj.*, null::timestamptz as lease_expires_at'
+        ' from app.claimable c join app.jobs jj on jj.id = c.job_id and jj.tenant_id = c.tenant_id'
+        ' where c.state = ''pending'')'
+      when 'retry_wait' then '(select jj.*, null::timestamptz as lease_expires_at'
+        ' from app.claimable c join app.jobs jj on jj.id = c.job_id and jj.tenant_id = c.tenant_id'
+        ' where c.state = ''retry_wait'')'
+      else '(select jj.*, null::timestamptz as lease_expires_at from app.jobs jj)' end);
   if v_descending then
-    v_sql := v_sql || ' and j.completed_at is not null';
+    v_sql := v_sql || format(' and j.completed_at is not null and j.outcome = %L::app.job_state',
+                             p_state);
   end if;
   if p_tenant_id is not null then
     v_sql := v_sql || ' and j.tenant_id = $1';
@@ -710,7 +724,8 @@ begin
   end if;
   return query
   select j.id, j.tenant_id, j.operation_key, j.kind, j.payload::jsonb, j.state, j.attempts,
-         j.max_attempts, j.available_at, j.lease_owner, j.lease_expires_at, j.last_error,
+         j.max_attempts, j.available_at, j.lease_owner,
+         (select l.expires_at from app.leases l where l.job_id = j.id), j.last_error,
          j.result, j.correlation_id, j.created_at, j.updated_at, j.completed_at,
          j.cancel_requested_at, j.cancel_requested_by
   from app.jobs j
@@ -770,8 +785,8 @@ grant execute on function app.reader_job_timeline(uuid, integer) to authenticate
 -- Reserved for later releases, never written today: held_by_limit (a concurrency or
 -- rate limit holds it back), cancel_requested (a cancel is on its way). A caller must
 -- show an unknown reason as it is. Jobs ahead are counted up to 10,000 (10,000 means at
--- least that many): the count reads the tenant's claimable jobs ahead in
--- jobs_claimable_idx and stops there.
+-- least that many): the count reads the tenant's claimable entries ahead in
+-- claimable_order_idx and stops there.
 --
 -- The reader's form (SECURITY INVOKER: row-level security keeps it, and the jobs it
 -- counts ahead, to the reader's tenant) holds the one definition; the operator's form
@@ -820,12 +835,11 @@ begin
            count(*) filter (where q.priority > j.priority)::integer as higher
     from (
       select q.priority
-      from app.jobs q
+      from app.claimable q
       where q.tenant_id = j.tenant_id
-        and q.state in ('pending', 'retry_wait')
         and q.claim_key <= j.claim_key
         and q.available_at <= clock_timestamp()
-        and (q.claim_key, q.created_at, q.id) < (j.claim_key, j.created_at, j.id)
+        and (q.claim_key, q.created_at, q.job_id) < (j.claim_key, j.created_at, j.id)
       limit 10000
     ) q
   ) a on j.state in ('pending', 'retry_wait') and j.available_at <= clock_timestamp()
@@ -885,14 +899,13 @@ begin
            j.available_at <= v_now as due,
            j.priority < max(j.priority) over (
              partition by j.tenant_id, j.available_at <= v_now
-             order by j.claim_key, j.created_at, j.id
+             order by j.claim_key, j.created_at, j.job_id
              rows between unbounded preceding and 1 preceding) as behind,
            row_number() over (
              partition by j.tenant_id, j.available_at <= v_now
-             order by j.claim_key, j.created_at, j.id) as place
-    from app.jobs j
-    where j.state in ('pending', 'retry_wait')
-      and (p_tenant_id is null or j.tenant_id = p_tenant_id)
+             order by j.claim_key, j.created_at, j.job_id) as place
+    from app.claimable j
+    where (p_tenant_id is null or j.tenant_id = p_tenant_id)
   )
   select w.tenant_id,
          case

@@ -79,8 +79,8 @@ def seed(worker: Conn, owner: Conn, *, extra_pending: int = 0) -> Seeded:
     seeded.add("running", _claim(worker, third)["id"])
     _enqueue(worker, third, "run-2", "report.build", {"report": 9})
     stuck = _claim(worker, third)["id"]
-    owner.execute("update app.jobs set lease_expires_at = clock_timestamp() - interval"
-                  " '3 minutes' where id = %s", (stuck,))
+    owner.execute("update app.leases set expires_at = clock_timestamp() - interval"
+                  " '3 minutes' where job_id = %s", (stuck,))
     seeded.add("running", stuck)
     cancelled = _enqueue(worker, second, "cancel-1", "email.send", {"to": "x"})
     worker.execute("select * from app.cancel_jobs('seed-operator', null, %s, null, 1, null)",

@@ -60,7 +60,7 @@ def test_hostile_kinds_payloads_and_errors_are_escaped_everywhere(
 def test_no_page_ever_shows_a_lease_token(serve: Serve, owner: Conn) -> None:
     served = serve(OPERATOR)
     tokens = [str(r["lease_token"]) for r in owner.execute(
-        "select lease_token from app.jobs where lease_token is not null union"
+        "select lease_token from app.leases union"
         " select lease_token from app.job_events where lease_token is not null").fetchall()]
     assert tokens
     joined = "\n".join(_all_pages(served.client(), served))

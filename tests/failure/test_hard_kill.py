@@ -92,8 +92,7 @@ def _kill(admin: Conn, process: subprocess.Popen[str]) -> datetime:
 
 def _reap_and_finish(db: Database, admin: Conn) -> dict[str, int]:
     """The reaper takes the dead worker's leases back; another worker drains the rest."""
-    admin.execute("update app.jobs set lease_expires_at = clock_timestamp() - interval '1 s'"
-                  " where state = 'running'")
+    admin.execute("update app.leases set expires_at = clock_timestamp() - interval '1 s'")
     client = QueueClient(lambda: connect(db.worker_dsn))
     try:
         released = client.release_all_expired_jobs()

@@ -86,7 +86,8 @@ class LifecycleMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.admin: Conn = self.database.connect(None)
-        self.admin.execute("truncate app.jobs, app.job_events, app.tenant_turns")
+        self.admin.execute("truncate app.jobs, app.job_events, app.claimable, app.leases,"
+                           " app.tenant_turns")
         self.worker = connect(self.database.worker_dsn)
         self.client = QueueClient(lambda: self.worker)
         self.jobs: dict[uuid.UUID, ModelJob] = {}
@@ -444,10 +445,12 @@ class LifecycleMachine(RuleBasedStateMachine):
     @invariant()
     def database_equals_model(self) -> None:
         rows = self.admin.execute(
-            "select id, state::text as state, attempts, max_attempts, lease_owner, lease_token,"
-            " lease_expires_at is not null as leased, lease_expires_at > now() as live,"
-            " available_at <= now() as ready, cancel_requested_at is not null as cancelling,"
-            " completed_at is not null as completed from app.jobs").fetchall()
+            "select j.id, j.state::text as state, j.attempts, j.max_attempts, j.lease_owner,"
+            " l.lease_token, l.expires_at is not null as leased, l.expires_at > now() as live,"
+            " j.available_at <= now() as ready, j.cancel_requested_at is not null as cancelling,"
+            " j.completed_at is not null as completed,"
+            " (select count(*) from app.claimable c where c.job_id = j.id) as entries"
+            " from app.jobs j left join app.leases l on l.job_id = j.id").fetchall()
         assert {r["id"] for r in rows} == set(self.jobs)
         for row in rows:
             job = self.jobs[row["id"]]
@@ -463,6 +466,8 @@ class LifecycleMachine(RuleBasedStateMachine):
                 else job.available[0] <= self.now,
                 "completed": job.state in FINISHED,
                 "cancelling": job.cancel_requested,
+                # Exactly one claimable entry while the job waits, none otherwise.
+                "entries": 1 if job.state in ("pending", "retry_wait") else 0,
             }
 
     @invariant()

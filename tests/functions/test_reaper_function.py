@@ -28,8 +28,7 @@ def abandon_jobs(db: Database, admin: Conn, count: int) -> None:
         client.claim_ready_jobs("leaseq-worker:dead-invocation", 100, timedelta(seconds=30))
     finally:
         client.close()
-    admin.execute("update app.jobs set lease_expires_at = clock_timestamp() - interval '1 second'"
-                  " where state = 'running'")
+    admin.execute("update app.leases set expires_at = clock_timestamp() - interval '1 second'")
 
 
 def test_the_scheduled_tick_releases_every_tenants_expired_leases(

@@ -25,13 +25,17 @@ def enqueue(client: QueueClient, tenant: uuid.UUID, count: int = 1, *, kind: str
 
 
 def job(conn: Conn, job_id: uuid.UUID) -> dict[str, Any]:
-    row = conn.execute("select * from app.jobs where id = %s", (job_id,)).fetchone()
+    row = conn.execute(
+        "select j.*, l.lease_token, l.expires_at as lease_expires_at from app.jobs j"
+        " left join app.leases l on l.job_id = j.id where j.id = %s", (job_id,)).fetchone()
     assert row is not None
     return row
 
 
 def jobs(conn: Conn) -> list[dict[str, Any]]:
-    return conn.execute("select * from app.jobs order by created_at, id").fetchall()
+    return conn.execute(
+        "select j.*, l.lease_token, l.expires_at as lease_expires_at from app.jobs j"
+        " left join app.leases l on l.job_id = j.id order by j.created_at, j.id").fetchall()
 
 
 def event_types(conn: Conn, job_id: uuid.UUID) -> list[str]:
@@ -49,8 +53,8 @@ def states(conn: Conn) -> dict[str, int]:
 def expire_lease(conn: Conn, job_id: uuid.UUID) -> None:
     """As an administrator: move a live lease into the past, as a crashed worker leaves it."""
     conn.execute(
-        "update app.jobs set lease_expires_at = clock_timestamp() - interval '1 second'"
-        " where id = %s and state = 'running'", (job_id,))
+        "update app.leases set expires_at = clock_timestamp() - interval '1 second'"
+        " where job_id = %s", (job_id,))
 
 
 def make_ready(conn: Conn) -> None:

@@ -24,8 +24,7 @@ def abandon(client: QueueClient, admin: Conn, tenants: int, per_tenant: int,
     claimed: list[uuid.UUID] = []
     while batch := client.claim_ready_jobs("crashed-worker", 100, timedelta(seconds=30)):
         claimed.extend(j.id for j in batch)
-    admin.execute("update app.jobs set lease_expires_at = clock_timestamp() - interval '1 second'"
-                  " where state = 'running'")
+    admin.execute("update app.leases set expires_at = clock_timestamp() - interval '1 second'")
     return claimed
 
 

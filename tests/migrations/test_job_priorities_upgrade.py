@@ -74,8 +74,9 @@ def test_an_upgraded_database_gets_priorities_and_keys_on_every_row(
 
     with database.connect(postgres.OWNER) as owner:
         after = owner.execute(
-            "select id, operation_key, state, attempts, available_at, lease_token, priority,"
-            " claim_key from app.jobs order by operation_key").fetchall()
+            "select j.id, operation_key, state, attempts, available_at, l.lease_token, priority,"
+            " claim_key from app.jobs j left join app.leases l on l.job_id = j.id"
+            " order by operation_key").fetchall()
         assert owner.execute("select * from app.job_events order by sequence"
                              ).fetchall() == events_before
         step = owner.execute("select priority_step from app.settings").fetchone()

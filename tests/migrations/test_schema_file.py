@@ -100,11 +100,10 @@ def test_each_table_is_read_in_one_place_with_its_comments_keys_indexes_policies
         table = piece["table"].removeprefix("app.")
         assert re.search(rf"\b{piece['name']}\b", sections[table]), (
             f"{piece['name']} is not in the section of app.{table}")
-    jobs = sections["jobs"].splitlines()
-    lease_token = jobs.index("    lease_token uuid,")
-    assert jobs[lease_token - 2:lease_token] == [
-        "    -- Fences the lease: finishing or renewing needs it, so a worker whose lease expired",
-        "    -- cannot finish the next holder's attempt. Never granted to tenant readers."]
-    assert "GRANT SELECT(tenant_id) ON TABLE app.jobs TO authenticated;" in sections["jobs"]
+    leases = sections["leases"].splitlines()
+    lease_token = leases.index("    lease_token uuid NOT NULL,")
+    assert leases[lease_token - 1].startswith("    -- "), "the lease token's column comment"
+    assert "Never granted to tenant readers." in "".join(leases[lease_token - 3:lease_token])
+    assert "GRANT SELECT(tenant_id) ON TABLE app.leases TO authenticated;" in sections["leases"]
     assert "lease_token" not in "".join(
-        line for line in sections["jobs"].splitlines() if line.startswith("GRANT"))
+        line for line in sections["leases"].splitlines() if line.startswith("GRANT"))

@@ -114,8 +114,8 @@ def test_an_upgraded_database_whose_login_is_in_service_role_keeps_every_duty_wo
             admin.execute("update app.jobs set completed_at = clock_timestamp() - %s"
                           " where id = %s", (timedelta(days=30), done["id"]))
             expiring = claim_one(legacy, tenant)  # "to-cancel"
-            admin.execute("update app.jobs set lease_expires_at = clock_timestamp()"
-                          " - interval '1 second' where id = %s", (expiring["id"],))
+            admin.execute("update app.leases set expires_at = clock_timestamp()"
+                          " - interval '1 second' where job_id = %s", (expiring["id"],))
 
             released = legacy.execute("select app.release_all_expired_jobs(10) as n").fetchone()
             pruned = legacy.execute(

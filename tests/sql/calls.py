@@ -90,8 +90,11 @@ def claim_one(conn: Conn, tenant: uuid.UUID, *, owner: str = WORKER_NAME) -> dic
 
 
 def job(conn: Conn, job_id: uuid.UUID) -> dict[str, Any]:
-    """Read a job as the owner or an administrator (no RLS applies to them)."""
-    row = conn.execute("select * from app.jobs where id = %s", (job_id,)).fetchone()
+    """Read a job as the owner or an administrator (no RLS applies to them), with its
+    lease (app.leases) while it is running."""
+    row = conn.execute(
+        "select j.*, l.lease_token, l.expires_at as lease_expires_at from app.jobs j"
+        " left join app.leases l on l.job_id = j.id where j.id = %s", (job_id,)).fetchone()
     assert row is not None
     return row
 
@@ -110,8 +113,8 @@ def event_types(conn: Conn, job_id: uuid.UUID) -> list[str]:
 def expire_lease(conn: Conn, job_id: uuid.UUID) -> None:
     """Move a live lease into the past, as a crashed worker would leave it."""
     conn.execute(
-        "update app.jobs set lease_expires_at = clock_timestamp() - interval '1 second'"
-        " where id = %s and state = 'running'",
+        "update app.leases set expires_at = clock_timestamp() - interval '1 second'"
+        " where job_id = %s",
         (job_id,),
     )
 
@@ -127,7 +130,10 @@ def make_ready(conn: Conn, job_id: uuid.UUID) -> None:
 
 def snapshot(conn: Conn) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Every job and event, to prove a refused call changed nothing."""
-    jobs = conn.execute("select * from app.jobs order by id").fetchall()
+    jobs = conn.execute(
+        "select j.*, l.lease_token, l.expires_at as lease_expires_at,"
+        " (select count(*) from app.claimable c where c.job_id = j.id) as claimable"
+        " from app.jobs j left join app.leases l on l.job_id = j.id order by j.id").fetchall()
     audit = conn.execute("select * from app.job_events order by sequence").fetchall()
     return jobs, audit
 

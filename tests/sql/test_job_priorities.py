@@ -221,7 +221,7 @@ def test_a_retry_a_released_lease_and_a_redrive_recompute_the_key(
     key_follows_due_time()
 
     owner.execute("update app.jobs set state = 'dead', completed_at = clock_timestamp(),"
-                  " lease_owner = null, lease_token = null, lease_expires_at = null,"
+                  " lease_owner = null,"
                   " available_at = available_at - interval '1 hour' where id = %s", (job_id,))
     with db.connect(postgres.OPERATOR) as operator:
         operator.execute("select * from app.redrive_jobs_by_id('ops', %s)", ([job_id],))

@@ -394,8 +394,8 @@ def test_worker_sees_no_rows_even_through_the_policies(worker: Conn, owner: Conn
 @pytest.mark.parametrize(
     "statement",
     [
-        "select lease_token from app.jobs",
-        "select * from app.jobs",
+        "select lease_token from app.leases",
+        "select * from app.leases",
         "select lease_token from app.job_events",
         "select * from app.job_events",
     ],
@@ -458,9 +458,11 @@ def test_owner_is_not_a_superuser_and_does_not_bypass_rls(owner: Conn) -> None:
         " where relnamespace = 'app'::regnamespace and relkind = 'r' order by relname"
     ).fetchall()
     assert {r["relname"]: (r["relrowsecurity"], r["relforcerowsecurity"]) for r in forced} == {
+        "claimable": (True, False),
         "job_events": (True, False),
         "jobs": (True, False),
         "kind_turns": (True, False),
+        "leases": (True, False),
         "queue_events": (True, False),
         "queue_kinds": (True, False),
         "queues": (True, False),

@@ -129,8 +129,8 @@ def test_release_takes_the_oldest_expiry_first_and_honours_the_limit(
     # Expiries 50, 40, 30, 20, 10 seconds ago.
     for age, lease in zip((50, 40, 30, 20, 10), leases, strict=True):
         owner.execute(
-            "update app.jobs set lease_expires_at = clock_timestamp() - make_interval(secs => %s)"
-            " where id = %s",
+            "update app.leases set expires_at = clock_timestamp() - make_interval(secs => %s)"
+            " where job_id = %s",
             (age, lease["id"]),
         )
 

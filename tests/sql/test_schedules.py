@@ -220,7 +220,7 @@ def test_a_filling_schedule_enqueues_missed_slots_only_within_the_fill_window(
     assert (row["enqueued"], row["late"], row["skipped"]) == (1, 1, 3)
     assert row["last_slot"] == today
 
-    owner.execute("truncate app.jobs, app.job_events")
+    owner.execute("truncate app.jobs, app.job_events, app.claimable, app.leases")
     move_cursor(owner, schedule, today - timedelta(days=3))
     owner.execute("update app.settings set min_retention = '30 days'")
     [row] = tick(reaper)

@@ -242,8 +242,8 @@ def _pool(call: Call) -> None:
 
 def _reap(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
     # Arranged as the administrator, so that releasing and pruning have work to do.
-    admin.execute("update app.jobs set lease_expires_at = now() - interval '1 second'"
-                  " where tenant_id = %s and state = 'running'", (tenant,))
+    admin.execute("update app.leases set expires_at = now() - interval '1 second'"
+                  " where tenant_id = %s", (tenant,))
     admin.execute("update app.jobs set completed_at = completed_at - interval '2 days'"
                   " where tenant_id = %s and state = 'succeeded'", (tenant,))
     call("release_expired_jobs", "select app.release_expired_jobs(%s, 1)", (tenant,))

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from leaseq.base.decoding import UndecodableJson
 from leaseq.base.limits import (
+    DEFAULT_PRIORITY,
     MAX_ATTEMPTS,
     MAX_ENQUEUE_BYTES,
     MAX_PRIORITY,
@@ -272,10 +273,12 @@ class ClaimedJob:
     lease_expires_at: datetime
     correlation_id: str | None = None
     payload_error: UndecodableJson | None = None
+    priority: int = DEFAULT_PRIORITY
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> ClaimedJob:
-        """The job of a claimed row (``app.jobs`` columns)."""
+        """The job of a claimed row (``app.claimed_job``: the job with its lease and
+        priority)."""
         payload = row["payload"]
         payload_error = None
         if isinstance(payload, UndecodableJson):
@@ -295,6 +298,7 @@ class ClaimedJob:
             lease_expires_at=row["lease_expires_at"],
             correlation_id=row.get("correlation_id"),
             payload_error=payload_error,
+            priority=row.get("priority") or DEFAULT_PRIORITY,
         )
 
     @property

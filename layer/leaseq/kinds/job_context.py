@@ -67,6 +67,12 @@ class JobContext:
         return self.job.attempts
 
     @property
+    def priority(self) -> int:
+        """The job's priority, 1 (least urgent) .. 9 (most urgent): a handler may, say,
+        give an urgent job's calls a shorter timeout."""
+        return self.job.priority
+
+    @property
     def correlation_id(self) -> str | None:
         """The producer's correlation id of the job, to pass on to the services it calls."""
         return self.job.correlation_id

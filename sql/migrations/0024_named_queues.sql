@@ -1,4 +1,4 @@
--- leaseq 0023: named queues, each drained by its own workers and pool, paused and resumed.
+-- leaseq 0024: named queues, each drained by its own workers and pool, paused and resumed.
 --
 -- A job belongs to one queue (app.jobs.queue, 'default' unless the producer or its kind's
 -- route names another). A queue's workers claim only its jobs (the claim functions' new
@@ -25,11 +25,13 @@
 --
 -- jobs.queue is added with a constant default (no table rewrite); its check is added NOT
 -- VALID (every existing row has the default, which passes) so the migration does not
--- scan the table under its lock; new and updated rows are checked. The index
--- jobs_queue_claimable_idx (queue, tenant_id, claim order) answers a queue's claim
--- whether a due tenant has ready work in the queue with one probe; built without
--- CONCURRENTLY, as migrations run in a transaction: on a large table deploy in a quiet
--- hour. Between this transaction and the function files of the same deploy the previous
+-- scan the table under its lock; new and updated rows are checked. The job row stays
+-- cold (0023_hot_and_cold_jobs): the queue is carried by the job's claimable entry
+-- (app.claimable.queue, written by the triggers' functions in functions/claimable.sql),
+-- and the index claimable_queue_idx (queue, tenant_id, claim order) answers a queue's
+-- claim, and whether a due tenant has ready work in the queue, with one probe. The
+-- update trigger is made again so that a change of a waiting job's queue (a kind's new
+-- route) moves its entry. Between this transaction and the function files of the same deploy the previous
 -- claim, pool and enqueue functions no longer exist (42883, dropped below so the new
 -- signatures do not become overloads of them): deploy while workers and producers can
 -- retry, as for any migration.
@@ -83,9 +85,28 @@ alter table app.jobs
 -- A tenant's readers see their jobs' queue, as every other column but the lease token.
 grant select (queue) on app.jobs to authenticated;
 
-create index jobs_queue_claimable_idx on app.jobs (queue, tenant_id, claim_key, created_at, id)
-  include (available_at)
-  where state in ('pending', 'retry_wait');
+alter table app.claimable
+  add column queue text not null default 'default';
+-- Readers read every column of their tenant's entries (0023_hot_and_cold_jobs): this one too.
+grant select (queue) on app.claimable to authenticated;
+create index claimable_queue_idx
+  on app.claimable (queue, tenant_id, claim_key, created_at, job_id) include (available_at);
+
+drop trigger jobs_claimable_on_update on app.jobs;
+create trigger jobs_claimable_on_update
+after update on app.jobs
+for each row
+when (new.state <> 'running'
+      and (old.state in ('pending', 'retry_wait') or new.state in ('pending', 'retry_wait'))
+      and (old.state is distinct from new.state
+           or old.claim_key is distinct from new.claim_key
+           or old.available_at is distinct from new.available_at
+           or old.kind is distinct from new.kind
+           or old.created_at is distinct from new.created_at
+           or old.priority is distinct from new.priority
+           or old.tenant_id is distinct from new.tenant_id
+           or old.queue is distinct from new.queue))
+execute function app.claimable_moved();
 
 alter table app.worker_pool
   add column queue text not null default 'default'
@@ -114,6 +135,8 @@ comment on table app.queue_kinds is
   'The owner''s routes: a job enqueued without a queue goes to its kind''s queue.';
 comment on column app.jobs.queue is
   'The named queue whose workers claim the job; ''default'' unless routed or named.';
+comment on column app.claimable.queue is
+  'The job''s queue (app.jobs.queue): a queue''s claim walks its own entries.';
 comment on column app.worker_pool.queue is
   'The queue whose workers this place counts for: each queue has its own pool.';
 
