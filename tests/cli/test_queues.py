@@ -70,3 +70,15 @@ def test_drain_with_a_queue_runs_that_queues_jobs_and_leaves_the_others(
         "select operation_key, state::text from app.jobs").fetchall()}
     assert states["d1"] == "pending"
     assert states["r1"] != "pending"
+
+
+def test_enqueue_with_handlers_puts_a_kind_in_its_declared_queue_unless_one_is_named(
+        cli: Cli, owner: Conn) -> None:
+    for key, queue in (("declared", None), ("named", "urgent")):
+        args = ["enqueue", "--tenant", TENANT, "--key", key, "--kind", "report.build",
+                "--handlers", "tests.cli.queue_handlers", "--json"]
+        result = cli(*args, *(["--queue", queue] if queue else []))
+        assert result.code == 0, result.err
+    rows = owner.execute("select operation_key, queue from app.jobs").fetchall()
+    assert {r["operation_key"]: r["queue"] for r in rows} == {"declared": "reports",
+                                                              "named": "urgent"}

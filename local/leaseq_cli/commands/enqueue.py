@@ -106,9 +106,10 @@ def _read_requests(args: argparse.Namespace) -> list[EnqueueRequest]:
         correlation_id=args.correlation_id, priority=args.priority, queue=args.queue)]
 
 
-def _check_with_handlers(module: str, requests: list[EnqueueRequest]) -> None:
+def _check_with_handlers(module: str, requests: list[EnqueueRequest]) -> list[EnqueueRequest]:
     """Refuse the whole command, naming each job at fault, when the handlers module's
-    registry refuses a kind or a payload (as a bad line refuses it: nothing is sent)."""
+    registry refuses a kind or a payload (as a bad line refuses it: nothing is sent);
+    else the requests, each in its kind's declared queue when it names none."""
     from leaseq_lambda.runtime import load_registry
 
     registry = load_registry(module, variable="--handlers")
@@ -124,12 +125,13 @@ def _check_with_handlers(module: str, requests: list[EnqueueRequest]) -> None:
                                             if len(problems) > 5 else "")
         raise UsageError(f"{len(problems)} of {len(requests)} jobs do not fit the handlers of "
                          f"{module} and nothing was enqueued: {shown}")
+    return [registry.routed(request) for request in requests]
 
 
 def cmd_enqueue(args: argparse.Namespace, ui: Ui) -> int:
     requests = _read_requests(args)
     if args.handlers:
-        _check_with_handlers(args.handlers, requests)
+        requests = _check_with_handlers(args.handlers, requests)
     with client_for(args, ui, ProducerClient) as client:
         results = []
         for start, chunk in _chunks(requests):
