@@ -31,10 +31,10 @@
 -- and the index claimable_queue_idx (queue, tenant_id, claim order) answers a queue's
 -- claim, and whether a due tenant has ready work in the queue, with one probe. The
 -- update trigger is made again so that a change of a waiting job's queue (a kind's new
--- route) moves its entry. Between this transaction and the function files of the same deploy the previous
--- claim, pool and enqueue functions no longer exist (42883, dropped below so the new
--- signatures do not become overloads of them): deploy while workers and producers can
--- retry, as for any migration.
+-- route) moves its entry. Between this transaction and the function files of the same
+-- deploy the previous claim, pool and enqueue functions no longer exist (42883, dropped
+-- below so the new signatures do not become overloads of them): deploy while workers and
+-- producers can retry, as for any migration.
 
 create table app.queues (
   name text primary key
