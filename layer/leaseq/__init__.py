@@ -1,5 +1,6 @@
 """leaseq: a durable, multi-tenant job queue in PostgreSQL, drained by AWS Lambda."""
 
+from leaseq import _moved
 from leaseq.base.deadline import Deadline, MonotonicDeadline, lease_for
 from leaseq.base.decoding import UndecodableJson
 from leaseq.base.errors import (
@@ -103,3 +104,7 @@ __all__ = [
     "set_worker_pool_limits",
     "wait_for_result",
 ]
+
+# The module paths before the sub-packages by duty (leaseq.client, leaseq.worker, ...)
+# still import, with a DeprecationWarning: leaseq._moved.
+_moved.install()

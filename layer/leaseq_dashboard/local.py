@@ -33,6 +33,7 @@ from aws_lambda_powertools.event_handler import LambdaFunctionUrlResolver
 from leaseq.read.views import OperatorViews, TenantViews
 from leaseq.store.client import DEFAULT_MAX_IDLE_SECONDS, QueueClient
 from leaseq.store.db import Connection
+from leaseq.store.duties import OperatorClient, ReaderClient
 
 from leaseq_dashboard import peer
 from leaseq_dashboard.app import handle
@@ -65,7 +66,7 @@ class ConnectionViewSource:
     def operator(self) -> OperatorViews:
         """Views over the operator connection."""
         self._operator.check()
-        return OperatorViews(self._operator)
+        return OperatorViews(OperatorClient(self._operator))
 
     def tenant(self, tenant_id: UUID) -> TenantViews:
         """Views over the tenant reader connection, for ``tenant_id``."""
@@ -73,7 +74,7 @@ class ConnectionViewSource:
             raise RuntimeError("no tenant reader connection is configured "
                                "(LEASEQ_DASHBOARD_READER_URL or _SECRET_ARN)")
         self._reader.check()
-        return TenantViews(self._reader, tenant_id)
+        return TenantViews(ReaderClient(self._reader), tenant_id)
 
     def close(self) -> None:
         """Close whatever is open."""

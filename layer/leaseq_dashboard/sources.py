@@ -26,7 +26,7 @@ from uuid import UUID
 from leaseq.read.views import OperatorViews, TenantViews
 from leaseq.store.client import DEFAULT_MAX_IDLE_SECONDS, QueueClient
 from leaseq.store.db import Connection
-from leaseq.store.duties import ReaderClient
+from leaseq.store.duties import OperatorClient, ReaderClient
 
 #: The name every tenant reader login starts with; the rest is the tenant's 32 hex digits.
 READER_LOGIN_PREFIX: Final = "leaseq_tenant_reader_"
@@ -62,7 +62,7 @@ class DashboardViewSource:
     def operator(self) -> OperatorViews:
         """Views over the dashboard login's connection: every tenant, actions by id."""
         self._operator.check()
-        return OperatorViews(self._operator)
+        return OperatorViews(OperatorClient(self._operator))
 
     def tenant(self, tenant_id: UUID) -> TenantViews:
         """Views over ``tenant_id``'s own reader login."""

@@ -26,8 +26,8 @@ Serve = Callable[[str], Served]
 def _running(served: Served, owner: Conn) -> UUID:
     """A seeded running job whose lease is still live."""
     for job_id in served.seeded.jobs["running"]:
-        live = owner.execute("select lease_expires_at > now() as live from app.jobs"
-                             " where id = %s", (job_id,)).fetchone()
+        live = owner.execute("select expires_at > now() as live from app.leases"
+                             " where job_id = %s", (job_id,)).fetchone()
         if live == {"live": True}:
             return job_id
     raise AssertionError("the seed has no running job with a live lease")

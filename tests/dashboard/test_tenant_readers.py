@@ -159,3 +159,16 @@ def test_a_tenant_viewer_asking_the_pages_for_another_tenant_sees_nothing_of_it(
         assert "report.build" not in answer["body"]  # the kind only C's jobs have
     assert page_of_c["statusCode"] == 404
     assert "report source missing" not in page_of_c["body"]
+
+
+def test_the_dashboards_views_are_handed_the_operators_and_the_readers_faces_only(
+    source: DashboardViewSource, seeded: Seeded,
+) -> None:
+    """A view that held the all-duties client could reach calls its login is not granted
+    (a reaper's prune, a worker's claim); a face offers only its duty's."""
+    operator, reader = source.operator().client, source.tenant(seeded.tenants[0]).client
+
+    assert (type(operator).__name__, type(reader).__name__) == ("OperatorClient", "ReaderClient")
+    assert not hasattr(operator, "prune_retained_jobs")
+    assert not hasattr(operator, "claim_jobs")
+    assert not hasattr(reader, "list_jobs")

@@ -110,7 +110,7 @@ def audit_queue(conn: Conn, *, side_effects: bool = True) -> Audit:
     report = Audit()
     jobs = {row["id"]: row for row in conn.execute(
         "select id, kind, state::text as state, attempts, max_attempts, last_error,"
-        " lease_token, completed_at from app.jobs").fetchall()}
+        " completed_at from app.jobs").fetchall()}
     events: dict[UUID, list[dict[str, Any]]] = defaultdict(list)
     for row in conn.execute(
         "select job_id, event_type, lease_token, details->>'reason' as reason"

@@ -26,7 +26,7 @@ from uuid import UUID
 
 from leaseq.base.queues import QueueOverview, QueueState
 from leaseq.store.client import QueueClient
-from leaseq.store.duties import ReaderClient
+from leaseq.store.duties import OperatorClient, ReaderClient
 
 #: Job states, in the order a dashboard lists them.
 STATES: tuple[str, ...] = ("pending", "running", "retry_wait", "succeeded", "dead", "cancelled")
@@ -105,9 +105,9 @@ def _list_args(where: JobFilter, after: Cursor | None) -> dict[str, Any]:
 
 class OperatorViews:
     """Every tenant's jobs, and the actions by id, on a leaseq_dashboard (or operator)
-    login's client."""
+    login's client: the operator's face, or the all-duties client."""
 
-    def __init__(self, client: QueueClient) -> None:
+    def __init__(self, client: QueueClient | OperatorClient) -> None:
         self.client = client
 
     def queue_depth(self, tenant_id: UUID | None = None, kind: str | None = None,
