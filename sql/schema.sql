@@ -1,4 +1,4 @@
--- The tables of schema app as the migrations leave them (after 0024_named_queues).
+-- The tables of schema app as the migrations leave them (after 0025_named_queues).
 --
 -- Generated from a freshly migrated database by scripts/write-schema: do not edit. After adding
 -- a migration, run scripts/write-schema and commit this file with it;
@@ -262,7 +262,7 @@ END) STORED,
     CONSTRAINT jobs_operation_key_shape CHECK ((((length(operation_key) >= 1) AND (length(operation_key) <= 255)) AND (operation_key !~ '^\s*$'::text))),
     CONSTRAINT jobs_priority_range CHECK (((priority >= 1) AND (priority <= 9)))
 )
-WITH (fillfactor='80', autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000', autovacuum_analyze_scale_factor='0.02', autovacuum_vacuum_cost_delay='0');
+WITH (autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000', autovacuum_analyze_scale_factor='0.02', autovacuum_vacuum_cost_delay='0', fillfactor='50');
 
 -- CONSTRAINT: jobs jobs_operation_key_unique
 ALTER TABLE ONLY app.jobs

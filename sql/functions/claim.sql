@@ -313,7 +313,7 @@ grant execute on function app.oldest_ready_at() to leaseq_worker, leaseq_operato
 -- turns of other kinds are never moved (but for a tenant with no ready job at all), so a
 -- worker of other kinds, however often it serves the tenant, does not delay it here.
 --
--- Named queues (migration 0024_named_queues): with p_queue the claim takes that queue's
+-- Named queues (migration 0025_named_queues): with p_queue the claim takes that queue's
 -- entries only (app.claimable.queue) and picks only due tenants with a ready entry in the
 -- queue (one probe of claimable_queue_idx each), so due tenants whose ready work is in
 -- other queues never take its picks; without it, every queue that is not paused. A

@@ -12,7 +12,7 @@
 --
 -- A "held" set (jobs kept back by a limit) would stay out of the claim the same way: a
 -- held job has no entry here until it is released. A job's named queue is carried by its
--- entry (0024_named_queues), the leading column of claimable_queue_idx.
+-- entry (0025_named_queues), the leading column of claimable_queue_idx.
 
 create or replace function app.claimable_added()
 returns trigger

@@ -26,7 +26,7 @@
 drop function if exists app.enqueue_jobs(uuid[], text[], text[], jsonb[], timestamptz[],
                                          integer[], text[]);
 drop function if exists app.enqueue_job(uuid, text, text, jsonb, timestamptz, integer);
--- And the signatures before named queues (0024_named_queues drops them too).
+-- And the signatures before named queues (0025_named_queues drops them too).
 drop function if exists app.enqueue_items(uuid[], text[], text[], jsonb[], timestamptz[],
                                           integer[], text[], integer[]);
 drop function if exists app.enqueue_jobs(uuid[], text[], text[], jsonb[], timestamptz[],

@@ -13,6 +13,7 @@ create or replace function app.release_expired(p_tenant_id uuid, p_limit integer
 returns integer
 language plpgsql
 set search_path = pg_catalog, pg_temp
+set plan_cache_mode = force_generic_plan
 as $$
 declare
   v_now timestamptz := clock_timestamp();
@@ -20,46 +21,69 @@ declare
   v_count integer;
   v_retrying uuid[];
   v_retrying_kinds text[];
+  v_ids uuid[];
+  v_tenants uuid[];
+  v_owners text[];
+  v_tokens uuid[];
 begin
+  -- The expired leases: a scan of app.leases (the running jobs only; no index on
+  -- expires_at, so that a renewal stays a HOT update), each lease's job by its primary
+  -- key (a lateral probe: a join would let the planner hash the job table). SKIP LOCKED
+  -- on both: a lease being renewed or finished right now is that statement's, a job an
+  -- operator holds (a cancel request) is the operator's, and the next pass takes them.
   with expiring as materialized (
-    -- A scan of app.leases (the running jobs only; no index on expires_at, so that a
-    -- renewal stays a HOT update). SKIP LOCKED on the lease and its job: a lease being
-    -- renewed or finished right now is that statement's, a job an operator holds (a
-    -- cancel request) is the operator's, and the next pass takes it.
     select l.ctid as tid
     from app.leases l
-    join app.jobs j on j.id = l.job_id and j.tenant_id = l.tenant_id
+    cross join lateral (
+      select 1
+      from app.jobs j
+      where j.id = l.job_id and j.tenant_id = l.tenant_id
+      for update skip locked
+    ) held
     where l.expires_at <= v_now
       and (p_tenant_id is null or l.tenant_id = p_tenant_id)
     order by l.expires_at
-    for update of l, j skip locked
+    for update of l skip locked
     limit p_limit
-  ), expired as materialized (
+  ), expired as (
     delete from app.leases l
-    using expiring x
-    where l.ctid = x.tid
-    returning l.job_id as id, l.tenant_id, l.lease_owner, l.lease_token
+    where l.ctid = any (array(select x.tid from expiring x))
+    returning l.job_id, l.tenant_id, l.lease_owner, l.lease_token
+  )
+  select array_agg(x.job_id), array_agg(x.tenant_id), array_agg(x.lease_owner),
+         array_agg(x.lease_token)
+  into v_ids, v_tenants, v_owners, v_tokens
+  from expired x;
+  if v_ids is null then
+    return 0;
+  end if;
+
+  -- The jobs by primary key (an array's rows, as every function's input).
+  with expired as (
+    select u.id, u.tenant_id, u.lease_owner, u.lease_token
+    from unnest(v_ids, v_tenants, v_owners, v_tokens) as u(id, tenant_id, lease_owner,
+                                                            lease_token)
   ), released as (
     update app.jobs j
-    set state = case when e.cancelling then 'cancelled'::app.job_state
+    set state = case when j.cancel_requested_at is not null then 'cancelled'::app.job_state
                      when j.attempts >= j.max_attempts then 'dead'::app.job_state
                      else 'retry_wait'::app.job_state end,
-        available_at = case when j.attempts >= j.max_attempts or e.cancelling
+        available_at = case when j.attempts >= j.max_attempts
+                                 or j.cancel_requested_at is not null
                             then j.available_at else v_now end,
-        claim_key = case when j.attempts >= j.max_attempts or e.cancelling then j.claim_key
+        claim_key = case when j.attempts >= j.max_attempts
+                              or j.cancel_requested_at is not null then j.claim_key
                          else v_now - (j.priority - 1) * v_step end,
         last_error = jsonb_build_object('code', 'LEASE_EXPIRED',
                                         'retryable', j.attempts < j.max_attempts
-                                                     and not e.cancelling,
+                                                     and j.cancel_requested_at is null,
                                         'leaseOwner', e.lease_owner),
         lease_owner = null,
-        completed_at = case when j.attempts >= j.max_attempts or e.cancelling
+        completed_at = case when j.attempts >= j.max_attempts
+                                 or j.cancel_requested_at is not null
                             then v_now else null end,
         updated_at = v_now
-    from (select x.id, x.tenant_id, x.lease_owner, x.lease_token,
-                 y.cancel_requested_at is not null as cancelling
-          from expired x
-          join app.jobs y on y.id = x.id and y.tenant_id = x.tenant_id) e
+    from expired e
     where j.id = e.id
       and j.tenant_id = e.tenant_id
       and j.state = 'running'
@@ -116,7 +140,7 @@ revoke all on function app.release_expired_jobs(uuid, integer) from public;
 grant execute on function app.release_expired_jobs(uuid, integer) to leaseq_reaper;
 
 -- The scheduled reaper's single call: expired leases of every tenant, oldest expiry
--- first, at most p_limit rows per call, walking jobs_lease_expiry_idx.
+-- first, at most p_limit rows per call, scanning app.leases (the running jobs only).
 create or replace function app.release_all_expired_jobs(p_limit integer default 1000)
 returns integer
 language plpgsql

@@ -33,7 +33,7 @@
 -- reaper's sweep), so a defect in these rules can delay a job, never lose it.
 --
 -- Kinds' turns (app.kind_turns, migration 0015_claim_by_kind): the same, per tenant and
--- kind, for the claims with a kind filter (app.claim_ready_jobs_of_kinds), by the same
+-- kind, for the claims with a kind filter (app.claim_ready_jobs with a kind filter), by the same
 -- three rules under the same locks. wake_tenants lowers both turns of a woken job; a
 -- filtered claim moves later only the kinds' turns of its own kinds (to now after serving
 -- the tenant; to the next claimable job of the kind when none is ready), an unfiltered

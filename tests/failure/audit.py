@@ -109,8 +109,10 @@ def audit_queue(conn: Conn, *, side_effects: bool = True) -> Audit:
     """Read every job, event and side effect, and check them against each other."""
     report = Audit()
     jobs = {row["id"]: row for row in conn.execute(
-        "select id, kind, state::text as state, attempts, max_attempts, last_error,"
-        " completed_at from app.jobs").fetchall()}
+        "select j.id, j.kind, j.state::text as state, j.attempts, j.max_attempts,"
+        " j.last_error, l.lease_token, j.completed_at,"
+        " (select count(*) from app.claimable c where c.job_id = j.id) as entries"
+        " from app.jobs j left join app.leases l on l.job_id = j.id").fetchall()}
     events: dict[UUID, list[dict[str, Any]]] = defaultdict(list)
     for row in conn.execute(
         "select job_id, event_type, lease_token, details->>'reason' as reason"
@@ -128,6 +130,11 @@ def audit_queue(conn: Conn, *, side_effects: bool = True) -> Audit:
         report.violation(job_id, "has events but no row")
     for job_id, job in jobs.items():
         report.states[job["state"]] += 1
+        waiting = job["state"] in ("pending", "retry_wait")
+        if job["entries"] != (1 if waiting else 0):
+            report.violation(job_id, f"{job['entries']} claimable entries while {job['state']}")
+        if (job["lease_token"] is not None) != (job["state"] == "running"):
+            report.violation(job_id, f"a lease row does not match the state {job['state']}")
         report.max_attempts_seen = max(report.max_attempts_seen, job["attempts"])
         report.fates.setdefault(job["kind"], Counter())[job["state"]] += 1
         _check_timeline(report, job, events.get(job_id, []))

@@ -117,18 +117,26 @@ def build_registry(effects: SideEffects) -> Registry:
 
 class AsyncSideEffects:
     """:class:`SideEffects` for ``async def`` handlers: one async connection shared by
-    the jobs of a process, reopened when broken."""
+    the jobs of an event loop, reopened when broken.
+
+    The worker may run a later batch on a new event loop while a task of an abandoned one
+    still holds the lock (a batch stopped at its deadline), so the lock and the
+    connection belong to the loop that made them and a new loop makes its own."""
 
     def __init__(self, connect: Callable[[], Awaitable[psycopg.AsyncConnection[Any]]],
                  worker: str) -> None:
         self._connect = connect
         self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = asyncio.Lock()
         self.worker = worker
 
     async def record(self, context: JobContext) -> None:
         job = context.job
         params = (job.id, job.lease_token, job.attempts, job.kind, self.worker)
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._loop, self._lock, self._conn = loop, asyncio.Lock(), None
         async with self._lock:
             for last_try in (False, True):
                 try:

@@ -277,3 +277,24 @@ def test_a_priority_given_on_the_callers_connection_orders_the_claim(
         5, 9)
     claimed = client.claim_jobs(tenant, "worker-1", 2, timedelta(seconds=30))
     assert [j.id for j in claimed] == [urgent.job_id, normal.job_id]
+
+
+def test_the_claimed_job_and_its_handler_context_carry_the_jobs_priority(
+        client: QueueClient) -> None:
+    seen: dict[str, int] = {}
+
+    def handler(payload: dict[str, Any], ctx: JobContext) -> None:
+        seen[payload["k"]] = ctx.priority
+
+    tenant = uuid.uuid4()
+    client.enqueue_jobs([request(tenant, "urgent", priority=8), request(tenant, "plain"),
+                         request(tenant, "later", priority=2)])
+    claimed = client.claim_jobs(tenant, "worker-1", 1, timedelta(seconds=30))
+    assert [(j.operation_key, j.priority) for j in claimed] == [("urgent", 8)]
+    client.release_jobs("worker-1", claimed)
+    registry = Registry()
+    registry.register("echo", handler)
+    Worker(client, registry, WorkerConfig(owner="worker-1", batch_size=5, poll_idle=0)).drain(
+        FakeDeadline(60))
+
+    assert seen == {"urgent": 8, "plain": 5, "later": 2}

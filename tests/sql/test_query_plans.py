@@ -42,8 +42,7 @@ CALLS = 7  # plpgsql switches to a generic plan after five custom ones
 # one job in three of every state is of the kind SLOW, the others of 'plan.check'.
 _POPULATE = """
 insert into app.jobs (tenant_id, operation_key, kind, payload, state, attempts, available_at,
-                      lease_owner, lease_token, lease_expires_at, created_at, updated_at,
-                      completed_at)
+                      lease_owner, created_at, updated_at, completed_at)
 select s.tenant, 'op-' || g,
        case when (g / %(tenants)s) %% 3 = 0 then 'plan.slow' else 'plan.check' end,
        jsonb_build_object('g', g), s.state,
@@ -51,9 +50,6 @@ select s.tenant, 'op-' || g,
        clock_timestamp() - interval '1 hour'
          + case when g %% 7 = 0 then interval '2 hours' else interval '0' end,
        case when s.state = 'running' then 'worker-' || (g %% 8) end,
-       case when s.state = 'running' then gen_random_uuid() end,
-       case when s.state = 'running' then clock_timestamp()
-         + case when g %% 2 = 0 then interval '-1 minute' else interval '10 minutes' end end,
        clock_timestamp() - interval '1 day', clock_timestamp(),
        case when s.state in ('succeeded', 'dead') then clock_timestamp() end
 from generate_series(0, %(jobs)s - 1) as g
@@ -65,6 +61,18 @@ cross join lateral (
               when (g / %(tenants)s) %% 100 < 98 then 'running'
               else 'dead' end::app.job_state as state
 ) as s
+"""
+
+
+# The running jobs' leases (app.leases): half of them expired.
+_POPULATE_LEASES = """
+insert into app.leases (job_id, tenant_id, lease_owner, lease_token, expires_at, claimed_at)
+select j.id, j.tenant_id, j.lease_owner, gen_random_uuid(),
+       clock_timestamp() + case when mod(substr(j.operation_key, 4)::bigint, 2) = 0
+                                then interval '-1 minute' else interval '10 minutes' end,
+       clock_timestamp()
+from app.jobs j
+where j.state = 'running'
 """
 
 
@@ -105,7 +113,8 @@ def seq_scans_of_jobs(plans: list[Plan]) -> list[str]:
     return [
         p.query for p in plans for n in _nodes(p.root)
         if n["Node Type"] == "Seq Scan"
-        and n.get("Relation Name") in ("jobs", "job_events", "tenant_turns", "kind_turns")
+        and n.get("Relation Name") in ("jobs", "job_events", "claimable", "tenant_turns",
+                                       "kind_turns")
     ]
 
 
@@ -125,15 +134,16 @@ def sorts(plans: list[Plan]) -> list[str]:
 
 
 def large_sorts_of_jobs(plans: list[Plan], max_rows: int) -> list[str]:
-    """Sorts that read app.jobs below them (not in a CTE or sub-plan beside them) and
-    sorted more than ``max_rows`` rows: a batch's worth is fine, the backlog is not."""
+    """Sorts that read app.jobs or app.claimable below them (not in a CTE or sub-plan
+    beside them) and sorted more than ``max_rows`` rows: a batch's worth is fine, the
+    backlog is not."""
     found = []
     for p in plans:
         for node in _nodes(p.root):
             if node["Node Type"] not in ("Sort", "Incremental Sort"):
                 continue
             below = list(_nodes(node, follow_init_plans=False))
-            reads_jobs = any(n.get("Relation Name") == "jobs" for n in below)
+            reads_jobs = any(n.get("Relation Name") in ("jobs", "claimable") for n in below)
             # A top-N sort under a LIMIT emits few rows; what it read is its input's.
             sorted_rows = max(n["Actual Rows"] for n in below[1:2] or [node])
             if reads_jobs and sorted_rows > max_rows:
@@ -219,9 +229,11 @@ def build_big_queue(cluster: Cluster) -> Database:
     with connect(database.owner_dsn) as conn:
         migrate(conn)
         conn.execute(_POPULATE, {"jobs": JOBS, "tenants": TENANTS})
+        conn.execute(_POPULATE_LEASES)
         conn.execute(_POPULATE_LATER, {"tenants": LATER_TENANTS})
         conn.execute("select * from app.repair_tenant_turns(10000)")
-        conn.execute("analyze app.jobs, app.tenant_turns, app.kind_turns")
+        conn.execute("analyze app.jobs, app.claimable, app.leases, app.tenant_turns,"
+                     " app.kind_turns")
     return database
 
 
@@ -263,7 +275,7 @@ def test_ready_tenants_reads_the_due_turns_and_probes_the_claimable_index_per_te
     assert seq_scans_of_jobs(plans) == []
     # The one sort orders the due tenants (one row each), never jobs.
     assert large_sorts_of_jobs(plans, max_rows=TENANTS) == []
-    assert {"tenant_turns_due_idx", "jobs_claimable_idx"} <= indexes_used(plans)
+    assert {"tenant_turns_due_idx", "claimable_order_idx"} <= indexes_used(plans)
 
 
 def test_oldest_ready_at_is_the_first_entry_of_the_ready_index(capture: PlanCapture) -> None:
@@ -275,7 +287,7 @@ def test_oldest_ready_at_is_the_first_entry_of_the_ready_index(capture: PlanCapt
 
     assert seq_scans_of_jobs(plans) == []
     assert sorts(plans) == []
-    assert indexes_used(plans) == {"jobs_ready_at_idx"}
+    assert indexes_used(plans) == {"claimable_ready_idx"}
 
 
 def test_repair_walks_the_claimable_index_one_probe_per_tenant(capture: PlanCapture) -> None:
@@ -289,7 +301,7 @@ def test_repair_walks_the_claimable_index_one_probe_per_tenant(capture: PlanCapt
 
     assert seq_scans_of_jobs(plans) == []
     assert large_sorts_of_jobs(plans, max_rows=1000) == []  # at most the page itself
-    assert "jobs_claimable_idx" in indexes_used(plans)
+    assert "claimable_order_idx" in indexes_used(plans)
 
 
 def test_the_fair_claim_reads_only_due_turns_with_many_tenants_due_later(
@@ -307,9 +319,11 @@ def test_the_fair_claim_reads_only_due_turns_with_many_tenants_due_later(
     assert turn_rows_read(plans) <= TENANTS  # the due turns, not the 5,000 later ones
 
 
-def test_release_all_expired_jobs_walks_the_lease_expiry_index_without_sorting(
+def test_release_all_expired_jobs_scans_the_leases_and_reads_each_job_by_its_key(
     capture: PlanCapture,
 ) -> None:
+    """app.leases holds the running jobs only: the reaper scans it (an index on the
+    expiry would make every renewal a non-HOT update) and sorts at most those."""
     released: list[int] = []
     plans: list[Plan] = []
     for _ in range(CALLS):
@@ -319,9 +333,10 @@ def test_release_all_expired_jobs_walks_the_lease_expiry_index_without_sorting(
 
     assert released == [1000, 500] + [0] * (CALLS - 2)
     assert seq_scans_of_jobs(plans) == []
-    # Only the woken tenants are sorted (app.wake_tenants writes turns in tenant order).
-    assert large_sorts_of_jobs(plans, max_rows=0) == []
-    assert "jobs_lease_expiry_idx" in indexes_used(plans)
+    # The expired leases (with their jobs) are sorted, at most the running jobs; and
+    # the woken tenants (app.wake_tenants writes turns in tenant order).
+    assert large_sorts_of_jobs(plans, max_rows=3_000) == []
+    assert "jobs_pkey" in indexes_used(plans)
 
 
 def test_claims_read_jobs_through_the_claimable_index_and_sort_only_a_batch(
@@ -340,8 +355,8 @@ def test_claims_read_jobs_through_the_claimable_index_and_sort_only_a_batch(
 
     assert seq_scans_of_jobs(plans) == []
     assert large_sorts_of_jobs(plans, max_rows=2 * 10) == []
-    assert {"jobs_claimable_idx", "tenant_turns_due_idx"} <= indexes_used(plans)
-    assert "jobs_ready_at_idx" not in indexes_used(plans)  # all tenants' ready jobs
+    assert {"claimable_order_idx", "tenant_turns_due_idx"} <= indexes_used(plans)
+    assert "claimable_ready_idx" not in indexes_used(plans)  # all tenants' ready jobs
 
 
 @pytest.mark.parametrize("kinds", list(FILTERS.values()), ids=list(FILTERS))
@@ -362,11 +377,11 @@ def test_a_filtered_fair_claim_reads_its_kinds_due_turns_and_jobs_and_nothing_el
 
     assert seq_scans_of_jobs(plans) == []
     assert large_sorts_of_jobs(plans, max_rows=2 * 10) == []
-    assert {"kind_turns_due_idx", "jobs_kind_claimable_idx"} <= indexes_used(plans)
-    assert "jobs_ready_at_idx" not in indexes_used(plans)
+    assert {"kind_turns_due_idx", "claimable_kind_idx"} <= indexes_used(plans)
+    assert "claimable_ready_idx" not in indexes_used(plans)
     assert turn_rows_read(plans, "kind_turns") <= TENANTS
     assert turn_rows_read(plans, "tenant_turns") == 0  # the tenants' turns are not read
-    assert turn_rows_read(plans, "jobs") <= 2 * 10  # a share, never a tenant's backlog
+    assert turn_rows_read(plans, "claimable") <= 2 * 10  # a share, never a backlog
 
 
 @pytest.mark.parametrize("kinds", list(FILTERS.values()), ids=list(FILTERS))
@@ -383,9 +398,9 @@ def test_a_filtered_claim_of_one_tenant_reads_the_kinds_index_only(
 
     assert seq_scans_of_jobs(plans) == []
     assert large_sorts_of_jobs(plans, max_rows=2 * 10) == []
-    assert "jobs_kind_claimable_idx" in indexes_used(plans)
-    assert "jobs_claimable_idx" not in indexes_used(plans)
-    assert turn_rows_read(plans, "jobs") <= 10
+    assert "claimable_kind_idx" in indexes_used(plans)
+    assert "claimable_order_idx" not in indexes_used(plans)
+    assert turn_rows_read(plans, "claimable") <= 10
 
 
 def test_finish_finds_each_job_by_its_primary_key_not_by_walking_the_running_ones(
@@ -405,7 +420,7 @@ def test_finish_finds_each_job_by_its_primary_key_not_by_walking_the_running_one
 
     assert plans, "auto_explain captured no finish"
     assert seq_scans_of_jobs(plans) == []
-    assert indexes_used(plans) == {"jobs_pkey"}
+    assert indexes_used(plans) == {"jobs_pkey", "leases_pkey"}
 
 
 def _markdown(cluster: Cluster) -> str:
@@ -446,12 +461,38 @@ def _markdown(cluster: Cluster) -> str:
                     shown = [
                         p for p in plans
                         if ("app.jobs" in p.query or "app.tenant_turns" in p.query
-                            or "app.kind_turns" in p.query)
+                            or "app.kind_turns" in p.query or "app.claimable" in p.query
+                            or "app.leases" in p.query)
                         and "FOR KEY SHARE" not in p.query
                     ]
                     out.append(f"### {title}\n")
+                    seen: set[str] = set()
                     for plan in shown:
+                        # A row trigger's statement runs once per row: shown once.
+                        if plan.query in seen:
+                            continue
+                        seen.add(plan.query)
                         out.append("```\n" + plan.text + "\n```\n")
+                # The rest of the claim path: a renewal and the outcome of a batch.
+                claimed = conn.execute(
+                    "select tenant_id, id, lease_owner, lease_token"
+                    " from app.claim_ready_jobs('w', 10)").fetchall()
+                first = claimed[0]
+                for title, call, params in [
+                    ("app.renew_job_lease_status(tenant, job, 'w', token)",
+                     "select * from app.renew_job_lease_status(%s, %s, 'w', %s)",
+                     (first["tenant_id"], first["id"], first["lease_token"])),
+                    ("app.finish_jobs('w', ... 10 outcomes 'succeeded')",
+                     "select * from app.finish_jobs('w', %s, %s, %s, %s, %s, %s)",
+                     ([r["tenant_id"] for r in claimed], [r["id"] for r in claimed],
+                      [r["lease_token"] for r in claimed], ["succeeded"] * len(claimed),
+                      [None] * len(claimed), [None] * len(claimed))),
+                ]:
+                    _, plans = capture.run(call, params)
+                    out.append(f"### {title}\n")
+                    for plan in plans:
+                        if "app." in plan.query and "FOR KEY SHARE" not in plan.query:
+                            out.append("```\n" + plan.text + "\n```\n")
     finally:
         postgres.drop_database(cluster, database.name)
     return "\n".join(out)

@@ -1,4 +1,4 @@
--- leaseq 0024: named queues, each drained by its own workers and pool, paused and resumed.
+-- leaseq 0025: named queues, each drained by its own workers and pool, paused and resumed.
 --
 -- A job belongs to one queue (app.jobs.queue, 'default' unless the producer or its kind's
 -- route names another). A queue's workers claim only its jobs (the claim functions' new
