@@ -1,4 +1,4 @@
--- The tables of schema app as the migrations leave them (after 0025_named_queues).
+-- The tables of schema app as the migrations leave them (after 0026_named_queues).
 --
 -- Generated from a freshly migrated database by scripts/write-schema: do not edit. After adding
 -- a migration, run scripts/write-schema and commit this file with it;
@@ -10,10 +10,15 @@
 -- followed by its keys, indexes, row-level security, policies and grants.
 -- Tables:
 --   app.claimable
+--   app.held_jobs
 --   app.job_events
 --   app.jobs
 --   app.kind_turns
 --   app.leases
+--   app.limit_slots
+--   app.limit_starts
+--   app.limit_turns
+--   app.limits
 --   app.queue_events
 --   app.queue_kinds
 --   app.queues
@@ -130,6 +135,43 @@ GRANT SELECT(available_at) ON TABLE app.claimable TO authenticated;
 GRANT SELECT(state) ON TABLE app.claimable TO authenticated;
 GRANT SELECT(priority) ON TABLE app.claimable TO authenticated;
 GRANT SELECT(queue) ON TABLE app.claimable TO authenticated;
+
+-- ======================================================================================
+-- app.held_jobs
+-- ======================================================================================
+
+-- TABLE: held_jobs
+-- Jobs a full limit holds back, with the due time and claim key they get back at
+-- admission.
+CREATE TABLE app.held_jobs (
+    job_id uuid NOT NULL,
+    tenant_id uuid NOT NULL,
+    bucket text NOT NULL,
+    priority smallint NOT NULL,
+    claim_key timestamp with time zone NOT NULL,
+    available_at timestamp with time zone NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    held_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL
+);
+
+-- CONSTRAINT: held_jobs held_jobs_pkey
+ALTER TABLE ONLY app.held_jobs
+    ADD CONSTRAINT held_jobs_pkey PRIMARY KEY (job_id);
+
+-- INDEX: held_jobs_admission_idx
+CREATE INDEX held_jobs_admission_idx ON app.held_jobs USING btree (bucket, tenant_id, claim_key, created_at, job_id) INCLUDE (available_at);
+
+-- INDEX: held_jobs_age_idx
+CREATE INDEX held_jobs_age_idx ON app.held_jobs USING btree (bucket, held_at);
+
+-- ROW SECURITY: held_jobs
+ALTER TABLE app.held_jobs ENABLE ROW LEVEL SECURITY;
+
+-- POLICY: held_jobs held_jobs_tenant_select
+CREATE POLICY held_jobs_tenant_select ON app.held_jobs FOR SELECT TO authenticated USING ((tenant_id = ( SELECT app.current_tenant_id() AS current_tenant_id)));
+
+-- ACL: TABLE held_jobs
+GRANT SELECT ON TABLE app.held_jobs TO authenticated;
 
 -- ======================================================================================
 -- app.job_events
@@ -251,6 +293,10 @@ CASE
     WHEN (state = ANY (ARRAY['succeeded'::app.job_state, 'dead'::app.job_state, 'cancelled'::app.job_state])) THEN state
     ELSE NULL::app.job_state
 END) STORED,
+    -- The producer's limit key (1..200 characters): the jobs of one key share its limits.
+    limit_key text,
+    -- The limits the job was admitted through (NULL: none applied when it was enqueued).
+    limit_buckets text[],
     -- The named queue whose workers claim the job; 'default' unless routed or named.
     queue text DEFAULT 'default'::text NOT NULL,
     CONSTRAINT jobs_attempts_check CHECK ((attempts >= 0)),
@@ -258,6 +304,7 @@ END) STORED,
     CONSTRAINT jobs_correlation_id_shape CHECK (((correlation_id IS NULL) OR ((length(correlation_id) >= 1) AND (length(correlation_id) <= 200)))),
     CONSTRAINT jobs_kind_shape CHECK ((((length(kind) >= 1) AND (length(kind) <= 128)) AND (kind !~ '^\s*$'::text))),
     CONSTRAINT jobs_lease_shape CHECK (((state = 'running'::app.job_state) = (lease_owner IS NOT NULL))),
+    CONSTRAINT jobs_limit_key_shape CHECK (((limit_key IS NULL) OR (((length(limit_key) >= 1) AND (length(limit_key) <= 200)) AND (limit_key !~ '^\s*$'::text)))),
     CONSTRAINT jobs_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 20))),
     CONSTRAINT jobs_operation_key_shape CHECK ((((length(operation_key) >= 1) AND (length(operation_key) <= 255)) AND (operation_key !~ '^\s*$'::text))),
     CONSTRAINT jobs_priority_range CHECK (((priority >= 1) AND (priority <= 9)))
@@ -298,6 +345,9 @@ CREATE TRIGGER jobs_claimable_on_update AFTER UPDATE ON app.jobs FOR EACH ROW WH
 -- TRIGGER: jobs jobs_fill_claim_key
 CREATE TRIGGER jobs_fill_claim_key BEFORE INSERT ON app.jobs FOR EACH ROW WHEN ((new.claim_key IS NULL)) EXECUTE FUNCTION app.fill_claim_key();
 
+-- TRIGGER: jobs jobs_limits_state
+CREATE TRIGGER jobs_limits_state AFTER UPDATE OF state ON app.jobs FOR EACH ROW WHEN (((old.limit_buckets IS NOT NULL) AND (old.state IS DISTINCT FROM new.state) AND ((new.state = ANY (ARRAY['succeeded'::app.job_state, 'dead'::app.job_state, 'cancelled'::app.job_state])) OR ((old.state = ANY (ARRAY['succeeded'::app.job_state, 'dead'::app.job_state, 'cancelled'::app.job_state])) AND (new.state = 'pending'::app.job_state))))) EXECUTE FUNCTION app.limits_on_state_change();
+
 -- TRIGGER: jobs jobs_refresh_claim_key
 CREATE TRIGGER jobs_refresh_claim_key BEFORE UPDATE OF available_at, priority ON app.jobs FOR EACH ROW WHEN (((NOT (new.claim_key IS DISTINCT FROM old.claim_key)) AND ((new.available_at IS DISTINCT FROM old.available_at) OR (new.priority IS DISTINCT FROM old.priority)))) EXECUTE FUNCTION app.fill_claim_key();
 
@@ -329,6 +379,8 @@ GRANT SELECT(cancel_requested_by) ON TABLE app.jobs TO authenticated;
 GRANT SELECT(priority) ON TABLE app.jobs TO authenticated;
 GRANT SELECT(claim_key) ON TABLE app.jobs TO authenticated;
 GRANT SELECT(outcome) ON TABLE app.jobs TO authenticated;
+GRANT SELECT(limit_key) ON TABLE app.jobs TO authenticated;
+GRANT SELECT(limit_buckets) ON TABLE app.jobs TO authenticated;
 GRANT SELECT(queue) ON TABLE app.jobs TO authenticated;
 
 -- ======================================================================================
@@ -392,6 +444,120 @@ GRANT SELECT(tenant_id) ON TABLE app.leases TO authenticated;
 GRANT SELECT(lease_owner) ON TABLE app.leases TO authenticated;
 GRANT SELECT(expires_at) ON TABLE app.leases TO authenticated;
 GRANT SELECT(claimed_at) ON TABLE app.leases TO authenticated;
+
+-- ======================================================================================
+-- app.limit_slots
+-- ======================================================================================
+
+-- TABLE: limit_slots
+-- Numbered slots of each limit, taken at admission: the primary key lets no two jobs hold
+-- one.
+CREATE TABLE app.limit_slots (
+    bucket text NOT NULL,
+    purpose text NOT NULL,
+    slot integer NOT NULL,
+    job_id uuid NOT NULL,
+    tenant_id uuid NOT NULL,
+    taken_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT limit_slots_purpose_check CHECK ((purpose = ANY (ARRAY['run'::text, 'start'::text]))),
+    CONSTRAINT limit_slots_slot_check CHECK ((slot >= 0))
+);
+
+-- CONSTRAINT: limit_slots limit_slots_pkey
+ALTER TABLE ONLY app.limit_slots
+    ADD CONSTRAINT limit_slots_pkey PRIMARY KEY (bucket, purpose, slot);
+
+-- INDEX: limit_slots_job_idx
+CREATE UNIQUE INDEX limit_slots_job_idx ON app.limit_slots USING btree (job_id, bucket, purpose);
+
+-- ROW SECURITY: limit_slots
+ALTER TABLE app.limit_slots ENABLE ROW LEVEL SECURITY;
+
+-- ======================================================================================
+-- app.limit_starts
+-- ======================================================================================
+
+-- TABLE: limit_starts
+-- Each rate limit's start slots and when each last started a job.
+CREATE TABLE app.limit_starts (
+    bucket text NOT NULL,
+    slot integer NOT NULL,
+    started_at timestamp with time zone NOT NULL
+);
+
+-- CONSTRAINT: limit_starts limit_starts_pkey
+ALTER TABLE ONLY app.limit_starts
+    ADD CONSTRAINT limit_starts_pkey PRIMARY KEY (bucket, slot);
+
+-- ROW SECURITY: limit_starts
+ALTER TABLE app.limit_starts ENABLE ROW LEVEL SECURITY;
+
+-- ======================================================================================
+-- app.limit_turns
+-- ======================================================================================
+
+-- TABLE: limit_turns
+-- Per limit and tenant, the admissions since its jobs began waiting: the fewest go first.
+CREATE TABLE app.limit_turns (
+    bucket text NOT NULL,
+    tenant_id uuid NOT NULL,
+    served bigint DEFAULT 0 NOT NULL
+);
+
+-- CONSTRAINT: limit_turns limit_turns_pkey
+ALTER TABLE ONLY app.limit_turns
+    ADD CONSTRAINT limit_turns_pkey PRIMARY KEY (bucket, tenant_id);
+
+-- INDEX: limit_turns_order_idx
+CREATE INDEX limit_turns_order_idx ON app.limit_turns USING btree (bucket, served, tenant_id);
+
+-- ROW SECURITY: limit_turns
+ALTER TABLE app.limit_turns ENABLE ROW LEVEL SECURITY;
+
+-- ======================================================================================
+-- app.limits
+-- ======================================================================================
+
+-- TABLE: limits
+-- Concurrency and rate limits by kind, tenant, kind per tenant or key; an operator's row
+-- over the code's.
+CREATE TABLE app.limits (
+    scope text NOT NULL,
+    kind text,
+    tenant_id uuid,
+    limit_key text,
+    source text DEFAULT 'operator'::text NOT NULL,
+    concurrency integer,
+    rate_count integer,
+    rate_period interval,
+    burst integer,
+    updated_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    updated_by text DEFAULT 'owner'::text NOT NULL,
+    CONSTRAINT limits_burst_range CHECK (((burst IS NULL) OR ((rate_count IS NOT NULL) AND ((burst >= 1) AND (burst <= rate_count))))),
+    CONSTRAINT limits_concurrency_range CHECK (((concurrency IS NULL) OR ((concurrency >= 1) AND (concurrency <= 10000)))),
+    CONSTRAINT limits_kind_check CHECK (((kind IS NULL) OR ((length(kind) >= 1) AND (length(kind) <= 128)))),
+    CONSTRAINT limits_limit_key_check CHECK (((limit_key IS NULL) OR ((length(limit_key) >= 1) AND (length(limit_key) <= 200)))),
+    CONSTRAINT limits_rate_count_range CHECK (((rate_count IS NULL) OR ((rate_count >= 1) AND (rate_count <= 10000)))),
+    CONSTRAINT limits_rate_period_range CHECK (((rate_period IS NULL) OR ((rate_period >= '00:00:01'::interval) AND (rate_period <= '1 day'::interval)))),
+    CONSTRAINT limits_rate_shape CHECK (((rate_count IS NULL) = (rate_period IS NULL))),
+    CONSTRAINT limits_scope_check CHECK ((scope = ANY (ARRAY['kind'::text, 'tenant'::text, 'kind_tenant'::text, 'key'::text]))),
+    CONSTRAINT limits_something_check CHECK (((concurrency IS NOT NULL) OR (rate_count IS NOT NULL))),
+    CONSTRAINT limits_source_check CHECK ((source = ANY (ARRAY['operator'::text, 'code'::text]))),
+    CONSTRAINT limits_subject_shape CHECK (
+CASE scope
+    WHEN 'kind'::text THEN ((kind IS NOT NULL) AND (tenant_id IS NULL) AND (limit_key IS NULL))
+    WHEN 'tenant'::text THEN ((kind IS NULL) AND (limit_key IS NULL))
+    WHEN 'kind_tenant'::text THEN ((kind IS NOT NULL) AND (limit_key IS NULL))
+    ELSE ((limit_key IS NOT NULL) AND (kind IS NULL) AND (tenant_id IS NULL))
+END),
+    CONSTRAINT limits_updated_by_check CHECK (((length(updated_by) >= 1) AND (length(updated_by) <= 200)))
+);
+
+-- INDEX: limits_subject_idx
+CREATE UNIQUE INDEX limits_subject_idx ON app.limits USING btree (scope, COALESCE(kind, ''::text), COALESCE(tenant_id, '00000000-0000-0000-0000-000000000000'::uuid), COALESCE(limit_key, ''::text), source);
+
+-- ROW SECURITY: limits
+ALTER TABLE app.limits ENABLE ROW LEVEL SECURITY;
 
 -- ======================================================================================
 -- app.queue_events

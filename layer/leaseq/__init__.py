@@ -1,6 +1,7 @@
 """leaseq: a durable, multi-tenant job queue in PostgreSQL, drained by AWS Lambda."""
 
 from leaseq import _moved
+from leaseq.base.admission import DeclaredLimit, LimitName, Rate, parse_limit_name, parse_rate
 from leaseq.base.deadline import Deadline, MonotonicDeadline, lease_for
 from leaseq.base.decoding import UndecodableJson
 from leaseq.base.errors import (
@@ -43,7 +44,7 @@ from leaseq.store.client import (
 )
 from leaseq.store.db import connect
 from leaseq.store.migrate import MigrationReport, migrate
-from leaseq.upkeep.reaper import ReapReport, reap_once
+from leaseq.upkeep.reaper import LimitState, ReapReport, reap_once
 
 __all__ = [
     "SHARED_TENANT",
@@ -54,6 +55,7 @@ __all__ = [
     "DatabaseSettings",
     "DatabaseUnavailableError",
     "Deadline",
+    "DeclaredLimit",
     "DiscardJob",
     "DrainReport",
     "EnqueueRequest",
@@ -69,6 +71,8 @@ __all__ = [
     "JobTimeout",
     "LeaseqError",
     "LeaseqSettings",
+    "LimitName",
+    "LimitState",
     "MigrationBlockedError",
     "MigrationReport",
     "MonotonicDeadline",
@@ -77,6 +81,7 @@ __all__ = [
     "PoolSettings",
     "PoolSize",
     "QueueClient",
+    "Rate",
     "ReapReport",
     "ReaperSettings",
     "Registration",
@@ -100,6 +105,8 @@ __all__ = [
     "job_log_fields",
     "lease_for",
     "migrate",
+    "parse_limit_name",
+    "parse_rate",
     "reap_once",
     "set_worker_pool_limits",
     "wait_for_result",

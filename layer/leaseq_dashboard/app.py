@@ -287,7 +287,7 @@ def build(source: ViewSource, policy: AccessPolicy, *, secure_cookies: bool = Tr
                     tenants=[r for r in depth if r["dimension"] == "tenant"],
                     charts=[throughput, failure, latency], windows=list(WINDOWS),
                     window=window_name, filters={"tenant": tenant, "kind": kind},
-                    activity_totals=_totals(activity))
+                    activity_totals=_totals(activity), limits=v.limit_status())
 
     @app.get("/jobs")
     def job_list() -> Response[str]:

@@ -463,6 +463,25 @@ def record_reap(metrics: Metrics, report: ReapReport) -> None:
                        value=report.slots_enqueued)
     metrics.add_metric(name="ScheduleSlotsMissed", unit=MetricUnit.Count,
                        value=report.slots_missed)
+    metrics.add_metric(name="JobsHeld", unit=MetricUnit.Count, value=report.jobs_held)
+    record_limits(metrics, report)
+
+
+def record_limits(metrics: Metrics, report: ReapReport) -> None:
+    """Each limit the reaper read, with the dimension ``limit`` (its name as declared,
+    ``kind:report/tenant:*``, never a tenant's instance of it unless an operator set a
+    limit naming that tenant): ``LimitRunning``, ``LimitBlocked`` (jobs it holds back)
+    and ``LimitOldestBlockedAge`` (seconds the oldest of them has waited); at most
+    :data:`leaseq.reaper.LIMIT_METRICS` limits, those holding the most jobs first."""
+    for state in report.limits:
+        dimensions = {"service": str(metrics.service), "limit": state.name}
+        for name, unit, value in (
+                ("LimitRunning", MetricUnit.Count, float(state.running)),
+                ("LimitBlocked", MetricUnit.Count, float(state.blocked)),
+                ("LimitOldestBlockedAge", MetricUnit.Seconds, state.oldest_blocked_age)):
+            with single_metric(name=name, unit=unit, value=value, namespace=metrics.namespace,
+                               default_dimensions=dimensions):
+                pass
 
 
 def record_enqueue(metrics: Metrics, created: int, existing: int, rejected: int) -> None:

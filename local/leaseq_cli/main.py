@@ -136,6 +136,8 @@ def build_parser() -> Parser:
     enqueue.add_argument("--queue", type=arguments.queue_name, metavar="QUEUE",
                          help="the named queue whose workers run it (default: the kind's "
                          "declared queue with --handlers, else its route, else 'default')")
+    enqueue.add_argument("--limit-key", metavar="KEY", help="put the job under the limits set "
+                         "on key:KEY (leaseq limits set), for example a partner account's rate")
     enqueue.add_argument("--file", metavar="JOBS.jsonl", help="a JSON-lines file, or - for stdin")
     enqueue.add_argument("--handlers", metavar="MODULE",
                          help="check every job against this handlers module's registry (as "
@@ -301,6 +303,34 @@ def build_parser() -> Parser:
         schedules_sub.choices[name].add_argument(
             "--tenant", type=arguments.uuid_value, default=arguments.SHARED_TENANT,
             help="the schedule's tenant (default: the shared tenant)")
+
+    limits = _command(sub, "limits", _needs_subcommand, "concurrency and rate limits on "
+                      "kinds, tenants and limit keys, enforced when jobs are admitted")
+    limits_sub = limits.add_subparsers(title="commands", metavar="COMMAND", parser_class=Parser)
+    limits_sub.required = True
+    names = ("NAME is kind:KIND, tenant:TENANT (tenant:* each tenant), kind:KIND/tenant:TENANT "
+             "(kind:KIND/tenant:* each tenant) or key:LIMIT_KEY.")
+    put = _command(limits_sub, "set", c.cmd_limits_set, "set a limit, or change it, at run "
+                   "time (in force over one declared in code)", description=(
+                       "Set a limit, or change it. " + names + " A raised limit admits "
+                       "held jobs at once; a lowered one admits no more until the jobs "
+                       "admitted drop below it (running jobs are never stopped)."))
+    put.add_argument("name", metavar="NAME")
+    put.add_argument("--concurrency", type=int, metavar="N", help="at most N running at once")
+    put.add_argument("--rate", metavar="R/PERIOD", help="at most R starts per period: 10/s, "
+                     "100/m, 1000/h, 5/10s")
+    put.add_argument("--burst", type=int, metavar="B", help="at most B of the rate's starts at "
+                     "once (default: all R)")
+    _command(limits_sub, "list", c.cmd_limits_list, "the limits, which is in force, and each "
+             "instance's admitted, running and held jobs")
+    gone = _command(limits_sub, "remove", c.cmd_limits_remove, "remove an operator's limit "
+                    "(one declared in code is in force again)", description=names)
+    gone.add_argument("name", metavar="NAME")
+    lsync = _command(limits_sub, "sync", c.cmd_limits_sync, "write the limits a handlers "
+                     "module declares (@registry.handler(..., concurrency=, rate=)) and remove "
+                     "the code-declared ones it no longer does")
+    lsync.add_argument("--handlers", metavar="MODULE",
+                       help="module exposing `registry` (default: $LEASEQ_HANDLERS)")
 
     dashboard = _command(sub, "dashboard", c.cmd_dashboard, "the web dashboard on "
                          "127.0.0.1: queue depth, stuck jobs, timelines, redrive and cancel",

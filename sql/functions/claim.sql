@@ -42,6 +42,11 @@ set search_path = pg_catalog, pg_temp
 set plan_cache_mode = force_generic_plan
 as $$
 begin
+  -- Limits hook (functions/admission.sql): a job under a rate limit starts only with a
+  -- start slot; one without is scheduled again (its entry moves, so the delete below
+  -- does not take it) and is not claimed.
+  perform app.start_limited_jobs(
+    array(select c.job_id from app.claimable c where c.ctid = any (p_tids)), p_now);
   return query
   with taken as (
     delete from app.claimable c
@@ -313,7 +318,7 @@ grant execute on function app.oldest_ready_at() to leaseq_worker, leaseq_operato
 -- turns of other kinds are never moved (but for a tenant with no ready job at all), so a
 -- worker of other kinds, however often it serves the tenant, does not delay it here.
 --
--- Named queues (migration 0025_named_queues): with p_queue the claim takes that queue's
+-- Named queues (migration 0026_named_queues): with p_queue the claim takes that queue's
 -- entries only (app.claimable.queue) and picks only due tenants with a ready entry in the
 -- queue (one probe of claimable_queue_idx each), so due tenants whose ready work is in
 -- other queues never take its picks; without it, every queue that is not paused. A

@@ -12,7 +12,7 @@
 --
 -- A "held" set (jobs kept back by a limit) would stay out of the claim the same way: a
 -- held job has no entry here until it is released. A job's named queue is carried by its
--- entry (0025_named_queues), the leading column of claimable_queue_idx.
+-- entry (0026_named_queues), the leading column of claimable_queue_idx.
 
 create or replace function app.claimable_added()
 returns trigger
@@ -25,7 +25,9 @@ begin
   select a.tenant_id, a.kind, a.claim_key, a.created_at, a.id, a.available_at, a.state,
          a.priority, a.queue
   from added a
-  where a.state in ('pending', 'retry_wait');
+  where a.state in ('pending', 'retry_wait')
+    -- Limits hook: a job a limit holds back has no entry (functions/admission.sql).
+    and a.available_at < app.held_until();
   return null;
 end;
 $$;
@@ -48,7 +50,9 @@ begin
         and q.created_at = old.created_at and q.job_id = old.id
       for update skip locked));
   end if;
-  if new.state in ('pending', 'retry_wait') then
+  -- Limits hook: a job a limit holds back has no entry until admitted
+  -- (functions/admission.sql).
+  if new.state in ('pending', 'retry_wait') and new.available_at < app.held_until() then
     insert into app.claimable (tenant_id, kind, claim_key, created_at, job_id, available_at,
                              state, priority, queue)
     values (new.tenant_id, new.kind, new.claim_key, new.created_at, new.id, new.available_at,

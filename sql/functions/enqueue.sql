@@ -26,11 +26,16 @@
 drop function if exists app.enqueue_jobs(uuid[], text[], text[], jsonb[], timestamptz[],
                                          integer[], text[]);
 drop function if exists app.enqueue_job(uuid, text, text, jsonb, timestamptz, integer);
--- And the signatures before named queues (0025_named_queues drops them too).
+-- And the signatures before limit keys (0025_job_limits drops them too) and before named
+-- queues (0026_named_queues drops them too).
 drop function if exists app.enqueue_items(uuid[], text[], text[], jsonb[], timestamptz[],
                                           integer[], text[], integer[]);
 drop function if exists app.enqueue_jobs(uuid[], text[], text[], jsonb[], timestamptz[],
                                          integer[], text[], integer[]);
+drop function if exists app.enqueue_items(uuid[], text[], text[], jsonb[], timestamptz[],
+                                          integer[], text[], integer[], text[]);
+drop function if exists app.enqueue_jobs(uuid[], text[], text[], jsonb[], timestamptz[],
+                                         integer[], text[], integer[], text[]);
 drop function if exists app.enqueue_job(uuid, text, text, jsonb, timestamptz, integer, integer);
 
 -- Priorities and the claim key. A claim takes a tenant's claimable jobs (available_at
@@ -152,7 +157,8 @@ create or replace function app.enqueue_items(
   p_max_attempts integer[] default null,
   p_correlation_ids text[] default null,
   p_priorities integer[] default null,
-  p_queues text[] default null
+  p_queues text[] default null,
+  p_limit_keys text[] default null
 )
 returns table (ord integer, job_id uuid, status text, state app.job_state, error text,
                queue text)
@@ -175,6 +181,7 @@ declare
   v_new_tenants uuid[];
   v_new_ats timestamptz[];
   v_new_kinds text[];
+  v_held uuid[];
 begin
   -- Every array's shape in one plain expression; the shared check, which names the
   -- argument, runs only when it fails.
@@ -186,7 +193,8 @@ begin
      or array_ndims(p_max_attempts) <> 1 or array_lower(p_max_attempts, 1) <> 1
      or array_ndims(p_correlation_ids) <> 1 or array_lower(p_correlation_ids, 1) <> 1
      or array_ndims(p_priorities) <> 1 or array_lower(p_priorities, 1) <> 1
-     or array_ndims(p_queues) <> 1 or array_lower(p_queues, 1) <> 1 then
+     or array_ndims(p_queues) <> 1 or array_lower(p_queues, 1) <> 1
+     or array_ndims(p_limit_keys) <> 1 or array_lower(p_limit_keys, 1) <> 1 then
     perform app.check_array('p_tenant_ids', p_tenant_ids);
     perform app.check_array('p_operation_keys', p_operation_keys);
     perform app.check_array('p_kinds', p_kinds);
@@ -196,6 +204,7 @@ begin
     perform app.check_array('p_correlation_ids', p_correlation_ids);
     perform app.check_array('p_priorities', p_priorities);
     perform app.check_array('p_queues', p_queues);
+    perform app.check_array('p_limit_keys', p_limit_keys);
   end if;
   perform app.check_range('number of jobs', v_count, 1, 1000);
   if coalesce(cardinality(p_operation_keys), -1) <> v_count
@@ -205,7 +214,8 @@ begin
      or (p_max_attempts is not null and cardinality(p_max_attempts) <> v_count)
      or (p_correlation_ids is not null and cardinality(p_correlation_ids) <> v_count)
      or (p_priorities is not null and cardinality(p_priorities) <> v_count)
-     or (p_queues is not null and cardinality(p_queues) <> v_count) then
+     or (p_queues is not null and cardinality(p_queues) <> v_count)
+     or (p_limit_keys is not null and cardinality(p_limit_keys) <> v_count) then
     perform app.raise_invalid('enqueue arrays must all have the same length');
   end if;
 
@@ -256,6 +266,12 @@ begin
       v_problem := format('queue must be a queue name: 1 to 40 lowercase letters, digits, '
                           '''-'' or ''_'', starting with a letter (got %s)',
                           quote_literal(left(p_queues[v_item.n], 60)));
+    elsif p_limit_keys is not null and p_limit_keys[v_item.n] is not null
+          and (length(p_limit_keys[v_item.n]) > 200 or app.is_blank(p_limit_keys[v_item.n])) then
+      v_problem := 'limit_key must be a non-blank text of at most 200 characters';
+    elsif p_limit_keys is not null and p_limit_keys[v_item.n] ~ '[^ -~]'
+          and app.character_problem(p_limit_keys[v_item.n]) is not null then
+      v_problem := 'limit_key ' || app.character_problem(p_limit_keys[v_item.n]);
     else
       v_text := v_item.payload::text;
       v_bytes := octet_length(v_text);
@@ -285,20 +301,22 @@ begin
       coalesce(p_max_attempts, array_fill(null::integer, array[v_count])),
       coalesce(p_correlation_ids, array_fill(null::text, array[v_count])),
       coalesce(p_priorities, array_fill(null::integer, array[v_count])),
-      coalesce(p_queues, array_fill(null::text, array[v_count]))
+      coalesce(p_queues, array_fill(null::text, array[v_count])),
+      coalesce(p_limit_keys, array_fill(null::text, array[v_count]))
     ) with ordinality as u(tenant_id, operation_key, kind, payload, available_at, max_attempts,
-                           correlation_id, priority, queue, n)
+                           correlation_id, priority, queue, limit_key, n)
     where v_errors[u.n] is null
   ), inserted as (
     insert into app.jobs (
       tenant_id, operation_key, kind, payload, available_at, max_attempts,
-      correlation_id, priority, claim_key, created_at, updated_at, queue
+      correlation_id, priority, claim_key, created_at, updated_at, queue, limit_key
     )
     select i.tenant_id, i.operation_key, i.kind, i.payload, d.due,
            coalesce(i.max_attempts, 6), i.correlation_id, d.priority,
            d.due - (d.priority - 1) * v_step, v_now, v_now,
            coalesce(i.queue, (select r.queue from app.queue_kinds r where r.kind = i.kind),
-                    'default')
+                    'default'),
+           i.limit_key
     from input i
     cross join lateral (
       select greatest(coalesce(i.available_at, v_now), v_now) as due,
@@ -307,7 +325,7 @@ begin
     order by i.n
     on conflict (tenant_id, operation_key) do nothing
     returning id, tenant_id, kind, available_at, max_attempts, correlation_id, priority,
-              queue
+              queue, limit_key
   )
   , audit as (
     insert into app.job_events (tenant_id, job_id, event_type, actor, details, created_at)
@@ -318,7 +336,8 @@ begin
              'maxAttempts', ins.max_attempts,
              'priority', ins.priority,
              'queue', ins.queue,
-             'correlationId', ins.correlation_id)),
+             'correlationId', ins.correlation_id,
+             'limitKey', ins.limit_key)),
            v_now
     from inserted ins
   )
@@ -326,6 +345,17 @@ begin
          array_agg(ins.kind)
   into v_created, v_new_tenants, v_new_ats, v_new_kinds
   from inserted ins;
+  -- Limits hook (functions/admission.sql): each new job under a limit is admitted or
+  -- held; held jobs are not claimable, so their tenants are not woken for them.
+  if v_new_tenants is not null then
+    v_held := app.limit_new_jobs(v_created);
+    if cardinality(v_held) > 0 then
+      select array_agg(j.tenant_id), array_agg(j.available_at), array_agg(j.kind)
+      into v_new_tenants, v_new_ats, v_new_kinds
+      from app.jobs j
+      where j.id = any (v_created) and j.id <> all (v_held);
+    end if;
+  end if;
   -- The new jobs' tenants, and their kinds, are due a turn by their available_at
   -- (app.wake_tenants).
   if v_new_tenants is not null then
@@ -366,7 +396,7 @@ begin
   order by 1;
 end;
 $$;
-revoke all on function app.enqueue_items(uuid[], text[], text[], jsonb[], timestamptz[], integer[], text[], integer[], text[]) from public;
+revoke all on function app.enqueue_items(uuid[], text[], text[], jsonb[], timestamptz[], integer[], text[], integer[], text[], text[]) from public;
 
 create or replace function app.enqueue_jobs(
   p_tenant_ids uuid[],
@@ -377,7 +407,8 @@ create or replace function app.enqueue_jobs(
   p_max_attempts integer[] default null,
   p_correlation_ids text[] default null,
   p_priorities integer[] default null,
-  p_queues text[] default null
+  p_queues text[] default null,
+  p_limit_keys text[] default null
 )
 returns table (ord integer, job_id uuid, status text, state app.job_state, error text,
                queue text)
@@ -390,15 +421,15 @@ begin
   return query
   select * from app.enqueue_items(p_tenant_ids, p_operation_keys, p_kinds, p_payloads,
                                   p_available_ats, p_max_attempts, p_correlation_ids,
-                                  p_priorities, p_queues);
+                                  p_priorities, p_queues, p_limit_keys);
 end;
 $$;
 -- Producers: leaseq_producer into any tenant, leaseq_tenant_producer only into the
 -- tenants app.tenant_producers binds its login to (app.check_producer_tenants, first,
 -- refuses the whole call with 42501 before anything is looked up, so another tenant's
 -- keys cannot even be probed).
-revoke all on function app.enqueue_jobs(uuid[], text[], text[], jsonb[], timestamptz[], integer[], text[], integer[], text[]) from public;
-grant execute on function app.enqueue_jobs(uuid[], text[], text[], jsonb[], timestamptz[], integer[], text[], integer[], text[]) to leaseq_producer, leaseq_tenant_producer;
+revoke all on function app.enqueue_jobs(uuid[], text[], text[], jsonb[], timestamptz[], integer[], text[], integer[], text[], text[]) from public;
+grant execute on function app.enqueue_jobs(uuid[], text[], text[], jsonb[], timestamptz[], integer[], text[], integer[], text[], text[]) to leaseq_producer, leaseq_tenant_producer;
 
 -- One job, through enqueue_jobs. A rejected item raises its 22023 (a single call has
 -- no other item to keep), a conflict raises 23505; the row is returned otherwise.
@@ -446,6 +477,12 @@ begin
   -- The job row holds no lease token (app.leases does): a producer learns the job's
   -- state, never the lease that a worker holds on it.
   select * into v_job from app.jobs where id = v_result.job_id and tenant_id = p_tenant_id;
+  -- A job a limit holds back is answered with its own due time and key, not the held
+  -- placeholder (functions/admission.sql).
+  if v_job.available_at = app.held_until() then
+    select h.available_at, h.claim_key into v_job.available_at, v_job.claim_key
+    from app.held_jobs h where h.job_id = v_job.id;
+  end if;
   return v_job;
 end;
 $$;

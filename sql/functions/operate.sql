@@ -127,9 +127,16 @@ begin
 
   return query
   with victims as materialized (
-    -- The waiting jobs through their claimable entries (a small table), in due order.
+    -- The waiting jobs through their claimable entries (a small table), in due order,
+    -- and (limits hook, functions/admission.sql) the jobs a limit holds back.
     select j.id, j.state as previous_state
-    from app.claimable c
+    from (
+      select c.job_id, c.tenant_id, c.kind, c.available_at from app.claimable c
+      union all
+      select h.job_id, h.tenant_id, hj.kind, h.available_at
+      from app.held_jobs h
+      join app.jobs hj on hj.id = h.job_id and hj.tenant_id = h.tenant_id
+    ) c
     join app.jobs j on j.id = c.job_id and j.tenant_id = c.tenant_id
     where j.state in ('pending', 'retry_wait')
       and (p_tenant_id is null or c.tenant_id = p_tenant_id)

@@ -29,7 +29,7 @@
 -- Removing a place (leave, release) needs no lock: a count that misses a removal only
 -- refuses room that was free, it never grants room that was not.
 --
--- Each named queue has a pool of its own (migration 0025_named_queues): a place belongs to
+-- Each named queue has a pool of its own (migration 0026_named_queues): a place belongs to
 -- one queue (worker_pool.queue), and joins, fan-outs and wakes count, reserve and wake only
 -- the places of their p_queue ('default' when not given), under its limit: the queue's own
 -- max_workers (app.queues, the owner's) or else the owner's max_workers, narrowed by the

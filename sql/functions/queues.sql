@@ -1,4 +1,4 @@
--- leaseq functions: named queues (tables in migrations/0025_named_queues.sql).
+-- leaseq functions: named queues (tables in migrations/0026_named_queues.sql).
 --
 -- A job's queue decides which workers claim it (the claim functions' p_queue) and whose
 -- pool fans out for it (functions/pool.sql). Operators pause and resume a queue; the

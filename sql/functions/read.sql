@@ -782,8 +782,11 @@ grant execute on function app.reader_job_timeline(uuid, integer) to authenticate
 --   ready            claimable and first in its tenant's claim order: the next claim
 --                    that serves its tenant (or its kind) takes it;
 --   NULL             not waiting (running or finished).
--- Reserved for later releases, never written today: held_by_limit (a concurrency or
--- rate limit holds it back), cancel_requested (a cancel is on its way). A caller must
+--   held_by_limit    a concurrency or rate limit holds it back: held_by names the limit
+--                    instance (kind:K, tenant:T, kind:K/tenant:T or key:L), available_at
+--                    and claim_key are those it gets back when admitted;
+-- Reserved for later releases, never written today: cancel_requested (a cancel is on
+-- its way). A caller must
 -- show an unknown reason as it is. Jobs ahead are counted up to 10,000 (10,000 means at
 -- least that many): the count reads the tenant's claimable entries ahead in
 -- claimable_order_idx and stops there.
@@ -802,7 +805,8 @@ returns table (
   reason text,
   until timestamptz,
   jobs_ahead integer,
-  higher_priority_ahead integer
+  higher_priority_ahead integer,
+  held_by text
 )
 language plpgsql
 stable
@@ -817,9 +821,11 @@ begin
                        coalesce(cardinality(p_job_ids)::text, 'NULL'));
   end if;
   return query
-  select j.id, j.tenant_id, j.state, j.priority, j.available_at, j.claim_key,
+  select j.id, j.tenant_id, j.state, j.priority, coalesce(h.available_at, j.available_at),
+         coalesce(h.claim_key, j.claim_key),
          case
            when j.state not in ('pending', 'retry_wait') then null
+           when h.job_id is not null then 'held_by_limit'
            when j.available_at > clock_timestamp() then
              case when j.state = 'retry_wait' then 'retry_wait' else 'scheduled' end
            when a.higher > 0 then 'behind_priority'
@@ -827,9 +833,13 @@ begin
            else 'ready'
          end,
          case when j.state in ('pending', 'retry_wait') and j.available_at > clock_timestamp()
+                   and h.job_id is null
               then j.available_at end,
-         a.ahead, a.higher
+         a.ahead, a.higher, h.bucket
   from app.jobs j
+  -- A job a limit holds back (functions/admission.sql) has its real due time and claim
+  -- key there, and the limit instance that holds it.
+  left join app.held_jobs h on h.job_id = j.id and h.tenant_id = j.tenant_id
   left join lateral (
     select count(*)::integer as ahead,
            count(*) filter (where q.priority > j.priority)::integer as higher
@@ -861,7 +871,8 @@ returns table (
   reason text,
   until timestamptz,
   jobs_ahead integer,
-  higher_priority_ahead integer
+  higher_priority_ahead integer,
+  held_by text
 )
 language plpgsql
 stable
@@ -919,6 +930,12 @@ begin
          min(w.available_at)
   from waiting w
   group by 1, 2
+  union all
+  -- Jobs a limit holds back have no claimable entry (functions/admission.sql).
+  select h.tenant_id, 'held_by_limit', count(*), min(h.available_at)
+  from app.held_jobs h
+  where (p_tenant_id is null or h.tenant_id = p_tenant_id)
+  group by 1
   order by 1, 2;
 end;
 $$;

@@ -273,3 +273,22 @@ def test_a_tenant_viewer_is_shown_no_schedules(serve: Serve, owner: Conn) -> Non
     assert page.status == 200
     assert "nightly" not in page.body
     assert "Schedules are shown to operators" in page.body
+
+
+def test_the_overview_shows_each_limit_in_use_and_a_held_jobs_page_names_its_limit(
+        serve: Serve, owner: Conn, worker: Conn) -> None:
+    served = serve(OPERATOR)
+    tenant = served.seeded.tenants[1]
+    owner.execute("select app.set_limit('ops', 'kind_tenant', 'report.build', null, null, 1)")
+    first = enqueue(worker, tenant, "limited-1", kind="report.build")
+    held = enqueue(worker, tenant, "limited-2", kind="report.build")
+    assert first["available_at"] <= held["available_at"]
+    page = served.client().get("/")
+    assert page.status == 200
+    assert "Limits" in page.body
+    assert f"kind:report.build/tenant:{tenant}" in page.body
+    shown = served.client().get(f"/jobs/{held['id']}")
+    assert shown.status == 200
+    assert f"held by a limit kind:report.build/tenant:{tenant}" in shown.body
+    viewer = serve(TENANT_VIEWER).client().get("/")
+    assert "kind:report.build" not in viewer.body

@@ -37,6 +37,9 @@ ROLES = {"own": postgres.OWNER, "all": postgres.WORKER, "prod": postgres.PRODUCE
 # x: may execute; .: may not.
 FUNCTIONS = """
 function                                                                                         own all prod tprod work reap oper read out
+app.admit_held(text,integer)                                                                     x   .   .    .     .    .    .    .    .
+app.admit_held_jobs(integer)                                                                     x   x   .    .     .    x    x    .    .
+app.bucket_room(text)                                                                            x   .   .    .     .    .    .    .    .
 app.cancel_jobs(text,uuid,uuid[],text,integer,text)                                              x   x   .    .     .    .    x    .    .
 app.cancel_jobs_by_id(text,uuid[],text)                                                          x   x   .    .     .    .    x    .    .
 app.character_problem(text)                                                                      x   .   .    .     .    .    .    .    .
@@ -47,6 +50,7 @@ app.check_filters(uuid[],text,integer)                                          
 app.check_interval(text,interval,interval,interval)                                              x   .   .    .     .    .    .    .    .
 app.check_kind_filter(text[],text[])                                                             x   .   .    .     .    .    .    .    .
 app.check_lease(interval)                                                                        x   .   .    .     .    .    .    .    .
+app.check_limit(text,text,uuid,text,integer,integer,interval,integer)                            x   .   .    .     .    .    .    .    .
 app.check_owner(text)                                                                            x   .   .    .     .    .    .    .    .
 app.check_producer_tenants(uuid[])                                                               x   .   .    .     .    .    .    .    .
 app.check_queue(text,text)                                                                       x   .   .    .     .    .    .    .    .
@@ -67,9 +71,9 @@ app.dead_jobs(uuid,text,integer)                                                
 app.discard_job(uuid,uuid,text,uuid,jsonb)                                                       x   x   .    .     x    .    .    .    .
 app.document_problem(jsonb,text,integer)                                                         x   .   .    .     .    .    .    .    .
 app.end_stalled_sessions()                                                                       x   x   .    .     .    x    .    .    .
-app.enqueue_items(uuid[],text[],text[],jsonb[],timestamp with time zone[],integer[],text[],integer[],text[])  x   .   .    .     .    .    .    .    .
+app.enqueue_items(uuid[],text[],text[],jsonb[],timestamp with time zone[],integer[],text[],integer[],text[],text[])  x   .   .    .     .    .    .    .    .
 app.enqueue_job(uuid,text,text,jsonb,timestamp with time zone,integer,integer,text)              x   x   x    x     .    .    .    .    .
-app.enqueue_jobs(uuid[],text[],text[],jsonb[],timestamp with time zone[],integer[],text[],integer[],text[])  x   x   x    x     .    .    .    .    .
+app.enqueue_jobs(uuid[],text[],text[],jsonb[],timestamp with time zone[],integer[],text[],integer[],text[],text[])  x   x   x    x     .    .    .    .    .
 app.ensure_queue(text)                                                                           x   .   .    .     .    .    .    .    .
 app.error_document(jsonb)                                                                        x   .   .    .     .    .    .    .    .
 app.explain_invalid_outcome(bigint,uuid,uuid,uuid,text,jsonb,interval)                           x   .   .    .     .    .    .    .    .
@@ -80,16 +84,25 @@ app.finish_jobs(text,uuid[],uuid[],uuid[],text[],jsonb[],interval[])            
 app.get_job(uuid)                                                                                x   x   .    .     .    .    x    .    .
 app.get_job_result(uuid,uuid)                                                                    x   x   x    x     .    .    .    .    .
 app.get_job_result_by_key(uuid,text)                                                             x   x   x    x     .    .    .    .    .
+app.held_until()                                                                                 x   .   .    .     .    .    .    .    .
+app.hold_job(uuid,text,text[],timestamp with time zone)                                          x   .   .    .     .    .    .    .    .
 app.is_blank(text)                                                                               x   .   .    .     .    .    .    .    .
 app.job_activity(uuid,text,interval,integer,integer)                                             x   x   .    .     .    .    x    .    .
+app.job_limit_rows(uuid,text,text)                                                               x   .   .    .     .    .    .    .    .
 app.job_timeline(uuid,integer)                                                                   x   x   .    .     .    .    x    .    .
 app.job_wait_reasons(uuid[])                                                                     x   x   .    .     .    .    x    .    .
 app.join_worker_pool(text,text,uuid,integer,interval,text)                                       x   x   .    .     x    .    .    .    .
 app.leave_worker_pool(text)                                                                      x   x   .    .     x    .    .    .    .
+app.limit_name(text,text,uuid,text)                                                              x   .   .    .     .    .    .    .    .
+app.limit_new_jobs(uuid[])                                                                       x   .   .    .     .    .    .    .    .
+app.limit_status()                                                                               x   x   .    .     .    x    x    .    .
+app.limits_on_state_change()                                                                     x   .   .    .     .    .    .    .    .
 app.list_jobs(app.job_state,uuid,text,timestamp with time zone,timestamp with time zone,timestamp with time zone,uuid,integer)  x   x   .    .     .    .    x    .    .
+app.list_limits()                                                                                x   x   .    .     .    .    x    .    .
 app.list_schedules(uuid,integer)                                                                 x   x   .    .     .    .    x    .    .
 app.next_schedule_slot(text,text,timestamp with time zone)                                       x   .   .    .     .    .    .    .    .
 app.next_claimable_at(uuid,text)                                                                 x   .   .    .     .    .    .    .    .
+app.next_start_at(text,integer,interval,integer,timestamp with time zone)                        x   .   .    .     .    .    .    .    .
 app.oldest_ready_at()                                                                            x   x   .    .     x    .    x    .    .
 app.pause_queue(text,text,text)                                                                  x   x   .    .     .    .    x    .    .
 app.pause_schedule(uuid,text,boolean)                                                            x   x   .    .     .    .    x    .    .
@@ -120,6 +133,7 @@ app.release_expired(uuid,integer)                                               
 app.release_expired_jobs(uuid,integer)                                                           x   x   .    .     .    x    .    .    .
 app.release_jobs(text,uuid[],uuid[],uuid[])                                                      x   x   .    .     x    .    .    .    .
 app.release_worker_place(uuid)                                                                   x   x   x    x     x    .    .    .    .
+app.remove_limit(text,text,uuid,text)                                                            x   x   .    .     .    .    x    .    .
 app.remove_schedule(uuid,text)                                                                   x   x   .    .     .    .    x    .    .
 app.renew_job_lease(uuid,uuid,text,uuid,interval)                                                x   x   .    .     x    .    .    .    .
 app.renew_job_lease_status(uuid,uuid,text,uuid,interval)                                         x   x   .    .     x    .    .    .    .
@@ -131,12 +145,18 @@ app.role_duration_setting(oid,text)                                             
 app.route_kinds(text,text[])                                                                     x   .   .    .     .    .    .    .    .
 app.schedule_slots(text,text,timestamp with time zone,timestamp with time zone,integer)          x   .   .    .     .    .    .    .    .
 app.schedule_spec(text)                                                                          x   .   .    .     .    .    .    .    .
+app.set_limit(text,text,text,uuid,text,integer,integer,interval,integer)                         x   x   .    .     .    .    x    .    .
 app.set_priority_step(interval)                                                                  x   .   .    .     .    .    .    .    .
 app.set_queue_limits(text,integer)                                                               x   .   .    .     .    .    .    .    .
 app.set_worker_pool_limits(integer,interval,interval)                                            x   .   .    .     .    .    .    .    .
 app.settle_turns(uuid[],uuid[],text[],timestamp with time zone)                                  x   .   .    .     .    .    .    .    .
 app.spec_slots(bigint,integer[],integer[],integer[],integer[],integer[],boolean,boolean,boolean,text,timestamp with time zone,timestamp with time zone,integer)  x   .   .    .     .    .    .    .    .
+app.start_limited_jobs(uuid[],timestamp with time zone)                                          x   .   .    .     .    .    .    .    .
+app.start_reuse(integer,interval,integer)                                                        x   .   .    .     .    .    .    .    .
+app.sync_limits(text[],boolean[],integer[],integer[],interval[],integer[])                       x   x   .    .     .    .    x    .    .
 app.sync_schedules(uuid[],text[],text[],text[],text[],jsonb[],integer[],integer[])               x   x   .    .     .    .    x    .    .
+app.take_limit_slots(uuid,uuid,text,text,timestamp with time zone)                               x   .   .    .     .    .    .    .    .
+app.take_slot(text,text,integer,uuid,uuid,timestamp with time zone)                              x   .   .    .     .    .    .    .    .
 app.tick_schedules(integer)                                                                      x   x   .    .     .    x    .    .    .
 app.waiting_jobs(uuid)                                                                           x   x   .    .     .    .    x    .    .
 app.wake_tenants(uuid[],timestamp with time zone[],text[])                                       x   .   .    .     .    .    .    .    .
@@ -167,6 +187,11 @@ app.schedules         SIUDT  -   -    -     -    -    -    -    -
 app.queues            SIUDT  -   -    -     -    -    -    -    -
 app.queue_events      SIUDT  -   -    -     -    -    -    -    -
 app.queue_kinds       SIUDT  -   -    -     -    -    -    -    -
+app.limits            SIUDT  -   -    -     -    -    -    -    -
+app.limit_slots       SIUDT  -   -    -     -    -    -    -    -
+app.limit_starts      SIUDT  -   -    -     -    -    -    -    -
+app.held_jobs         SIUDT  -   -    -     -    -    -    S    -
+app.limit_turns       SIUDT  -   -    -     -    -    -    -    -
 """
 
 #: Columns a role with SELECT on the table may still not read.

@@ -123,3 +123,29 @@ def test_the_tick_enqueues_due_schedule_slots_and_counts_the_missed_ones(
 
     reaper_app.lambda_handler(load_event("reaper_schedule"), FakeLambdaContext())
     assert read_output().metric("ScheduleSlotsMissed") == [0]
+
+
+def test_a_pass_reports_each_limits_running_held_and_oldest_held_age_as_metrics(
+        reaper_app: ModuleType, db: Database, owner: Conn,
+        read_output: Callable[[], Output]) -> None:
+    owner.execute("select app.set_limit('ops', 'kind', 'charge_card', null, null, 1)")
+    client = QueueClient(lambda: connect(db.worker_dsn))
+    try:
+        client.enqueue_jobs([EnqueueRequest(tenant_id=uuid.uuid4(), operation_key=f"k{i}",
+                                            kind="charge_card", payload={}) for i in range(4)])
+        client.claim_ready_jobs("leaseq-worker:live", 10, timedelta(seconds=30))
+    finally:
+        client.close()
+    read_output()
+
+    summary = reaper_app.lambda_handler(load_event("reaper_schedule"), FakeLambdaContext())
+
+    assert summary["jobs_held"] == 3
+    out = read_output()
+    assert out.metric("JobsHeld") == [3]
+    per_limit = ("service", "limit")
+    assert out.metric("LimitRunning", per_limit) == [1]
+    assert out.metric("LimitBlocked", per_limit) == [3]
+    [age] = out.metric("LimitOldestBlockedAge", per_limit)
+    assert age >= 0
+    assert {d["limit"] for d in out.documents(per_limit)} == {"kind:charge_card"}

@@ -42,6 +42,8 @@ DASHBOARD_FUNCTIONS = {
     "app.queue_overview(text)",
     "app.queue_history(text,integer)",
     "app.queue_state(text)",
+    "app.list_limits()",
+    "app.limit_status()",
 }
 GROUP_ROLES = ("authenticated", "leaseq_producer", "leaseq_tenant_producer",
                "leaseq_worker", "leaseq_reaper", "leaseq_operator", "leaseq_dashboard")

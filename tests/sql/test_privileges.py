@@ -22,7 +22,7 @@ from tests.support.postgres import Conn
 SERVICE_FUNCTIONS = {
     "app.enqueue_job(uuid,text,text,jsonb,timestamp with time zone,integer,integer,text)",
     "app.enqueue_jobs(uuid[],text[],text[],jsonb[],timestamp with time zone[],integer[],text[],"
-    "integer[],text[])",
+    "integer[],text[],text[])",
     "app.claim_jobs(uuid,text,integer,interval,text[],text[],text)",
     "app.claim_ready_jobs(text,integer,interval,text[],text[],text)",
     "app.ready_tenants(integer)",
@@ -459,6 +459,7 @@ def test_owner_is_not_a_superuser_and_does_not_bypass_rls(owner: Conn) -> None:
     ).fetchall()
     assert {r["relname"]: (r["relrowsecurity"], r["relforcerowsecurity"]) for r in forced} == {
         "claimable": (True, False),
+        "held_jobs": (True, False),
         "job_events": (True, False),
         "jobs": (True, False),
         "kind_turns": (True, False),
@@ -466,6 +467,10 @@ def test_owner_is_not_a_superuser_and_does_not_bypass_rls(owner: Conn) -> None:
         "queue_events": (True, False),
         "queue_kinds": (True, False),
         "queues": (True, False),
+        "limit_slots": (True, False),
+        "limit_starts": (True, False),
+        "limit_turns": (True, False),
+        "limits": (True, False),
         "schedules": (True, False),
         "schema_functions": (False, False),
         "schema_migrations": (False, False),

@@ -251,6 +251,8 @@ def _reap(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
     call("prune_retained_jobs", "select * from app.prune_retained_jobs('1 day', 10)", ())
     call("repair_tenant_turns", "select * from app.repair_tenant_turns(10)", ())
     call("end_stalled_sessions", "select * from app.end_stalled_sessions()", ())
+    call("admit_held_jobs", "select app.admit_held_jobs(10)", ())
+    call("limit_status", "select * from app.limit_status()", ())
     admin.execute("insert into app.schedules (tenant_id, name, kind, expression, next_slot)"
                   " values (%s, 'shadowed', 'report.build', '* * * * *',"
                   " now() - interval '90 seconds')", (tenant,))
@@ -279,6 +281,8 @@ def _dashboard(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
     call("queue_overview", "select * from app.queue_overview()", ())
     call("queue_history", "select * from app.queue_history('reports', 10)", ())
     call("resume_queue", "select * from app.resume_queue('reports', 'operator')", ())
+    call("list_limits", "select * from app.list_limits()", ())
+    call("limit_status", "select * from app.limit_status()", ())
     call("cancel_jobs_by_id", "select * from app.cancel_jobs_by_id('dash', %s, 'unwanted')",
          ([waiting[0]["id"]],))
     call("request_job_cancel", "select * from app.request_job_cancel('dash', %s, 'unwanted')",
@@ -326,6 +330,14 @@ def _operate(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
     call("sync_schedules", "select * from app.sync_schedules(array[%s]::uuid[],"
          " array['cleanup'], array['report.build'], array['@every 5m'], array['UTC'],"
          " array['{}']::jsonb[], array[0], array[6])", (tenant,))
+    call("set_limit", "select app.set_limit('op', 'kind_tenant', 'report.build', %s, null, 2,"
+         " 10, '1 second', 5)", (tenant,))
+    call("list_limits", "select * from app.list_limits()", ())
+    call("limit_status", "select * from app.limit_status()", ())
+    call("admit_held_jobs", "select app.admit_held_jobs(10)", ())
+    call("remove_limit", "select app.remove_limit('kind_tenant', 'report.build', %s)", (tenant,))
+    call("sync_limits", "select * from app.sync_limits(array['report.build'], array[true],"
+         " array[2], array[10], array['1 second']::interval[], array[null]::integer[])", ())
 
 
 #: The duties in the order a job meets them; each arranges what the next one needs.

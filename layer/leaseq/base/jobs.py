@@ -62,7 +62,9 @@ class EnqueueRequest(BaseModel):
     ``max_attempts`` left None takes the queue's default of 6. ``priority`` is 1 (least
     urgent) .. 9 (most urgent); None takes 5. Within its tenant's turn a claim takes the
     more urgent job first, but a job is overtaken only by work that became due less than
-    (priority difference) x the owner's priority step after it. The operation key, the
+    (priority difference) x the owner's priority step after it. ``limit_key`` (1..200
+    characters) puts the job under the limits an operator set on that key, for example
+    a partner account's rate. The operation key, the
     kind and the correlation id are plain text: no control, format (invisible or
     bidirectional) or line separator character (:func:`leaseq.base.storable.character_problem`),
     as each is written into log lines and listings as it is. Letters of any script are
@@ -106,22 +108,28 @@ class EnqueueRequest(BaseModel):
             raise ValueError(problem)
         return value
 
-    @field_validator("operation_key", "kind")
+    # The producer's limit key: jobs naming the same key share the limits set on it
+    # (leaseq limits set key:NAME ...), whatever their kind or tenant.
+    limit_key: str | None = Field(default=None, min_length=1, max_length=200)
+
+    @field_validator("operation_key", "kind", "limit_key")
     @classmethod
-    def _visible(cls, value: str) -> str:
+    def _visible(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
         problem = blank_problem(value)
         if problem is not None:
             raise ValueError(problem)
         return value
 
-    @field_validator("operation_key", "kind", "correlation_id")
+    @field_validator("operation_key", "kind", "correlation_id", "limit_key")
     @classmethod
     def _no_nul_text(cls, value: str | None) -> str | None:
         if value is not None and "\x00" in value:
             raise ValueError(NUL_PROBLEM)
         return value
 
-    @field_validator("operation_key", "kind", "correlation_id")
+    @field_validator("operation_key", "kind", "correlation_id", "limit_key")
     @classmethod
     def _plain_text(cls, value: str | None) -> str | None:
         """No control, format or line separator characters: these values are written

@@ -40,7 +40,14 @@ from uuid import UUID
 import psycopg
 from pydantic import BaseModel, ValidationError
 
-from leaseq.base.errors import ConfigurationError, PayloadRejectedError, UnknownKindError, one_line
+from leaseq.base.admission import DeclaredLimit, parse_rate
+from leaseq.base.errors import (
+    ConfigurationError,
+    InvalidRequestError,
+    PayloadRejectedError,
+    UnknownKindError,
+    one_line,
+)
 from leaseq.base.jobs import EnqueueRequest, EnqueueResult
 from leaseq.base.limits import queue_name_problem
 from leaseq.base.schedules import SHARED_TENANT, Schedule
@@ -181,6 +188,7 @@ class Registry:
     def __init__(self) -> None:
         self._by_kind: dict[str, Registration] = {}
         self._schedules: dict[tuple[UUID, str], Schedule] = {}
+        self._limits: dict[str, DeclaredLimit] = {}
 
     def register(
         self,
@@ -228,15 +236,36 @@ class Registry:
         timeout: float | None = None,
         retry: RetryPolicy | None = None,
         queue: str | None = None,
+        concurrency: int | None = None,
+        rate: str | None = None,
+        burst: int | None = None,
+        per_tenant: bool = False,
     ) -> Callable[[Callable[[P, JobContext], R]], DeclaredKind[P, R]]:
         """Decorator form of :meth:`register`, for ``def`` and ``async def`` handlers: the
         handler becomes a :class:`DeclaredKind` (callable as before, with ``defer``).
         ``queue`` names the queue the kind's jobs go to when their producer names none
-        (its ``defer``, the enqueue function and ``leaseq enqueue`` with this registry)."""
+        (its ``defer``, the enqueue function and ``leaseq enqueue`` with this registry).
+
+        ``concurrency`` (at most N of the kind running at once) and ``rate`` (at most R
+        starts per period: ``"10/s"``, ``"100/m"``, ``"5/10s"``; ``burst`` of them at once)
+        declare the kind's limit, for the kind as a whole or, with ``per_tenant``, for
+        the kind within each tenant (:mod:`leaseq.base.admission`). ``leaseq limits sync``
+        writes it into the database; an operator's limit on the same subject is in force
+        over it. A limit that could never admit a job is a :class:`ConfigurationError`.
+
+        >>> registry = Registry()
+        >>> @registry.handler("build_report", concurrency=2, rate="10/s", per_tenant=True)
+        ... def build_report(payload, ctx): ...
+        >>> [str(x.name) for x in registry.limits]
+        ['kind:build_report/tenant:*']
+        """
+        declared = self._declare_limit(kind, concurrency, rate, burst, per_tenant)
 
         def decorate(func: Callable[[P, JobContext], R]) -> DeclaredKind[P, R]:
             registration = self.register(kind, func, payload=payload, timeout=timeout,
                                          retry=retry, queue=queue)
+            if declared is not None:
+                self._limits[kind] = declared
             return DeclaredKind(registration, func)
 
         return decorate
@@ -332,6 +361,28 @@ class Registry:
     def schedules(self) -> list[Schedule]:
         """The declared schedules, by tenant and name."""
         return [self._schedules[key] for key in sorted(self._schedules)]
+
+    @property
+    def limits(self) -> list[DeclaredLimit]:
+        """The kinds' declared limits, by kind (``leaseq limits sync`` writes them)."""
+        return [self._limits[kind] for kind in sorted(self._limits)]
+
+    @staticmethod
+    def _declare_limit(kind: str, concurrency: int | None, rate: str | None,
+                       burst: int | None, per_tenant: bool) -> DeclaredLimit | None:
+        if concurrency is None and rate is None:
+            if burst is not None or per_tenant:
+                raise ConfigurationError(
+                    f"kind {kind!r}: burst and per_tenant need a concurrency or a rate")
+            return None
+        try:
+            parsed = None if rate is None else parse_rate(rate, burst)
+            if parsed is None and burst is not None:
+                raise ConfigurationError(f"kind {kind!r}: burst needs a rate")
+            return DeclaredLimit(kind, concurrency=concurrency, rate=parsed,
+                                 per_tenant=per_tenant)
+        except InvalidRequestError as exc:
+            raise ConfigurationError(f"kind {kind!r}: {exc.message}") from None
 
     def get(self, kind: str) -> Registration | None:
         """The registration of ``kind``, or None (the worker records a job of a kind it

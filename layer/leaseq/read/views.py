@@ -96,6 +96,12 @@ class QueueViews(Protocol):
         a viewer who is shown no queues (a tenant reader: queues hold every tenant's jobs)."""
         ...
 
+    def limit_status(self) -> list[Row] | None:
+        """Each limit instance in use: admitted, running and held jobs, the oldest held
+        one's wait (app.limit_status), or None for a viewer shown no limits (a tenant
+        reader: an instance may name another tenant)."""
+        ...
+
 
 def _list_args(where: JobFilter, after: Cursor | None) -> dict[str, Any]:
     return {"tenant_id": where.tenant_id, "kind": where.kind, "since": where.since,
@@ -155,6 +161,10 @@ class OperatorViews:
     def resume_queue(self, actor: str, queue: str) -> QueueState:
         """Resume ``queue``, audited with ``actor`` (app.resume_queue)."""
         return self.client.resume_queue(queue, actor)
+
+    def limit_status(self) -> list[Row] | None:
+        """See :meth:`QueueViews.limit_status` (every limit's)."""
+        return self.client.limit_status()
 
     def redrive_jobs(self, actor: str, job_ids: Sequence[UUID],
                      reason: str | None = None) -> list[Row]:
@@ -222,4 +232,8 @@ class TenantViews:
 
     def list_queues(self) -> list[QueueOverview] | None:
         """None: a queue's counts are every tenant's jobs."""
+        return None
+
+    def limit_status(self) -> list[Row] | None:
+        """None: a limit instance may count other tenants' jobs."""
         return None

@@ -34,6 +34,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
+from leaseq.base.admission import DeclaredLimit, LimitName, Rate, check_concurrency
 from leaseq.base.errors import (
     DatabaseError,
     DatabaseUnavailableError,
@@ -96,6 +97,7 @@ def enqueue_jobs(conn: psycopg.Connection[Any],
         "correlation_ids": [r.correlation_id for r in requests],
         "priorities": [r.priority for r in requests],
         "queues": [r.queue for r in requests],
+        "limit_keys": [r.limit_key for r in requests],
     }
     rows = fetch_rows(conn, queries.ENQUEUE_JOBS, params)
     return [
@@ -667,6 +669,58 @@ class QueueClient:
             "payloads": [Jsonb(s.payload) for s in schedules],
             "fill_limits": [s.fill_limit for s in schedules],
             "max_attempts": [s.max_attempts for s in schedules]})
+
+    # Limits (functions/admission.sql) ------------------------------------------------
+
+    def set_limit(self, actor: str, name: LimitName, *, concurrency: int | None = None,
+                  rate: Rate | None = None) -> str:
+        """Set an operator's limit on ``name`` (in force over a code-declared one), at
+        run time: a raised limit admits held jobs at once. Returns the limit's name. A
+        limit that could never admit is refused (InvalidRequestError) before sending."""
+        check_concurrency(concurrency)
+        if concurrency is None and rate is None:
+            raise InvalidRequestError("a limit needs a concurrency, a rate, or both",
+                                      sqlstate="22023")
+        (row,) = self._query(queries.SET_LIMIT, {
+            "actor": actor, "scope": name.scope, "kind": name.kind, "tenant_id": name.tenant_id,
+            "limit_key": name.limit_key, "concurrency": concurrency,
+            "rate_count": None if rate is None else rate.count,
+            "rate_period": None if rate is None else rate.period,
+            "burst": None if rate is None else rate.burst})
+        return str(row["name"])
+
+    def remove_limit(self, name: LimitName) -> bool:
+        """Remove the operator's limit on ``name`` (a code-declared one is in force
+        again); held jobs it no longer governs are admitted. False when there was none."""
+        (row,) = self._query(queries.REMOVE_LIMIT, {
+            "scope": name.scope, "kind": name.kind, "tenant_id": name.tenant_id,
+            "limit_key": name.limit_key})
+        return bool(row["removed"])
+
+    def list_limits(self) -> list[dict[str, Any]]:
+        """Every limit declared, operators' and code's, and whether each is in force."""
+        return self._query(queries.LIST_LIMITS, {})
+
+    def sync_limits(self, limits: Sequence[DeclaredLimit]) -> list[dict[str, Any]]:
+        """Make the code-declared limits exactly ``limits`` (operators' are left alone):
+        each put, every other code-declared one removed."""
+        return self._query(queries.SYNC_LIMITS, {
+            "kinds": [x.kind for x in limits], "per_tenant": [x.per_tenant for x in limits],
+            "concurrency": [x.concurrency for x in limits],
+            "rate_counts": [None if x.rate is None else x.rate.count for x in limits],
+            "rate_periods": [None if x.rate is None else x.rate.period for x in limits],
+            "bursts": [None if x.rate is None else x.rate.burst for x in limits]})
+
+    def limit_status(self) -> list[dict[str, Any]]:
+        """Each limit instance in use (bucket): jobs admitted, running, held back, and
+        when the oldest held one was held."""
+        return self._query(queries.LIMIT_STATUS, {})
+
+    def admit_held_jobs(self, limit: int = 1000) -> int:
+        """Admit held jobs wherever a limit has a free slot (the reaper's pass, for what a
+        race or a due time left waiting); the number admitted."""
+        (row,) = self._query(queries.ADMIT_HELD_JOBS, {"limit": limit})
+        return int(row["admitted"])
 
     # Retention ----------------------------------------------------------------------
 

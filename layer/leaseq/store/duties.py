@@ -185,6 +185,8 @@ class ReaperClient(DutyClient):
     prune_retained_jobs = _call(QueueClient.prune_retained_jobs)
     tick_schedules = _call(QueueClient.tick_schedules)
     queue_overview = _call(QueueClient.queue_overview)
+    admit_held_jobs = _call(QueueClient.admit_held_jobs)
+    limit_status = _call(QueueClient.limit_status)
 
 
 class OperatorClient(DutyClient):
@@ -222,6 +224,12 @@ class OperatorClient(DutyClient):
     queue_overview = _call(QueueClient.queue_overview)
     queue_state = _call(QueueClient.queue_state)
     queue_history = _call(QueueClient.queue_history)
+    set_limit = _call(QueueClient.set_limit)
+    remove_limit = _call(QueueClient.remove_limit)
+    list_limits = _call(QueueClient.list_limits)
+    sync_limits = _call(QueueClient.sync_limits)
+    limit_status = _call(QueueClient.limit_status)
+    admit_held_jobs = _call(QueueClient.admit_held_jobs)
 
 
 class ReaderClient(DutyClient):

@@ -15,7 +15,7 @@ ENQUEUE_JOBS: Final[LiteralString] = (
     "select ord, job_id, status, state, error, queue from app.enqueue_jobs("
     "%(tenant_ids)s::uuid[], %(operation_keys)s::text[], %(kinds)s::text[], %(payloads)s::jsonb[],"
     " %(available_ats)s::timestamptz[], %(max_attempts)s::integer[], %(correlation_ids)s::text[],"
-    " %(priorities)s::integer[], %(queues)s::text[])"
+    " %(priorities)s::integer[], %(queues)s::text[], %(limit_keys)s::text[])"
 )
 
 # The claims' kind filter (kinds, exclude_kinds) is NULL, NULL for every kind; their
@@ -268,3 +268,20 @@ SYNC_SCHEDULES: Final[LiteralString] = (
     " %(time_zones)s::text[], %(payloads)s::jsonb[], %(fill_limits)s::integer[],"
     " %(max_attempts)s::integer[])"
 )
+
+# Limits (functions/admission.sql).
+SET_LIMIT: Final[LiteralString] = (
+    "select app.set_limit(%(actor)s, %(scope)s, %(kind)s, %(tenant_id)s, %(limit_key)s,"
+    " %(concurrency)s, %(rate_count)s, %(rate_period)s, %(burst)s) as name"
+)
+REMOVE_LIMIT: Final[LiteralString] = (
+    "select app.remove_limit(%(scope)s, %(kind)s, %(tenant_id)s, %(limit_key)s) as removed"
+)
+LIST_LIMITS: Final[LiteralString] = "select * from app.list_limits()"
+SYNC_LIMITS: Final[LiteralString] = (
+    "select name, status from app.sync_limits(%(kinds)s::text[], %(per_tenant)s::boolean[],"
+    " %(concurrency)s::integer[], %(rate_counts)s::integer[], %(rate_periods)s::interval[],"
+    " %(bursts)s::integer[])"
+)
+LIMIT_STATUS: Final[LiteralString] = "select * from app.limit_status()"
+ADMIT_HELD_JOBS: Final[LiteralString] = "select app.admit_held_jobs(%(limit)s) as admitted"

@@ -22,6 +22,10 @@ The prune (the paged loop of :mod:`leaseq.upkeep.retention`, shared with an oper
 calls the reaper's own function, not the operator's app.prune_jobs: it refuses a
 retention below the floor the schema owner sets (``app.settings.min_retention``), so a
 reaper login (leaseq_reaper) cannot delete recent history even with a wrong setting.
+After the tick, held jobs are admitted wherever a limit has a free slot
+(app.admit_held_jobs: the statement that frees a slot admits the next held job itself;
+this pass catches a race between a hold and a free, a held job whose due time came, a
+limit raised or removed), and each limit's state is read for the metrics.
 The turn check (app.repair_tenant_turns) is the fair claim's safety net: a tenant with
 claimable work but no due turn would never be served, which only a defect or a hand
 edit of app.jobs can cause; each pass checks up to ``turn_pages`` pages of ``limit``
@@ -32,8 +36,8 @@ ceil(tenants with claimable jobs / (turn_pages x limit)) passes.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from datetime import timedelta
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from leaseq.base.deadline import Deadline
@@ -76,6 +80,8 @@ class ReapReport:
     slots_existing: int = 0
     slots_late: int = 0
     slots_skipped: int = 0
+    held_admitted: int = 0
+    limits: list[LimitState] = field(default_factory=list)
     time_left: float = 0.0
 
     @property
@@ -83,9 +89,34 @@ class ReapReport:
         """Due slots not enqueued within the schedules' grace: late or skipped."""
         return self.slots_late + self.slots_skipped
 
+    @property
+    def jobs_held(self) -> int:
+        """Jobs the limits hold back, over the limits read (:attr:`limits`)."""
+        return sum(state.blocked for state in self.limits)
+
     def as_dict(self) -> dict[str, Any]:
-        """The report as a log line's or a trace annotation's fields."""
-        return dict(self.__dict__)
+        """The report as a log line's or a trace annotation's fields (the limits' states
+        as their total of held jobs: the metrics carry each one)."""
+        fields = dict(self.__dict__)
+        del fields["limits"]
+        fields["jobs_held"] = self.jobs_held
+        return fields
+
+
+@dataclass(frozen=True)
+class LimitState:
+    """One limit as the reaper read it (app.limit_status), over its instances in use (a
+    limit for every tenant has one per tenant): its name (kind:K, tenant:T or tenant:*,
+    kind:K/tenant:T or kind:K/tenant:*, key:L), how many instances, the jobs admitted
+    through them and running, the jobs they hold back and the oldest one's wait in
+    seconds (0 when none)."""
+
+    name: str
+    instances: int
+    admitted: int
+    running: int
+    blocked: int
+    oldest_blocked_age: float
 
 
 def reap_once(client: ReaperCalls, deadline: Deadline, *, limit: int = REAPER_LIMIT.default,
@@ -114,6 +145,8 @@ def reap_once(client: ReaperCalls, deadline: Deadline, *, limit: int = REAPER_LI
             report.complete = True
             break
     _tick_schedules(client, deadline, report, min(limit, 1000), schedule_pages, margin)
+    if deadline.remaining() > margin:
+        _admit_held(client, report, min(limit, MAX_PAGE))
     _repair_turns(client, deadline, report, limit, turn_pages, margin)
     if report.complete and retention is not None:
         _prune(client, deadline, report, retention, limit, max_calls, margin)
@@ -186,6 +219,33 @@ def _repair_turns(client: ReaperCalls, deadline: Deadline, report: ReapReport, l
         report.turns_repaired += repaired
         if checked < limit:  # the sweep reached the last tenant; the next pass starts over
             return
+
+
+#: Limits a pass reports as metrics, those holding the most jobs first: each is a
+#: metric of its own (a limit for every tenant is one, its instances summed).
+LIMIT_METRICS = 20
+
+
+def _admit_held(client: ReaperCalls, report: ReapReport, limit: int) -> None:
+    """Admit what the limits left held with a slot free (a race between a hold and a
+    free, a held job whose due time came, a limit raised or removed), then read each
+    limit's state for the metrics."""
+    report.held_admitted = client.admit_held_jobs(limit)
+    now = datetime.now(UTC)
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for row in client.limit_status():
+        by_name.setdefault(str(row["name"]), []).append(row)
+    states = []
+    for name, rows in by_name.items():
+        held_at = [r["oldest_blocked_at"] for r in rows if r["oldest_blocked_at"] is not None]
+        states.append(LimitState(
+            name=name, instances=len(rows), admitted=sum(int(r["admitted"]) for r in rows),
+            running=sum(int(r["running"]) for r in rows),
+            blocked=sum(int(r["blocked"]) for r in rows),
+            oldest_blocked_age=max((now - min(held_at)).total_seconds(), 0.0) if held_at
+            else 0.0))
+    states.sort(key=lambda s: (-s.blocked, s.name))
+    report.limits = states[:LIMIT_METRICS]
 
 
 def _prune(client: ReaperCalls, deadline: Deadline, report: ReapReport, retention: timedelta,

@@ -9,6 +9,12 @@ from leaseq_cli.commands.database import (
     cmd_migrate,
 )
 from leaseq_cli.commands.enqueue import cmd_enqueue, cmd_enqueue_resubmit
+from leaseq_cli.commands.limits import (
+    cmd_limits_list,
+    cmd_limits_remove,
+    cmd_limits_set,
+    cmd_limits_sync,
+)
 from leaseq_cli.commands.operate import cmd_cancel, cmd_dead_retry, cmd_prune
 from leaseq_cli.commands.queues import cmd_queues_list, cmd_queues_pause, cmd_queues_resume
 from leaseq_cli.commands.run import cmd_demo, cmd_drain, cmd_reap
@@ -36,6 +42,10 @@ __all__ = [
     "cmd_enqueue",
     "cmd_enqueue_resubmit",
     "cmd_jobs_show",
+    "cmd_limits_list",
+    "cmd_limits_remove",
+    "cmd_limits_set",
+    "cmd_limits_sync",
     "cmd_migrate",
     "cmd_prune",
     "cmd_queues_list",

@@ -86,9 +86,10 @@ def _requests_from_file(stream: TextIO, name: str,
 def _read_requests(args: argparse.Namespace) -> list[EnqueueRequest]:
     if args.file is not None:
         if (args.kind or args.payload is not None or args.key or args.priority is not None
-                or args.queue is not None):
+                or args.queue is not None or args.limit_key is not None):
             raise UsageError("give either --file (each line may carry its priority and "
-                             "queue) or --kind/--payload/--key/--priority/--queue, not both")
+                             "queue) or --kind/--payload/--key/--priority/--queue/--limit-key,"
+                             " not both")
         if args.file == "-":
             return _requests_from_file(sys.stdin, "stdin", args.tenant)
         path = Path(args.file)
@@ -103,7 +104,8 @@ def _read_requests(args: argparse.Namespace) -> list[EnqueueRequest]:
     return [EnqueueRequest(
         tenant_id=args.tenant, operation_key=args.key or f"cli-{uuid.uuid4()}", kind=args.kind,
         payload=args.payload or {}, max_attempts=args.max_attempts,
-        correlation_id=args.correlation_id, priority=args.priority, queue=args.queue)]
+        correlation_id=args.correlation_id, priority=args.priority, queue=args.queue,
+        limit_key=args.limit_key)]
 
 
 def _check_with_handlers(module: str, requests: list[EnqueueRequest]) -> list[EnqueueRequest]:

@@ -72,6 +72,7 @@ def cmd_status(args: argparse.Namespace, ui: Ui) -> int:
         _add_waiting(document, client.waiting_jobs(args.tenant))
         # Named queues are every tenant's: shown without --tenant only.
         document["queues"] = [] if args.tenant else queue_rows(client.queue_overview())
+        document["limits"] = client.limit_status()
 
     def render(out: Console) -> None:
         paused = [q["queue"] for q in document["queues"] if q["paused"]]
@@ -103,6 +104,14 @@ def cmd_status(args: argparse.Namespace, ui: Ui) -> int:
                               str(wait["jobs"]), when(wait["next_at"]))
         if waits.row_count:
             out.print(waits)
+        if document["limits"]:
+            limits = table("limit", "admitted", "running", "held", "oldest held",
+                           title="limits (leaseq limits list)")
+            for row in document["limits"]:
+                limits.add_row(plain(row["bucket"]), str(row["admitted"]), str(row["running"]),
+                               str(row["blocked"]), when(row["oldest_blocked_at"])
+                               if row["oldest_blocked_at"] else "")
+            out.print(limits)
         if document["totals"]["dead"]:
             out.print(f"[red]{document['totals']['dead']} dead[/]: see them with "
                       "leaseq dead list")
@@ -142,7 +151,8 @@ def cmd_jobs_show(args: argparse.Namespace, ui: Ui) -> int:
             ("state", styled_state(str(job["state"]))),
             ("attempts", f"{job['attempts']} of {job['max_attempts']}"),
             ("created", when(job["created_at"])),
-            ("available at", when(job["available_at"])),
+            ("available at", when(wait.get("available_at") or job["available_at"])),
+            ("limit key", plain(job.get("limit_key") or "-")),
             ("priority", f"{wait.get('priority', '-')} (1 least urgent .. 9 most)"),
             ("waiting", _wait_text(wait)),
             ("completed", when(job["completed_at"])),
@@ -184,6 +194,8 @@ def _wait_text(wait: dict[str, Any]) -> str:
     if reason is None:
         return "-"
     words = WAIT_REASONS.get(reason, plain(reason))
+    if reason == "held_by_limit" and wait.get("held_by"):
+        return f"[yellow]held by limit {plain(wait['held_by'])}[/]: admitted when it has room"
     if wait.get("until") is not None:
         return f"{words}, until {when(wait['until'])}"
     if reason in ("behind_priority", "queued"):

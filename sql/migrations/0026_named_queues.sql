@@ -1,4 +1,4 @@
--- leaseq 0025: named queues, each drained by its own workers and pool, paused and resumed.
+-- leaseq 0026: named queues, each drained by its own workers and pool, paused and resumed.
 --
 -- A job belongs to one queue (app.jobs.queue, 'default' unless the producer or its kind's
 -- route names another). A queue's workers claim only its jobs (the claim functions' new
@@ -155,8 +155,10 @@ drop function if exists app.join_worker_pool(text, text, uuid, integer, interval
 drop function if exists app.reserve_worker_places(integer, integer, interval);
 drop function if exists app.wake_worker_place();
 drop function if exists app.worker_pool_size();
+-- The enqueue functions as 0025_job_limits left them (with p_limit_keys): they gain
+-- p_queues before it.
 drop function if exists app.enqueue_items(uuid[], text[], text[], jsonb[], timestamptz[],
-                                          integer[], text[], integer[]);
+                                          integer[], text[], integer[], text[]);
 drop function if exists app.enqueue_jobs(uuid[], text[], text[], jsonb[], timestamptz[],
-                                         integer[], text[], integer[]);
+                                         integer[], text[], integer[], text[]);
 drop function if exists app.enqueue_job(uuid, text, text, jsonb, timestamptz, integer, integer);
