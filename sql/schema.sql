@@ -1,4 +1,4 @@
--- The tables of schema app as the migrations leave them (after 0025_job_limits).
+-- The tables of schema app as the migrations leave them (after 0026_named_queues).
 --
 -- Generated from a freshly migrated database by scripts/write-schema: do not edit. After adding
 -- a migration, run scripts/write-schema and commit this file with it;
@@ -19,6 +19,9 @@
 --   app.limit_starts
 --   app.limit_turns
 --   app.limits
+--   app.queue_events
+--   app.queue_kinds
+--   app.queues
 --   app.schedules
 --   app.schema_functions
 --   app.schema_migrations
@@ -98,7 +101,9 @@ CREATE TABLE app.claimable (
     available_at timestamp with time zone NOT NULL,
     -- pending or retry_wait, as on the job row, so a claim reads the entry alone.
     state app.job_state NOT NULL,
-    priority smallint NOT NULL
+    priority smallint NOT NULL,
+    -- The job's queue (app.jobs.queue): a queue's claim walks its own entries.
+    queue text DEFAULT 'default'::text NOT NULL
 )
 WITH (fillfactor='100', autovacuum_vacuum_scale_factor='0.0', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_insert_threshold='1000', autovacuum_analyze_scale_factor='0.05', autovacuum_vacuum_cost_delay='0');
 
@@ -107,6 +112,9 @@ CREATE INDEX claimable_kind_idx ON app.claimable USING btree (tenant_id, kind, c
 
 -- INDEX: claimable_order_idx
 CREATE INDEX claimable_order_idx ON app.claimable USING btree (tenant_id, claim_key, created_at, job_id) INCLUDE (available_at);
+
+-- INDEX: claimable_queue_idx
+CREATE INDEX claimable_queue_idx ON app.claimable USING btree (queue, tenant_id, claim_key, created_at, job_id) INCLUDE (available_at);
 
 -- INDEX: claimable_ready_idx
 CREATE INDEX claimable_ready_idx ON app.claimable USING btree (available_at);
@@ -126,6 +134,7 @@ GRANT SELECT(job_id) ON TABLE app.claimable TO authenticated;
 GRANT SELECT(available_at) ON TABLE app.claimable TO authenticated;
 GRANT SELECT(state) ON TABLE app.claimable TO authenticated;
 GRANT SELECT(priority) ON TABLE app.claimable TO authenticated;
+GRANT SELECT(queue) ON TABLE app.claimable TO authenticated;
 
 -- ======================================================================================
 -- app.held_jobs
@@ -288,6 +297,8 @@ END) STORED,
     limit_key text,
     -- The limits the job was admitted through (NULL: none applied when it was enqueued).
     limit_buckets text[],
+    -- The named queue whose workers claim the job; 'default' unless routed or named.
+    queue text DEFAULT 'default'::text NOT NULL,
     CONSTRAINT jobs_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT jobs_available_at_finite CHECK (isfinite(available_at)),
     CONSTRAINT jobs_correlation_id_shape CHECK (((correlation_id IS NULL) OR ((length(correlation_id) >= 1) AND (length(correlation_id) <= 200)))),
@@ -312,6 +323,10 @@ ALTER TABLE ONLY app.jobs
 ALTER TABLE app.jobs
     ADD CONSTRAINT jobs_cancel_request_shape CHECK ((((cancel_requested_at IS NULL) = (cancel_requested_by IS NULL)) AND ((cancel_requested_by IS NULL) OR ((length(cancel_requested_by) >= 1) AND (length(cancel_requested_by) <= 200))) AND ((cancel_requested_at IS NULL) OR (state = ANY (ARRAY['running'::app.job_state, 'cancelled'::app.job_state]))))) NOT VALID;
 
+-- CHECK CONSTRAINT: jobs jobs_queue_name
+ALTER TABLE app.jobs
+    ADD CONSTRAINT jobs_queue_name CHECK ((queue ~ '^[a-z][a-z0-9_-]{0,39}$'::text)) NOT VALID;
+
 -- INDEX: jobs_completed_idx
 CREATE INDEX jobs_completed_idx ON app.jobs USING btree (completed_at) WHERE (completed_at IS NOT NULL);
 
@@ -325,7 +340,7 @@ CREATE INDEX jobs_unsuccessful_idx ON app.jobs USING btree (outcome, completed_a
 CREATE TRIGGER jobs_claimable_on_insert AFTER INSERT ON app.jobs REFERENCING NEW TABLE AS added FOR EACH STATEMENT EXECUTE FUNCTION app.claimable_added();
 
 -- TRIGGER: jobs jobs_claimable_on_update
-CREATE TRIGGER jobs_claimable_on_update AFTER UPDATE ON app.jobs FOR EACH ROW WHEN (((new.state <> 'running'::app.job_state) AND ((old.state = ANY (ARRAY['pending'::app.job_state, 'retry_wait'::app.job_state])) OR (new.state = ANY (ARRAY['pending'::app.job_state, 'retry_wait'::app.job_state]))) AND ((old.state IS DISTINCT FROM new.state) OR (old.claim_key IS DISTINCT FROM new.claim_key) OR (old.available_at IS DISTINCT FROM new.available_at) OR (old.kind IS DISTINCT FROM new.kind) OR (old.created_at IS DISTINCT FROM new.created_at) OR (old.priority IS DISTINCT FROM new.priority) OR (old.tenant_id IS DISTINCT FROM new.tenant_id)))) EXECUTE FUNCTION app.claimable_moved();
+CREATE TRIGGER jobs_claimable_on_update AFTER UPDATE ON app.jobs FOR EACH ROW WHEN (((new.state <> 'running'::app.job_state) AND ((old.state = ANY (ARRAY['pending'::app.job_state, 'retry_wait'::app.job_state])) OR (new.state = ANY (ARRAY['pending'::app.job_state, 'retry_wait'::app.job_state]))) AND ((old.state IS DISTINCT FROM new.state) OR (old.claim_key IS DISTINCT FROM new.claim_key) OR (old.available_at IS DISTINCT FROM new.available_at) OR (old.kind IS DISTINCT FROM new.kind) OR (old.created_at IS DISTINCT FROM new.created_at) OR (old.priority IS DISTINCT FROM new.priority) OR (old.tenant_id IS DISTINCT FROM new.tenant_id) OR (old.queue IS DISTINCT FROM new.queue)))) EXECUTE FUNCTION app.claimable_moved();
 
 -- TRIGGER: jobs jobs_fill_claim_key
 CREATE TRIGGER jobs_fill_claim_key BEFORE INSERT ON app.jobs FOR EACH ROW WHEN ((new.claim_key IS NULL)) EXECUTE FUNCTION app.fill_claim_key();
@@ -366,6 +381,7 @@ GRANT SELECT(claim_key) ON TABLE app.jobs TO authenticated;
 GRANT SELECT(outcome) ON TABLE app.jobs TO authenticated;
 GRANT SELECT(limit_key) ON TABLE app.jobs TO authenticated;
 GRANT SELECT(limit_buckets) ON TABLE app.jobs TO authenticated;
+GRANT SELECT(queue) ON TABLE app.jobs TO authenticated;
 
 -- ======================================================================================
 -- app.kind_turns
@@ -542,6 +558,95 @@ CREATE UNIQUE INDEX limits_subject_idx ON app.limits USING btree (scope, COALESC
 
 -- ROW SECURITY: limits
 ALTER TABLE app.limits ENABLE ROW LEVEL SECURITY;
+
+-- ======================================================================================
+-- app.queue_events
+-- ======================================================================================
+
+-- TABLE: queue_events
+-- Every pause and resume of a queue, with the operator's identity and the login.
+CREATE TABLE app.queue_events (
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    queue text NOT NULL,
+    event_type text NOT NULL,
+    actor text NOT NULL,
+    -- The database login (session_user) that made the change.
+    login text DEFAULT SESSION_USER NOT NULL,
+    reason text,
+    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT queue_events_actor_check CHECK (((length(actor) >= 1) AND (length(actor) <= 200))),
+    CONSTRAINT queue_events_type_check CHECK ((event_type = ANY (ARRAY['paused'::text, 'resumed'::text])))
+);
+
+-- CONSTRAINT: queue_events queue_events_pkey
+ALTER TABLE ONLY app.queue_events
+    ADD CONSTRAINT queue_events_pkey PRIMARY KEY (id);
+
+-- FK CONSTRAINT: queue_events queue_events_queue_fkey
+ALTER TABLE ONLY app.queue_events
+    ADD CONSTRAINT queue_events_queue_fkey FOREIGN KEY (queue) REFERENCES app.queues(name);
+
+-- INDEX: queue_events_queue_idx
+CREATE INDEX queue_events_queue_idx ON app.queue_events USING btree (queue, created_at);
+
+-- ROW SECURITY: queue_events
+ALTER TABLE app.queue_events ENABLE ROW LEVEL SECURITY;
+
+-- ======================================================================================
+-- app.queue_kinds
+-- ======================================================================================
+
+-- TABLE: queue_kinds
+-- The owner's routes: a job enqueued without a queue goes to its kind's queue.
+CREATE TABLE app.queue_kinds (
+    kind text NOT NULL,
+    queue text NOT NULL,
+    updated_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT queue_kinds_kind_check CHECK (((length(kind) >= 1) AND (length(kind) <= 128)))
+);
+
+-- CONSTRAINT: queue_kinds queue_kinds_pkey
+ALTER TABLE ONLY app.queue_kinds
+    ADD CONSTRAINT queue_kinds_pkey PRIMARY KEY (kind);
+
+-- FK CONSTRAINT: queue_kinds queue_kinds_queue_fkey
+ALTER TABLE ONLY app.queue_kinds
+    ADD CONSTRAINT queue_kinds_queue_fkey FOREIGN KEY (queue) REFERENCES app.queues(name);
+
+-- ROW SECURITY: queue_kinds
+ALTER TABLE app.queue_kinds ENABLE ROW LEVEL SECURITY;
+
+-- ======================================================================================
+-- app.queues
+-- ======================================================================================
+
+-- TABLE: queues
+-- Named queues with a state of their own: paused or not, the owner's worker limit.
+CREATE TABLE app.queues (
+    name text NOT NULL,
+    -- The owner's most worker pool places of this queue; NULL: app.settings.max_workers.
+    max_workers integer,
+    -- Set while paused: the queue's jobs are not claimed, its pool neither fans out nor
+    -- wakes.
+    paused_at timestamp with time zone,
+    paused_by text,
+    pause_reason text,
+    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    updated_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT queues_max_workers_range CHECK (((max_workers >= 0) AND (max_workers <= 1000))),
+    CONSTRAINT queues_name_check CHECK ((name ~ '^[a-z][a-z0-9_-]{0,39}$'::text)),
+    CONSTRAINT queues_pause_shape CHECK ((((paused_at IS NULL) = (paused_by IS NULL)) AND ((pause_reason IS NULL) OR (paused_at IS NOT NULL)) AND ((paused_by IS NULL) OR ((length(paused_by) >= 1) AND (length(paused_by) <= 200))) AND ((pause_reason IS NULL) OR ((length(pause_reason) >= 1) AND (length(pause_reason) <= 500)))))
+);
+
+-- CONSTRAINT: queues queues_pkey
+ALTER TABLE ONLY app.queues
+    ADD CONSTRAINT queues_pkey PRIMARY KEY (name);
+
+-- INDEX: queues_paused_idx
+CREATE INDEX queues_paused_idx ON app.queues USING btree (name) WHERE (paused_at IS NOT NULL);
+
+-- ROW SECURITY: queues
+ALTER TABLE app.queues ENABLE ROW LEVEL SECURITY;
 
 -- ======================================================================================
 -- app.schedules
@@ -764,8 +869,11 @@ CREATE TABLE app.worker_pool (
     created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     expires_at timestamp with time zone NOT NULL,
     extra boolean DEFAULT false NOT NULL,
+    -- The queue whose workers this place counts for: each queue has its own pool.
+    queue text DEFAULT 'default'::text NOT NULL,
     CONSTRAINT worker_pool_extra_check CHECK (((NOT extra) OR ((owner IS NOT NULL) AND (reason = ANY (ARRAY['schedule'::text, 'manual'::text]))))),
     CONSTRAINT worker_pool_owner_check CHECK (((owner IS NULL) OR ((length(owner) >= 1) AND (length(owner) <= 200)))),
+    CONSTRAINT worker_pool_queue_name CHECK ((queue ~ '^[a-z][a-z0-9_-]{0,39}$'::text)),
     CONSTRAINT worker_pool_reason_check CHECK ((reason = ANY (ARRAY['schedule'::text, 'manual'::text, 'fanout'::text, 'wake'::text])))
 );
 
@@ -781,7 +889,10 @@ ALTER TABLE ONLY app.worker_pool
 CREATE INDEX worker_pool_expires_idx ON app.worker_pool USING btree (expires_at);
 
 -- INDEX: worker_pool_one_extra_idx
-CREATE UNIQUE INDEX worker_pool_one_extra_idx ON app.worker_pool USING btree (extra) WHERE extra;
+CREATE UNIQUE INDEX worker_pool_one_extra_idx ON app.worker_pool USING btree (queue) WHERE extra;
+
+-- INDEX: worker_pool_queue_idx
+CREATE INDEX worker_pool_queue_idx ON app.worker_pool USING btree (queue, expires_at);
 
 -- ROW SECURITY: worker_pool
 ALTER TABLE app.worker_pool ENABLE ROW LEVEL SECURITY;
@@ -817,12 +928,14 @@ CREATE TABLE app.worker_wakes (
     woken_at timestamp with time zone NOT NULL,
     ticket uuid,
     ticket_expires_at timestamp with time zone,
+    queue text DEFAULT 'default'::text NOT NULL,
+    CONSTRAINT worker_wakes_queue_name CHECK ((queue ~ '^[a-z][a-z0-9_-]{0,39}$'::text)),
     CONSTRAINT worker_wakes_ticket_check CHECK (((ticket IS NULL) = (ticket_expires_at IS NULL)))
 );
 
 -- CONSTRAINT: worker_wakes worker_wakes_pkey
 ALTER TABLE ONLY app.worker_wakes
-    ADD CONSTRAINT worker_wakes_pkey PRIMARY KEY (waker);
+    ADD CONSTRAINT worker_wakes_pkey PRIMARY KEY (waker, queue);
 
 -- CONSTRAINT: worker_wakes worker_wakes_ticket_key
 ALTER TABLE ONLY app.worker_wakes

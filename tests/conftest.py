@@ -98,14 +98,17 @@ def migrated_database(cluster: Cluster) -> Iterator[Database]:
 
 @pytest.fixture
 def db(migrated_database: Database) -> Database:
-    """The migrated database with empty queue tables, an empty worker pool, and the pool's
-    limits and the priority step at their defaults."""
+    """The migrated database with empty queue tables, an empty worker pool, only the
+    queue 'default' (running), and the pool's limits and the priority step at their
+    defaults."""
     with migrated_database.connect(postgres.OWNER) as conn:
         conn.execute("truncate app.jobs, app.job_events, app.claimable, app.leases,"
                      " app.tenant_readers, app.tenant_producers, app.tenant_turns,"
                      " app.worker_pool, app.kind_turns, app.worker_wakes, app.schedules,"
+                     " app.queue_events, app.queue_kinds, app.queues,"
                      " app.limits, app.limit_slots, app.limit_starts, app.held_jobs,"
                      " app.limit_turns")
+        conn.execute("insert into app.queues (name) values ('default')")
         conn.execute("update app.tenant_turn_sweep set next_tenant_id = null, swept_at = null")
         conn.execute("update app.worker_pool_state set changed_at = null")
         conn.execute("update app.settings set max_workers = default, start_hold = default,"

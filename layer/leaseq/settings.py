@@ -16,6 +16,7 @@ caller's back. It would add pydantic-settings and python-dotenv to the layer to 
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from datetime import timedelta
@@ -35,6 +36,7 @@ from pydantic import (
 )
 
 from leaseq.base.errors import ConfigurationError, one_line
+from leaseq.base.limits import DEFAULT_QUEUE, queue_name_problem
 from leaseq.drain import config
 from leaseq.store.client import DEFAULT_MAX_IDLE_SECONDS
 from leaseq.store.tls import SslSetting, TlsOptions, choose_tls, libpq_mode
@@ -194,6 +196,9 @@ class WorkerSettings(BaseModel):
     #: claim only these kinds, or every kind but these; not both.
     kinds: tuple[str, ...] | None = Field(default=None, alias="LEASEQ_KINDS")
     exclude_kinds: tuple[str, ...] | None = Field(default=None, alias="LEASEQ_EXCLUDE_KINDS")
+    #: The named queue this worker drains (WorkerConfig.queue): each queue has a worker
+    #: function of its own.
+    queue: str = Field(default=DEFAULT_QUEUE, alias="LEASEQ_QUEUE")
 
     #: WorkerConfig's field -> this model's field.
     CONFIG_FIELDS: ClassVar[dict[str, str]] = {
@@ -206,7 +211,7 @@ class WorkerSettings(BaseModel):
         "loop_stall": "loop_stall_seconds", "cancel_grace": "cancel_grace_seconds",
         "retry_base": "retry_base_seconds",
         "retry_max": "retry_max_seconds",
-        "kinds": "kinds", "exclude_kinds": "exclude_kinds",
+        "kinds": "kinds", "exclude_kinds": "exclude_kinds", "queue": "queue",
     }
 
     @classmethod
@@ -232,6 +237,14 @@ class WorkerSettings(BaseModel):
                 "commas, as in report.build,invoice.render")
         return kinds
 
+    @field_validator("queue")
+    @classmethod
+    def _queue_name(cls, value: str) -> str:
+        problem = queue_name_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
     @field_validator("kinds", "exclude_kinds", mode="after")
     @classmethod
     def _kinds(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
@@ -254,6 +267,9 @@ class ReaperSettings(BaseModel):
     model_config = ConfigDict(frozen=True, populate_by_name=True)
 
     limit: int = Field(alias="LEASEQ_REAPER_LIMIT", **REAPER_LIMIT.field())
+    #: How many queues (the first, by name) get a metric dimension value of their own in
+    #: the reaper's per-queue metrics; the others share ``other``.
+    metric_queues: int = Field(default=20, ge=0, le=100, alias="LEASEQ_METRIC_QUEUES")
     #: Finished jobs (succeeded, dead, cancelled) and their events are deleted this long
     #: after they finished; 0 keeps them for ever.
     retention_days: float = Field(alias="LEASEQ_RETENTION_DAYS", **RETENTION_DAYS.field())
@@ -293,6 +309,46 @@ class PoolSettings(BaseModel):
     #: age). The database keeps the shorter of this and the schema owner's start hold.
     start_hold_seconds: float = Field(alias="LEASEQ_START_HOLD_SECONDS",
                                       **config.START_HOLD.field())
+    #: The named queue whose pool this worker joins, fans out and wakes (each queue has
+    #: its own): the worker's LEASEQ_QUEUE, which :meth:`LeaseqSettings.from_env` copies
+    #: here (one variable, read once).
+    queue: str = DEFAULT_QUEUE
+    #: The enqueue function's wakes: the worker function (name or ARN) of each queue
+    #: other than the worker function's own, as a JSON object {"reports": "stack-reports-
+    #: worker"}. A job of a queue named nowhere wakes no worker: its tick drains it.
+    queue_workers: dict[str, str] = Field(default_factory=dict, alias="LEASEQ_QUEUE_WORKERS")
+
+    @field_validator("queue")
+    @classmethod
+    def _queue_name(cls, value: str) -> str:
+        problem = queue_name_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("queue_workers", mode="before")
+    @classmethod
+    def _json_object(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise ValueError('must be a JSON object of queue names to worker functions, '
+                                 'as in {"reports": "my-stack-reports-worker"}') from None
+        if isinstance(value, dict):
+            for name in value:
+                problem = queue_name_problem(name)
+                if problem is not None:
+                    raise ValueError(f"key {problem}")
+        return value
+
+    def worker_of(self, queue: str) -> str | None:
+        """The worker function that drains ``queue``: named in ``queue_workers``, else
+        ``worker_function`` for the worker's own queue; None when nothing drains it
+        here."""
+        if queue in self.queue_workers:
+            return self.queue_workers[queue]
+        return self.worker_function if queue == self.queue else None
 
     @property
     def enabled(self) -> bool:
@@ -385,11 +441,13 @@ class LeaseqSettings(BaseModel):
         variable counts as unset, a variable leaseq does not declare is ignored."""
         env: Mapping[str, Any] = os.environ if environ is None else environ
         try:
+            worker = WorkerSettings.model_validate(_known(env, WorkerSettings))
             return cls(
                 database=DatabaseSettings.model_validate(_known(env, DatabaseSettings)),
-                worker=WorkerSettings.model_validate(_known(env, WorkerSettings)),
+                worker=worker,
                 reaper=ReaperSettings.model_validate(_known(env, ReaperSettings)),
-                pool=PoolSettings.model_validate(_known(env, PoolSettings)),
+                pool=PoolSettings.model_validate({**_known(env, PoolSettings),
+                                                  "queue": worker.queue}),
                 enqueue=EnqueueSettings.model_validate(_known(env, EnqueueSettings)),
             )
         except ValidationError as exc:

@@ -323,6 +323,38 @@ def build(source: ViewSource, policy: AccessPolicy, *, secure_cookies: bool = Tr
         who = viewer()
         return html("schedules.html", who=who, schedules=views(who).list_schedules())
 
+    @app.get("/queues")
+    def queue_list() -> Response[str]:
+        who = viewer()
+        found = views(who).list_queues()
+        rows = None if found is None else [q.as_dict(now()) for q in found]
+        return html("queues.html", who=who, queues=rows, notice=query("done"))
+
+    @app.post("/queues/<queue>/<change>")
+    def queue_change(queue: str, change: str) -> Response[str]:
+        who = viewer()
+        if change not in ("pause", "resume"):
+            raise BadRequestError(f"no queue action {change!r}: pause or resume")
+        form = _form(app.current_event.decoded_body)
+        refused = csrf.check(cookie=csrf.cookie_token(cookies()),
+                             submitted=_first(form, csrf.FIELD),
+                             headers=app.current_event.headers)
+        if refused:
+            return html("error.html", 403, who=who, title="Refused", message=refused)
+        if not who.may_act:
+            return html("error.html", 403, who=who, title="Not allowed", message=(
+                f"{who.principal} is a {who.role} here: only operators may {change} queues"))
+        reason = _text(_first(form, "reason"))
+        if reason is not None and len(reason) > 500:
+            raise BadRequestError("the reason is at most 500 characters")
+        operator = source.operator()
+        state = (operator.pause_queue(who.actor, queue, reason) if change == "pause"
+                 else operator.resume_queue(who.actor, queue))
+        notice = (f"paused queue {state.queue}: its jobs are not claimed until it is resumed; "
+                  "running jobs finish" if state.paused
+                  else f"resumed queue {state.queue}")
+        return redirect(f"/queues?{urlencode({'done': notice})}")
+
     @app.get("/jobs/<job_id>")
     def job_page(job_id: str) -> Response[str]:
         who = viewer()

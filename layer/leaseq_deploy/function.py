@@ -284,6 +284,7 @@ def _migrate_and_ensure_role(
     from leaseq_deploy.dashboard_logins import check_access_patterns, manages_tenant_readers
     from leaseq_deploy.owner_connection import owner_dsn_from_environment, secrets_manager_reader
     from leaseq_deploy.pool_limits import describe, requested_pool_limits, write_pool_limits
+    from leaseq_deploy.queue_routes import requested_queues, write_queues
     from leaseq_deploy.runtime_role import check_duty_group_names, ensure_login_roles
     from leaseq_deploy.stack_name import check_stack_name
 
@@ -295,6 +296,7 @@ def _migrate_and_ensure_role(
     # Rolling back to a template without the budget: nothing to check (and nothing to fail).
     stack = None if rolling_back else stack_connections(properties)
     pool = None if rolling_back else requested_pool_limits(properties)
+    queues = None if rolling_back else requested_queues(properties)
     if stack is not None:
         check_stack_name(str(event.get("StackId", "")))
     dsn = owner_dsn() if owner_dsn is not None else owner_dsn_from_environment(os.environ, reader)
@@ -314,6 +316,8 @@ def _migrate_and_ensure_role(
             applied, version = report.applied, report.current_version
             if pool is not None:
                 pool_limits = describe(write_pool_limits(conn, pool))
+            if queues is not None:
+                logger.info("named queues: %s", write_queues(conn, queues))
         logins = ensure_login_roles(conn, specs,
                                     manage_tenant_readers=manages_tenant_readers(properties))
     for login in logins:

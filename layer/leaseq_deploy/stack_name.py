@@ -17,6 +17,7 @@ from leaseq.base.errors import ConfigurationError
 #: (suffix, what the template names with it, that name's longest length)
 DERIVED_NAMES: Final = (
     ("-worker", "the worker's FunctionName", 64),
+    ("-slow", "the slow queue's worker's FunctionName", 64),
     ("-enqueue", "the enqueue rule on EnqueueEventBus", 64),
     ("-proxy", "the RDS Proxy of a database created here", 63),
 )

@@ -37,6 +37,7 @@ from leaseq import (
     Registry,
 )
 from leaseq.base.errors import PayloadRejectedError, UnknownKindError
+from leaseq.base.limits import DEFAULT_QUEUE
 from leaseq.store.duties import ProducerCalls
 
 from leaseq_lambda.events import EnqueueBatch, FieldProblem, Rejection
@@ -62,6 +63,8 @@ class ItemResult:
     errors: tuple[FieldProblem, ...] = ()
     #: The SQLSTATE of a rejection the database decided, or this door's 42501.
     sqlstate: str | None = None
+    #: The queue the job went to (created or existing).
+    queue: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The item as the function answers it: ``errors`` only for an item that did
@@ -70,6 +73,8 @@ class ItemResult:
         item: dict[str, Any] = {"index": self.index, "status": self.status}
         if self.job_id is not None:
             item["job_id"] = str(self.job_id)
+        if self.queue is not None:
+            item["queue"] = self.queue
         if self.reason is not None:
             item["reason"] = self.reason
         if self.sqlstate is not None:
@@ -99,7 +104,8 @@ def _result(index: int, request: EnqueueRequest, result: EnqueueResult) -> ItemR
     if result.status == "rejected" or result.job_id is None:
         return ItemResult(index, "rejected", reason=result.error or "rejected by the database",
                           request=request, sqlstate=INVALID_ITEM)
-    return ItemResult(index, result.status, job_id=result.job_id, request=request)
+    return ItemResult(index, result.status, job_id=result.job_id, request=request,
+                      queue=result.queue)
 
 
 def _one_by_one(client: ProducerCalls, pending: list[tuple[int, EnqueueRequest]]
@@ -158,7 +164,8 @@ def submit(connect: Callable[[], ProducerCalls], batch: EnqueueBatch,
         results.update((i, ItemResult(i, "rejected", reason=problem.reason,
                                       errors=problem.errors, request=request))
                        for i, request in pending if (problem := refused.get(i)) is not None)
-        pending = [(i, request) for i, request in pending if i not in refused]
+        pending = [(i, checked.routed(request)) for i, request in pending
+                   if i not in refused]
     bound = tenants() if pending else ()
     if bound:
         results.update((i, ItemResult(i, "rejected", reason=_not_bound(request),
@@ -180,10 +187,16 @@ def submit(connect: Callable[[], ProducerCalls], batch: EnqueueBatch,
 def ready_now(results: list[ItemResult], now: datetime | None = None) -> bool:
     """Whether a job this call created can be claimed at once (no ``available_at`` in
     the future): only then is a worker worth waking."""
+    return bool(ready_queues(results, now))
+
+
+def ready_queues(results: list[ItemResult], now: datetime | None = None) -> list[str]:
+    """The queues, by name, of the jobs this call created that can be claimed at once:
+    the pools worth waking, each its own."""
     moment = now or datetime.now(UTC)
-    return any(r.status == "created" and r.request is not None
-               and (r.request.available_at is None or r.request.available_at <= moment)
-               for r in results)
+    return sorted({r.queue or DEFAULT_QUEUE for r in results
+                   if r.status == "created" and r.request is not None
+                   and (r.request.available_at is None or r.request.available_at <= moment)})
 
 
 def response(results: list[ItemResult]) -> dict[str, Any]:

@@ -44,6 +44,7 @@ from uuid import UUID
 import psycopg
 from leaseq import ClaimedJob, InvalidRequestError, LeaseqError
 from leaseq.base.deadline import Deadline
+from leaseq.base.limits import DEFAULT_QUEUE
 from leaseq.base.pool import PoolSize, ScaleUp
 from leaseq.settings import PoolSettings
 from leaseq.store.client import release_worker_place, wake_worker_place
@@ -177,13 +178,26 @@ class PoolMembership:
         after the invocation's ``deadline``."""
         self.tick = tick
         if not self.enabled:
-            return True
+            # No pool to refuse it: a paused queue's invocation still returns at once.
+            return not self._paused()
         self.joined = self.client.join_worker_pool(
             self.owner, tick.pool_reason, tick.reservation, self.settings.max_workers,
-            deadline.remaining() + POOL_EXPIRY_MARGIN)
+            deadline.remaining() + POOL_EXPIRY_MARGIN, self.settings.queue)
         if self.joined:
             self.fan_out = FanOut(self.client, self.settings, invoke=self._invoke)
         return self.joined
+
+    def refusal(self) -> str:
+        """Why :meth:`join` said no: ``paused`` (an operator paused the queue) or
+        ``pool_full``; read only after a refusal (``pool_full`` when it cannot be read)."""
+        return "paused" if self._paused() else "pool_full"
+
+    def _paused(self) -> bool:
+        try:
+            return self.client.queue_state(self.settings.queue).paused
+        except LeaseqError as exc:
+            logger.warning("queue state unavailable", extra={"error": exc.message})
+            return False
 
     @property
     def poll_idle(self) -> float | None:
@@ -199,7 +213,7 @@ class PoolMembership:
         if not self.enabled:
             return None
         try:
-            return self.client.worker_pool_size()
+            return self.client.worker_pool_size(self.settings.queue)
         except LeaseqError as exc:
             logger.warning("worker pool size unavailable", extra={"error": exc.message})
             return None
@@ -216,7 +230,8 @@ class PoolMembership:
             return False
         try:
             places = self.client.reserve_worker_places(
-                1, self.settings.max_workers, float(self.settings.start_hold_seconds))
+                1, self.settings.max_workers, float(self.settings.start_hold_seconds),
+                self.settings.queue)
         except LeaseqError as exc:
             logger.warning("reserving a successor's place failed", extra={"error": exc.message})
             return False
@@ -336,7 +351,8 @@ class FanOut:
         try:
             invoke = self.invoke
             places = self.client.reserve_worker_places(
-                wanted, self.settings.max_workers, float(self.settings.start_hold_seconds))
+                wanted, self.settings.max_workers, float(self.settings.start_hold_seconds),
+                self.settings.queue)
         except LeaseqError as exc:
             with self._cond:
                 self._failed += wanted
@@ -381,7 +397,7 @@ class FanOut:
 
 
 def wake(client: ProducerCalls, settings: PoolSettings, lambda_client: Any | None = None, *,
-         invoke: Invoke | None = None) -> bool:
+         invoke: Invoke | None = None, queue: str | None = None) -> bool:
     """Start one worker invocation if nobody is polling or starting and this login's
     last wake is older than the schema owner's debounce; True when one was started.
 
@@ -391,39 +407,52 @@ def wake(client: ProducerCalls, settings: PoolSettings, lambda_client: Any | Non
     """
     if not settings.enabled:
         return False
-    place = client.wake_worker_place()
+    queue = queue or settings.queue
+    function = settings.worker_of(queue)
+    if invoke is None and function is None and queue != settings.queue:
+        logger.info("no worker function named for the queue; its tick drains it",
+                    extra={"queue": queue})
+        return False
+    place = client.wake_worker_place(queue)
     if place is None:
         return False
     if invoke is None:
-        if not settings.worker_function:
+        if not function:
             _release(client, place)
             raise WorkerStartError(
                 "LEASEQ_WORKER_FUNCTION is not set: name the worker function (its name or "
                 "ARN) so that an enqueue can wake it")
-        invoke = lambda_starter(settings.worker_function, lambda_client)
+        invoke = lambda_starter(function, lambda_client)
     _start(client, invoke, place, "wake")
-    logger.info("worker woken", extra={"place": str(place)})
+    logger.info("worker woken", extra={"place": str(place), "queue": queue})
     return True
 
 
 def wake_after_enqueue(client: ProducerCalls, settings: PoolSettings,
-                       lambda_client: Any | None = None) -> tuple[bool, bool]:
-    """:func:`wake` as the enqueue function calls it after its commit: best effort, never
-    raising. Returns (a worker was started, the start failed); a failure is logged, and
-    the jobs it was for are stored all the same."""
-    try:
-        return wake(client, settings, lambda_client), False
-    except LeaseqError as exc:
-        logger.warning("waking a worker failed; the scheduled worker runs the jobs",
-                       extra={"error": exc.message, "sqlstate": exc.sqlstate})
-    except Exception as exc:  # a bug must not fail an enqueue that has committed
-        logger.exception("waking a worker failed; the scheduled worker runs the jobs",
-                         extra={"error": f"{type(exc).__name__}: {exc}"})
-    return False, True
+                       lambda_client: Any | None = None, *,
+                       queues: Sequence[str] = ()) -> tuple[bool, bool]:
+    """:func:`wake` as the enqueue function calls it after its commit, once per queue of
+    ``queues`` (the queues of the jobs it made ready; none: the settings' own queue):
+    best effort, never raising. Returns (a worker was started, a start failed); a
+    failure is logged, and the jobs it was for are stored all the same."""
+    started = failed = False
+    for queue in queues or (settings.queue,):
+        try:
+            started = wake(client, settings, lambda_client, queue=queue) or started
+            continue
+        except LeaseqError as exc:
+            logger.warning("waking a worker failed; the scheduled worker runs the jobs",
+                           extra={"error": exc.message, "sqlstate": exc.sqlstate,
+                                  "queue": queue})
+        except Exception as exc:  # a bug must not fail an enqueue that has committed
+            logger.exception("waking a worker failed; the scheduled worker runs the jobs",
+                             extra={"error": f"{type(exc).__name__}: {exc}", "queue": queue})
+        failed = True
+    return started, failed
 
 
 def wake_worker(connection: psycopg.Connection[Any], function_name: str, *,
-                lambda_client: Any | None = None) -> bool:
+                lambda_client: Any | None = None, queue: str = DEFAULT_QUEUE) -> bool:
     """Wake a worker after committing jobs enqueued in your own transaction.
 
     ``leaseq.enqueue_jobs(conn, ...)`` stores jobs in the caller's transaction, and the
@@ -448,6 +477,9 @@ def wake_worker(connection: psycopg.Connection[Any], function_name: str, *,
                                        operation_key=f"ship-{order_id}", payload={...})])
         wake_worker(conn, "my-stack-worker")
 
+    ``queue`` is the named queue whose pool is woken: ``function_name`` must be that
+    queue's worker function (the stack output of its nested queue application).
+
     Called inside an open transaction it raises :class:`leaseq.InvalidRequestError` and
     does nothing: a worker woken before the commit would not see the jobs.
     """
@@ -456,7 +488,7 @@ def wake_worker(connection: psycopg.Connection[Any], function_name: str, *,
             "wake_worker was called inside an open transaction: commit the transaction "
             "that enqueued the jobs first, then call wake_worker, so that the worker it "
             "starts can see them")
-    place = wake_worker_place(connection)
+    place = wake_worker_place(connection, queue)
     if place is None:
         return False
     invoke = lambda_starter(function_name, lambda_client)

@@ -53,6 +53,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import IO, Any, TypeVar, cast, overload
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
@@ -68,6 +69,7 @@ from leaseq import (
     job_log_fields,
 )
 from leaseq.base.pool import PoolSize
+from leaseq.base.queues import QueueOverview
 
 from leaseq_lambda.scaling import FanOutReport
 
@@ -393,6 +395,55 @@ def record_drain(metrics: Metrics, report: DrainReport, oldest_ready_age: float 
     if oldest_ready_age is not None:
         metrics.add_metric(name="OldestReadyAgeSeconds", unit=MetricUnit.Seconds,
                            value=round(oldest_ready_age, 3))
+
+
+#: The dimension value of every queue past the first ``LEASEQ_METRIC_QUEUES`` by name.
+OTHER_QUEUES = "other"
+
+
+def queue_metrics(overviews: Sequence[QueueOverview], limit: int,
+                  now: datetime) -> list[tuple[str, dict[str, float]]]:
+    """Per queue, the values the reaper reports: ready, running, retrying and dead jobs,
+    the oldest ready job's age (0 with none) and whether the queue is paused (1 or 0).
+    The dimension is bounded: the first ``limit`` queues by name have a value of their
+    own, the others are summed under :data:`OTHER_QUEUES` (their oldest age the
+    greatest, paused when any is): a producer naming new queues never makes new metrics
+    past the bound."""
+    rows: dict[str, dict[str, float]] = {}
+    for index, view in enumerate(sorted(overviews, key=lambda v: v.queue)):
+        name = view.queue if index < limit else OTHER_QUEUES
+        values = {"QueueReadyJobs": float(view.ready), "QueueRunningJobs": float(view.running),
+                  "QueueRetryingJobs": float(view.retrying), "QueueDeadJobs": float(view.dead),
+                  "QueueOldestReadyAgeSeconds": round(view.oldest_ready_age(now) or 0.0, 3),
+                  "QueuePaused": 1.0 if view.paused else 0.0}
+        if name in rows:
+            merged = rows[name]
+            for key, value in values.items():
+                if key in ("QueueOldestReadyAgeSeconds", "QueuePaused"):
+                    merged[key] = max(merged[key], value)
+                else:
+                    merged[key] += value
+        else:
+            rows[name] = values
+    return list(rows.items())
+
+
+def record_queues(metrics: Metrics, overviews: Sequence[QueueOverview], limit: int,
+                  now: datetime | None = None) -> None:
+    """Each queue's depth and lag as metrics with a ``queue`` dimension (one EMF
+    document per queue, beside the invocation's own), for the per-queue alarms and
+    dashboards (:func:`queue_metrics` bounds the dimension)."""
+    moment = now or datetime.now(UTC)
+    for name, values in queue_metrics(overviews, limit, moment):
+        document = EphemeralMetrics(namespace=metrics.namespace, service=metrics.service)
+        document.add_dimension(name="queue", value=name)
+        for key, value in values.items():
+            unit = MetricUnit.Seconds if key.endswith("Seconds") else MetricUnit.Count
+            document.add_metric(name=key, unit=unit, value=value)
+        try:
+            document.flush_metrics()
+        finally:
+            document.clear_metrics()
 
 
 def record_reap(metrics: Metrics, report: ReapReport) -> None:

@@ -10,7 +10,7 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-from leaseq.base.limits import MAX_PRIORITY, MIN_PRIORITY
+from leaseq.base.limits import MAX_PRIORITY, MIN_PRIORITY, queue_name_problem
 
 #: leaseq.base.schedules.SHARED_TENANT, without importing the library for --help.
 SHARED_TENANT = uuid.UUID(int=0)
@@ -69,6 +69,15 @@ def priority(text: str) -> int:
         raise argparse.ArgumentTypeError(
             f"{text!r} is outside {MIN_PRIORITY} (least urgent) .. {MAX_PRIORITY} (most urgent)")
     return value
+
+
+def queue_name(text: str) -> str:
+    """A named queue: 1 .. 40 lowercase letters, digits, '-' or '_', starting with a
+    letter (the database's rule, checked before anything is sent)."""
+    problem = queue_name_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return text
 
 
 def json_object(text: str, *, what: str = "--payload") -> dict[str, Any]:

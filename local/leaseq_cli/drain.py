@@ -10,7 +10,10 @@ would, and jobs still running (a lease that has yet to expire) count as work lef
 With a kind filter (``--kind`` / ``--exclude-kind``, or LEASEQ_KINDS / LEASEQ_EXCLUDE_KINDS
 in the environment) only jobs of the kinds the worker claims count (app.queue_depth per
 kind, which does not say when the next one is due: the loop then waits up to ``wait``);
-jobs of the other kinds are counted apart, as left to their own worker.
+jobs of the other kinds are counted apart, as left to their own worker. The same holds
+for named queues: the worker drains its own queue (``--queue``, LEASEQ_QUEUE; "default"),
+and while other queues hold jobs only its queue's jobs count (app.queue_overview), the
+others' as left to their own workers.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal
 
+from leaseq.base.queues import QueueOverview
 from leaseq.drain.config import FINISH_RESERVE, WorkerConfig, needed_for
 from leaseq.settings import WorkerSettings
 from leaseq.store.client import QueueClient
@@ -97,6 +101,11 @@ class Backlog:
         kinds it claims."""
         if claims is not None and (claims.kinds or claims.exclude_kinds):
             return cls._of_kinds(client, claims)
+        if claims is not None and claims.queue is not None:
+            views = client.queue_overview()
+            if any(v.queue != claims.queue and v.ready + v.scheduled + v.running
+                   for v in views):
+                return cls._of_queue(views, claims.queue)
         by_state: dict[str, int] = {}
         ready = 0
         due: list[float] = []
@@ -120,6 +129,20 @@ class Backlog:
             ready += int(row["ready"])
         return cls(by_state, ready, None, others)
 
+    @classmethod
+    def _of_queue(cls, views: list[QueueOverview], queue: str) -> Backlog:
+        by_state = {"pending": 0, "retry_wait": 0, "running": 0}
+        ready = others = 0
+        for view in views:
+            if view.queue != queue:
+                others += view.ready + view.scheduled
+                continue
+            by_state["retry_wait"] += view.retrying
+            by_state["pending"] += view.ready + view.scheduled - view.retrying
+            by_state["running"] += view.running
+            ready += view.ready
+        return cls(by_state, ready, None, others)
+
     def waiting(self, *, include_running: bool) -> int:
         states = ("pending", "retry_wait", "running") if include_running else (
             "pending", "retry_wait")
@@ -133,12 +156,11 @@ def worker_settings() -> WorkerSettings:
 
 
 def kind_filter() -> WorkerConfig | None:
-    """The worker's kind filter, or None when it claims every kind."""
+    """The worker's kind filter and queue (the queue is always set: the worker drains
+    one)."""
     settings = worker_settings()
-    if settings.kinds is None and settings.exclude_kinds is None:
-        return None
     return WorkerConfig(owner="leaseq-drain", kinds=settings.kinds,
-                        exclude_kinds=settings.exclude_kinds)
+                        exclude_kinds=settings.exclude_kinds, queue=settings.queue)
 
 
 def check_budget(budget: float) -> None:

@@ -105,6 +105,9 @@ def build_parser() -> Parser:
                       help="instead: a backlog enqueued through the enqueue function on the "
                       "local Lambda service wakes a worker, which starts more of itself up "
                       "to --max-workers; shows the pool as it grows and drains")
+    demo.add_argument("--queues", action="store_true",
+                      help="instead: three named queues, two drained in parallel by their "
+                      "own workers while the third stays paused (its jobs wait)")
     demo.add_argument("--max-workers", type=arguments.positive_int, default=4, metavar="N",
                       help="with --fan-out: most worker invocations at once (default 4)")
     demo.add_argument("--jobs", type=arguments.positive_int, default=400, metavar="N",
@@ -130,6 +133,9 @@ def build_parser() -> Parser:
                          help="1 (least urgent) .. 9 (most urgent); default 5. More urgent "
                          "jobs of a tenant are claimed first, aged so that none waits more "
                          "than 8 priority steps behind newer ones")
+    enqueue.add_argument("--queue", type=arguments.queue_name, metavar="QUEUE",
+                         help="the named queue whose workers run it (default: the kind's "
+                         "declared queue with --handlers, else its route, else 'default')")
     enqueue.add_argument("--limit-key", metavar="KEY", help="put the job under the limits set "
                          "on key:KEY (leaseq limits set), for example a partner account's rate")
     enqueue.add_argument("--file", metavar="JOBS.jsonl", help="a JSON-lines file, or - for stdin")
@@ -174,6 +180,9 @@ def build_parser() -> Parser:
                        help="the default job budget (LEASEQ_JOB_TIMEOUT_SECONDS)")
     drain.add_argument("--reap", action="store_true",
                        help="run the reaper handler before each invocation too")
+    drain.add_argument("--queue", type=arguments.queue_name, metavar="QUEUE",
+                       help="drain this named queue, as its worker function does "
+                       "(LEASEQ_QUEUE; default 'default')")
     kind_filter = drain.add_mutually_exclusive_group()
     kind_filter.add_argument("--kind", action="append", dest="kinds", metavar="KIND",
                              help="claim only jobs of this kind; repeat for more "
@@ -187,8 +196,29 @@ def build_parser() -> Parser:
     reap.add_argument("--budget", type=arguments.seconds, default=30.0)
 
     status = _command(sub, "status", c.cmd_status, "jobs per tenant and state, ready jobs, "
-                      "the oldest ready job's age")
+                      "the oldest ready job's age, and per queue")
     status.add_argument("--tenant", type=arguments.uuid_value)
+
+    queues = _command(sub, "queues", _needs_subcommand, "named queues: depth, workers, "
+                      "pause and resume")
+    queues_sub = queues.add_subparsers(title="commands", metavar="COMMAND", parser_class=Parser)
+    queues_sub.required = True
+    queues_list = _command(queues_sub, "list", c.cmd_queues_list, "every queue: ready, "
+                           "scheduled, running, retrying and dead jobs, the oldest ready "
+                           "job's age, workers, paused or not")
+    queues_list.add_argument("queue", nargs="?", type=arguments.queue_name, metavar="QUEUE",
+                             help="one queue, with its pauses and resumes")
+    queues_list.add_argument("--history", type=arguments.positive_int, default=20,
+                             metavar="N", help="with QUEUE: its last N pauses and resumes")
+    pause = _command(queues_sub, "pause", c.cmd_queues_pause, "pause a queue: its jobs are "
+                     "not claimed and its workers not started; running jobs finish; audited")
+    pause.add_argument("queue", type=arguments.queue_name, metavar="QUEUE")
+    pause.add_argument("--reason", help="why, kept with the pause and its audit row")
+    resume = _command(queues_sub, "resume", c.cmd_queues_resume, "resume a paused queue; "
+                      "audited")
+    resume.add_argument("queue", type=arguments.queue_name, metavar="QUEUE")
+    for queue_parser in (pause, resume):
+        queue_parser.add_argument("--actor", help="the audit actor (default leaseq-cli:$USER)")
 
     jobs = _command(sub, "jobs", _needs_subcommand, "look at one job")
     jobs_sub = jobs.add_subparsers(title="commands", metavar="COMMAND", parser_class=Parser)

@@ -397,3 +397,22 @@ begin
 end;
 $$;
 revoke all on function app.check_reason(text) from public;
+
+-- A queue's name: 1 .. 40 characters, lowercase ASCII letters, digits, '-' and '_',
+-- starting with a letter (app.queues' and app.jobs' name rule); 22023 otherwise.
+create or replace function app.check_queue(p_name text, p_queue text)
+returns void
+language plpgsql
+immutable
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+  if p_queue is null or p_queue !~ '^[a-z][a-z0-9_-]{0,39}$' then
+    perform app.raise_invalid(format(
+      '%s must be a queue name: 1 to 40 lowercase letters, digits, ''-'' or ''_'', '
+      'starting with a letter (got %s)',
+      p_name, coalesce(quote_literal(left(p_queue, 60)), 'NULL')));
+  end if;
+end;
+$$;
+revoke all on function app.check_queue(text, text) from public;

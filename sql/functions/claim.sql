@@ -105,7 +105,8 @@ create or replace function app.claim_jobs(
   p_limit integer default 10,
   p_lease interval default interval '30 seconds',
   p_kinds text[] default null,
-  p_exclude_kinds text[] default null
+  p_exclude_kinds text[] default null,
+  p_queue text default null
 )
 returns setof app.claimed_job
 language plpgsql
@@ -117,11 +118,16 @@ declare
   v_now timestamptz := clock_timestamp();
   v_tids tid[];
   v_kinds text[];
+  v_paused text[];
 begin
   if p_tenant_id is null then
     perform app.check_required('p_tenant_id', p_tenant_id);
   end if;
   perform app.check_claim(p_owner, p_limit, p_lease);
+  v_paused := app.paused_queues(p_queue);
+  if p_queue = any (v_paused) then
+    return;
+  end if;
 
   if p_kinds is null and p_exclude_kinds is null then
     select array_agg(c.ctid) into v_tids
@@ -131,6 +137,7 @@ begin
       where q.tenant_id = p_tenant_id
         and q.claim_key <= v_now
         and q.available_at <= v_now
+        and q.queue = coalesce(p_queue, q.queue) and q.queue <> all (v_paused)
       order by q.claim_key, q.created_at, q.job_id
       for update skip locked
       limit p_limit
@@ -174,6 +181,7 @@ begin
             and q.kind = k.kind
             and q.claim_key <= v_now
             and q.available_at <= v_now
+            and q.queue = coalesce(p_queue, q.queue) and q.queue <> all (v_paused)
           order by q.claim_key, q.created_at, q.job_id
           limit p_limit
         ) head
@@ -181,6 +189,7 @@ begin
       join app.claimable c on c.ctid = candidate.tid
       where c.claim_key <= v_now
         and c.available_at <= v_now
+        and c.queue = coalesce(p_queue, c.queue) and c.queue <> all (v_paused)
       order by candidate.claim_key, candidate.created_at, candidate.job_id
       for update of c skip locked
       limit p_limit
@@ -192,8 +201,8 @@ begin
   return query select * from app.claim_locked_jobs(v_tids, p_owner, p_lease, v_now);
 end;
 $$;
-revoke all on function app.claim_jobs(uuid, text, integer, interval, text[], text[]) from public;
-grant execute on function app.claim_jobs(uuid, text, integer, interval, text[], text[]) to leaseq_worker;
+revoke all on function app.claim_jobs(uuid, text, integer, interval, text[], text[], text) from public;
+grant execute on function app.claim_jobs(uuid, text, integer, interval, text[], text[], text) to leaseq_worker;
 
 -- Tenants with a job ready now, in tenant_id order, with the available_at of their
 -- first ready job in claim order. Only tenants whose turn is due can have one (see above), so this reads
@@ -309,6 +318,14 @@ grant execute on function app.oldest_ready_at() to leaseq_worker, leaseq_operato
 -- turns of other kinds are never moved (but for a tenant with no ready job at all), so a
 -- worker of other kinds, however often it serves the tenant, does not delay it here.
 --
+-- Named queues (migration 0026_named_queues): with p_queue the claim takes that queue's
+-- entries only (app.claimable.queue) and picks only due tenants with a ready entry in the
+-- queue (one probe of claimable_queue_idx each), so due tenants whose ready work is in
+-- other queues never take its picks; without it, every queue that is not paused. A
+-- paused queue's claim returns nothing at once (app.paused_queues). Turns stay per tenant
+-- (and kind): queues of one tenant share its round robin; a tenant is idle (its turn
+-- settled) only with no ready entry in any queue. claim_jobs takes p_queue the same way.
+--
 -- Each step of the loop is one statement with the two forms side by side, each behind a
 -- test of the filter that the plan evaluates once (a one-time filter): the form not
 -- taken costs nothing, and each keeps its own index walk.
@@ -317,7 +334,8 @@ create or replace function app.claim_ready_jobs(
   p_limit integer default 10,
   p_lease interval default interval '30 seconds',
   p_kinds text[] default null,
-  p_exclude_kinds text[] default null
+  p_exclude_kinds text[] default null,
+  p_queue text default null
 )
 returns setof app.claimed_job
 language plpgsql
@@ -327,6 +345,7 @@ set plan_cache_mode = force_generic_plan
 as $$
 declare
   v_now timestamptz := clock_timestamp();
+  v_paused text[];
   v_kinds text[];            -- NULL: every kind (the tenants' turns)
   v_filtered boolean := false;
   v_class integer := 1819374707;
@@ -346,6 +365,10 @@ declare
   v_more tid[];
 begin
   perform app.check_claim(p_owner, p_limit, p_lease);
+  v_paused := app.paused_queues(p_queue);
+  if p_queue = any (v_paused) then
+    return;
+  end if;
   if p_kinds is not null or p_exclude_kinds is not null then
     perform app.check_kind_filter(p_kinds, p_exclude_kinds);
     v_filtered := true;
@@ -398,6 +421,12 @@ begin
           where not v_filtered
             and t.turn_at <= v_now
             and t.tenant_id <> all (v_seen)
+            and (p_queue is null
+                 or (select q.job_id from app.claimable q
+                     where q.queue = p_queue and q.tenant_id = t.tenant_id
+                       and q.claim_key <= v_now and q.available_at <= v_now
+                     order by q.queue, q.tenant_id, q.claim_key
+                     limit 1) is not null)
           order by t.turn_at, t.tenant_id
           limit v_room
         ) u
@@ -411,6 +440,12 @@ begin
             and t.kind = k.kind
             and t.turn_at <= v_now
             and t.tenant_id <> all (v_seen)
+            and (p_queue is null
+                 or (select q.job_id from app.claimable q
+                     where q.queue = p_queue and q.tenant_id = t.tenant_id
+                       and q.claim_key <= v_now and q.available_at <= v_now
+                     order by q.queue, q.tenant_id, q.claim_key
+                     limit 1) is not null)
           order by t.turn_at, t.tenant_id
           limit v_room
         ) c
@@ -435,6 +470,12 @@ begin
           where not v_filtered
             and t.turn_at <= v_now
             and t.tenant_id <> all (v_seen)
+            and (p_queue is null
+                 or (select q.job_id from app.claimable q
+                     where q.queue = p_queue and q.tenant_id = t.tenant_id
+                       and q.claim_key <= v_now and q.available_at <= v_now
+                     order by q.queue, q.tenant_id, q.claim_key
+                     limit 1) is not null)
           order by t.turn_at, t.tenant_id
           limit v_room - cardinality(v_pick)
         ) u
@@ -448,6 +489,12 @@ begin
             and t.kind = k.kind
             and t.turn_at <= v_now
             and t.tenant_id <> all (v_seen)
+            and (p_queue is null
+                 or (select q.job_id from app.claimable q
+                     where q.queue = p_queue and q.tenant_id = t.tenant_id
+                       and q.claim_key <= v_now and q.available_at <= v_now
+                     order by q.queue, q.tenant_id, q.claim_key
+                     limit 1) is not null)
           order by t.turn_at, t.tenant_id
           limit v_room - cardinality(v_pick)
         ) c
@@ -480,6 +527,7 @@ begin
               and q.tenant_id = t.tenant_id
               and q.claim_key <= v_now
               and q.available_at <= v_now
+              and q.queue = coalesce(p_queue, q.queue) and q.queue <> all (v_paused)
             order by q.claim_key, q.created_at, q.job_id
             for update skip locked
             limit v_share
@@ -498,6 +546,7 @@ begin
                   and q.kind = kt.kind
                   and q.claim_key <= v_now
                   and q.available_at <= v_now
+                  and q.queue = coalesce(p_queue, q.queue) and q.queue <> all (v_paused)
                 order by q.claim_key, q.created_at, q.job_id
                 limit v_share
               ) head
@@ -509,6 +558,7 @@ begin
             join app.claimable c on c.ctid = candidate.tid
             where c.claim_key <= v_now
               and c.available_at <= v_now
+              and c.queue = coalesce(p_queue, c.queue) and c.queue <> all (v_paused)
             order by candidate.claim_key, candidate.created_at, candidate.job_id
             for update of c skip locked
             limit v_share
@@ -538,6 +588,7 @@ begin
           and q.tenant_id = t.tenant_id
           and q.claim_key <= v_now
           and q.available_at <= v_now
+          and q.queue = coalesce(p_queue, q.queue) and q.queue <> all (v_paused)
           and q.job_id <> all (v_ids)
         order by q.claim_key, q.created_at, q.job_id
         for update skip locked
@@ -559,6 +610,7 @@ begin
               and q.kind = kt.kind
               and q.claim_key <= v_now
               and q.available_at <= v_now
+              and q.queue = coalesce(p_queue, q.queue) and q.queue <> all (v_paused)
               and q.job_id <> all (v_ids)
             order by q.claim_key, q.created_at, q.job_id
             limit p_limit - cardinality(v_tids)
@@ -570,6 +622,7 @@ begin
         join app.claimable c on c.ctid = candidate.tid
         where c.claim_key <= v_now
           and c.available_at <= v_now
+          and c.queue = coalesce(p_queue, c.queue) and c.queue <> all (v_paused)
         order by candidate.pos, candidate.claim_key, candidate.created_at, candidate.job_id
         for update of c skip locked
         limit p_limit - cardinality(v_tids)
@@ -585,5 +638,5 @@ begin
   perform app.settle_turns(v_held, v_seen, v_kinds, v_now);
 end;
 $$;
-revoke all on function app.claim_ready_jobs(text, integer, interval, text[], text[]) from public;
-grant execute on function app.claim_ready_jobs(text, integer, interval, text[], text[]) to leaseq_worker;
+revoke all on function app.claim_ready_jobs(text, integer, interval, text[], text[], text) from public;
+grant execute on function app.claim_ready_jobs(text, integer, interval, text[], text[], text) to leaseq_worker;

@@ -10,9 +10,9 @@
 -- claim, a renewal, a cancel request and a successful finish never call it). A claim
 -- deletes its own entries: it locked them. Internal: owner only.
 --
--- A queue or a "held" set (jobs kept back by a limit) would stay out of the claim the
--- same way: a held job has no entry here until it is released, and a queue would be one
--- more leading column of the claim's indexes.
+-- A "held" set (jobs kept back by a limit) would stay out of the claim the same way: a
+-- held job has no entry here until it is released. A job's named queue is carried by its
+-- entry (0026_named_queues), the leading column of claimable_queue_idx.
 
 create or replace function app.claimable_added()
 returns trigger
@@ -21,9 +21,9 @@ set search_path = pg_catalog, pg_temp
 as $$
 begin
   insert into app.claimable (tenant_id, kind, claim_key, created_at, job_id, available_at,
-                             state, priority)
+                             state, priority, queue)
   select a.tenant_id, a.kind, a.claim_key, a.created_at, a.id, a.available_at, a.state,
-         a.priority
+         a.priority, a.queue
   from added a
   where a.state in ('pending', 'retry_wait')
     -- Limits hook: a job a limit holds back has no entry (functions/admission.sql).
@@ -54,9 +54,9 @@ begin
   -- (functions/admission.sql).
   if new.state in ('pending', 'retry_wait') and new.available_at < app.held_until() then
     insert into app.claimable (tenant_id, kind, claim_key, created_at, job_id, available_at,
-                             state, priority)
+                             state, priority, queue)
     values (new.tenant_id, new.kind, new.claim_key, new.created_at, new.id, new.available_at,
-            new.state, new.priority);
+            new.state, new.priority, new.queue);
   end if;
   return null;
 end;

@@ -16,6 +16,9 @@
 --                      characters)
 --   kind               non-blank, at most 128 characters, plain text
 --   correlation id     1 .. 200 characters, plain text
+--   queue              a queue name (app.check_queue: 1 .. 40 lowercase letters, digits,
+--                      '-' or '_', starting with a letter); NULL or not given: the
+--                      kind's route (app.queue_kinds), else 'default'
 
 -- The signatures before priorities (0021_job_priorities drops them too): gone here as
 -- well, so that these files applied over an older schema leave no overload that makes
@@ -23,11 +26,17 @@
 drop function if exists app.enqueue_jobs(uuid[], text[], text[], jsonb[], timestamptz[],
                                          integer[], text[]);
 drop function if exists app.enqueue_job(uuid, text, text, jsonb, timestamptz, integer);
--- And the signatures before limit keys (0025_job_limits drops them too).
+-- And the signatures before limit keys (0025_job_limits drops them too) and before named
+-- queues (0026_named_queues drops them too).
+drop function if exists app.enqueue_items(uuid[], text[], text[], jsonb[], timestamptz[],
+                                          integer[], text[], integer[]);
 drop function if exists app.enqueue_jobs(uuid[], text[], text[], jsonb[], timestamptz[],
                                          integer[], text[], integer[]);
 drop function if exists app.enqueue_items(uuid[], text[], text[], jsonb[], timestamptz[],
-                                          integer[], text[], integer[]);
+                                          integer[], text[], integer[], text[]);
+drop function if exists app.enqueue_jobs(uuid[], text[], text[], jsonb[], timestamptz[],
+                                         integer[], text[], integer[], text[]);
+drop function if exists app.enqueue_job(uuid, text, text, jsonb, timestamptz, integer, integer);
 
 -- Priorities and the claim key. A claim takes a tenant's claimable jobs (available_at
 -- <= now) in claim-key order, then oldest created first; the key is written whenever a
@@ -148,9 +157,11 @@ create or replace function app.enqueue_items(
   p_max_attempts integer[] default null,
   p_correlation_ids text[] default null,
   p_priorities integer[] default null,
+  p_queues text[] default null,
   p_limit_keys text[] default null
 )
-returns table (ord integer, job_id uuid, status text, state app.job_state, error text)
+returns table (ord integer, job_id uuid, status text, state app.job_state, error text,
+               queue text)
 language plpgsql
 security definer
 set search_path = pg_catalog, pg_temp
@@ -182,6 +193,7 @@ begin
      or array_ndims(p_max_attempts) <> 1 or array_lower(p_max_attempts, 1) <> 1
      or array_ndims(p_correlation_ids) <> 1 or array_lower(p_correlation_ids, 1) <> 1
      or array_ndims(p_priorities) <> 1 or array_lower(p_priorities, 1) <> 1
+     or array_ndims(p_queues) <> 1 or array_lower(p_queues, 1) <> 1
      or array_ndims(p_limit_keys) <> 1 or array_lower(p_limit_keys, 1) <> 1 then
     perform app.check_array('p_tenant_ids', p_tenant_ids);
     perform app.check_array('p_operation_keys', p_operation_keys);
@@ -191,6 +203,7 @@ begin
     perform app.check_array('p_max_attempts', p_max_attempts);
     perform app.check_array('p_correlation_ids', p_correlation_ids);
     perform app.check_array('p_priorities', p_priorities);
+    perform app.check_array('p_queues', p_queues);
     perform app.check_array('p_limit_keys', p_limit_keys);
   end if;
   perform app.check_range('number of jobs', v_count, 1, 1000);
@@ -201,6 +214,7 @@ begin
      or (p_max_attempts is not null and cardinality(p_max_attempts) <> v_count)
      or (p_correlation_ids is not null and cardinality(p_correlation_ids) <> v_count)
      or (p_priorities is not null and cardinality(p_priorities) <> v_count)
+     or (p_queues is not null and cardinality(p_queues) <> v_count)
      or (p_limit_keys is not null and cardinality(p_limit_keys) <> v_count) then
     perform app.raise_invalid('enqueue arrays must all have the same length');
   end if;
@@ -247,6 +261,11 @@ begin
     elsif p_correlation_ids is not null and p_correlation_ids[v_item.n] ~ '[^ -~]'
           and app.character_problem(p_correlation_ids[v_item.n]) is not null then
       v_problem := 'correlation_id ' || app.character_problem(p_correlation_ids[v_item.n]);
+    elsif p_queues is not null and p_queues[v_item.n] is not null
+          and p_queues[v_item.n] !~ '^[a-z][a-z0-9_-]{0,39}$' then
+      v_problem := format('queue must be a queue name: 1 to 40 lowercase letters, digits, '
+                          '''-'' or ''_'', starting with a letter (got %s)',
+                          quote_literal(left(p_queues[v_item.n], 60)));
     elsif p_limit_keys is not null and p_limit_keys[v_item.n] is not null
           and (length(p_limit_keys[v_item.n]) > 200 or app.is_blank(p_limit_keys[v_item.n])) then
       v_problem := 'limit_key must be a non-blank text of at most 200 characters';
@@ -282,18 +301,22 @@ begin
       coalesce(p_max_attempts, array_fill(null::integer, array[v_count])),
       coalesce(p_correlation_ids, array_fill(null::text, array[v_count])),
       coalesce(p_priorities, array_fill(null::integer, array[v_count])),
+      coalesce(p_queues, array_fill(null::text, array[v_count])),
       coalesce(p_limit_keys, array_fill(null::text, array[v_count]))
     ) with ordinality as u(tenant_id, operation_key, kind, payload, available_at, max_attempts,
-                           correlation_id, priority, limit_key, n)
+                           correlation_id, priority, queue, limit_key, n)
     where v_errors[u.n] is null
   ), inserted as (
     insert into app.jobs (
       tenant_id, operation_key, kind, payload, available_at, max_attempts,
-      correlation_id, priority, claim_key, created_at, updated_at, limit_key
+      correlation_id, priority, claim_key, created_at, updated_at, queue, limit_key
     )
     select i.tenant_id, i.operation_key, i.kind, i.payload, d.due,
            coalesce(i.max_attempts, 6), i.correlation_id, d.priority,
-           d.due - (d.priority - 1) * v_step, v_now, v_now, i.limit_key
+           d.due - (d.priority - 1) * v_step, v_now, v_now,
+           coalesce(i.queue, (select r.queue from app.queue_kinds r where r.kind = i.kind),
+                    'default'),
+           i.limit_key
     from input i
     cross join lateral (
       select greatest(coalesce(i.available_at, v_now), v_now) as due,
@@ -302,7 +325,7 @@ begin
     order by i.n
     on conflict (tenant_id, operation_key) do nothing
     returning id, tenant_id, kind, available_at, max_attempts, correlation_id, priority,
-              limit_key
+              queue, limit_key
   )
   , audit as (
     insert into app.job_events (tenant_id, job_id, event_type, actor, details, created_at)
@@ -312,6 +335,7 @@ begin
              'availableAt', ins.available_at,
              'maxAttempts', ins.max_attempts,
              'priority', ins.priority,
+             'queue', ins.queue,
              'correlationId', ins.correlation_id,
              'limitKey', ins.limit_key)),
            v_now
@@ -346,10 +370,12 @@ begin
   -- which would let a producer that may write into several tenants read another's ids.
   return query
   select a.n, case when a.status = 'conflict' then null else a.id end, a.status,
-         case when a.status = 'conflict' then null else a.state end, null::text
+         case when a.status = 'conflict' then null else a.state end, null::text,
+         case when a.status = 'conflict' then null else a.queue end
   from (
     select i.n::integer as n,
            j.id,
+           j.queue,
            case
              when j.id = any (v_created)
                   and i.n = min(i.n) over (partition by i.tenant_id, i.operation_key)
@@ -364,13 +390,13 @@ begin
     where v_errors[i.n] is null
   ) a
   union all
-  select e.n::integer, null::uuid, 'rejected', null::app.job_state, e.error
+  select e.n::integer, null::uuid, 'rejected', null::app.job_state, e.error, null::text
   from unnest(v_errors) with ordinality as e(error, n)
   where e.error is not null
   order by 1;
 end;
 $$;
-revoke all on function app.enqueue_items(uuid[], text[], text[], jsonb[], timestamptz[], integer[], text[], integer[], text[]) from public;
+revoke all on function app.enqueue_items(uuid[], text[], text[], jsonb[], timestamptz[], integer[], text[], integer[], text[], text[]) from public;
 
 create or replace function app.enqueue_jobs(
   p_tenant_ids uuid[],
@@ -381,9 +407,11 @@ create or replace function app.enqueue_jobs(
   p_max_attempts integer[] default null,
   p_correlation_ids text[] default null,
   p_priorities integer[] default null,
+  p_queues text[] default null,
   p_limit_keys text[] default null
 )
-returns table (ord integer, job_id uuid, status text, state app.job_state, error text)
+returns table (ord integer, job_id uuid, status text, state app.job_state, error text,
+               queue text)
 language plpgsql
 security definer
 set search_path = pg_catalog, pg_temp
@@ -393,15 +421,15 @@ begin
   return query
   select * from app.enqueue_items(p_tenant_ids, p_operation_keys, p_kinds, p_payloads,
                                   p_available_ats, p_max_attempts, p_correlation_ids,
-                                  p_priorities, p_limit_keys);
+                                  p_priorities, p_queues, p_limit_keys);
 end;
 $$;
 -- Producers: leaseq_producer into any tenant, leaseq_tenant_producer only into the
 -- tenants app.tenant_producers binds its login to (app.check_producer_tenants, first,
 -- refuses the whole call with 42501 before anything is looked up, so another tenant's
 -- keys cannot even be probed).
-revoke all on function app.enqueue_jobs(uuid[], text[], text[], jsonb[], timestamptz[], integer[], text[], integer[], text[]) from public;
-grant execute on function app.enqueue_jobs(uuid[], text[], text[], jsonb[], timestamptz[], integer[], text[], integer[], text[]) to leaseq_producer, leaseq_tenant_producer;
+revoke all on function app.enqueue_jobs(uuid[], text[], text[], jsonb[], timestamptz[], integer[], text[], integer[], text[], text[]) from public;
+grant execute on function app.enqueue_jobs(uuid[], text[], text[], jsonb[], timestamptz[], integer[], text[], integer[], text[], text[]) to leaseq_producer, leaseq_tenant_producer;
 
 -- One job, through enqueue_jobs. A rejected item raises its 22023 (a single call has
 -- no other item to keep), a conflict raises 23505; the row is returned otherwise.
@@ -412,7 +440,8 @@ create or replace function app.enqueue_job(
   p_payload jsonb,
   p_available_at timestamptz default null,
   p_max_attempts integer default 6,
-  p_priority integer default 5
+  p_priority integer default 5,
+  p_queue text default null
 )
 returns app.jobs
 language plpgsql
@@ -433,7 +462,7 @@ begin
   select * into v_result
   from app.enqueue_jobs(array[p_tenant_id], array[p_operation_key], array[p_kind],
                         array[p_payload], array[p_available_at], array[p_max_attempts],
-                        null, array[p_priority]);
+                        null, array[p_priority], array[p_queue]);
   if v_result.status = 'rejected' then
     perform app.raise_invalid(v_result.error);
   end if;
@@ -457,5 +486,5 @@ begin
   return v_job;
 end;
 $$;
-revoke all on function app.enqueue_job(uuid, text, text, jsonb, timestamptz, integer, integer) from public;
-grant execute on function app.enqueue_job(uuid, text, text, jsonb, timestamptz, integer, integer) to leaseq_producer, leaseq_tenant_producer;
+revoke all on function app.enqueue_job(uuid, text, text, jsonb, timestamptz, integer, integer, text) from public;
+grant execute on function app.enqueue_job(uuid, text, text, jsonb, timestamptz, integer, integer, text) to leaseq_producer, leaseq_tenant_producer;

@@ -438,7 +438,8 @@ create or replace function app.finish_and_claim_jobs(
   p_limit integer default 10,
   p_lease interval default interval '30 seconds',
   p_kinds text[] default null,
-  p_exclude_kinds text[] default null
+  p_exclude_kinds text[] default null,
+  p_queue text default null
 )
 returns table (
   claimed boolean,
@@ -471,6 +472,9 @@ begin
   if p_limit = 0 and (p_kinds is not null or p_exclude_kinds is not null) then
     perform app.check_kind_filter(p_kinds, p_exclude_kinds);
   end if;
+  if p_limit = 0 and p_queue is not null then
+    perform app.check_queue('p_queue', p_queue);
+  end if;
   if coalesce(cardinality(p_job_ids), 0) > 0 then
     return query
     select false, f.job_id, null::uuid, f.state, null::text, null::text, null::jsonb,
@@ -500,9 +504,10 @@ begin
     select true, c.id, c.tenant_id, c.state, c.operation_key, c.kind, c.payload::jsonb,
            c.attempts, c.max_attempts, c.available_at, c.created_at,
            c.lease_owner, c.lease_token, c.lease_expires_at, c.correlation_id, c.priority
-    from app.claim_ready_jobs(p_owner, p_limit, p_lease, p_kinds, p_exclude_kinds) c;
+    from app.claim_ready_jobs(p_owner, p_limit, p_lease, p_kinds, p_exclude_kinds,
+                                p_queue) c;
   end if;
 end;
 $$;
-revoke all on function app.finish_and_claim_jobs(text, uuid[], uuid[], uuid[], text[], jsonb[], interval[], integer, interval, text[], text[]) from public;
-grant execute on function app.finish_and_claim_jobs(text, uuid[], uuid[], uuid[], text[], jsonb[], interval[], integer, interval, text[], text[]) to leaseq_worker;
+revoke all on function app.finish_and_claim_jobs(text, uuid[], uuid[], uuid[], text[], jsonb[], interval[], integer, interval, text[], text[], text) from public;
+grant execute on function app.finish_and_claim_jobs(text, uuid[], uuid[], uuid[], text[], jsonb[], interval[], integer, interval, text[], text[], text) to leaseq_worker;

@@ -28,6 +28,16 @@
 -- it: a wake (which producers call) reserves no room and takes no lock of the pool's.
 -- Removing a place (leave, release) needs no lock: a count that misses a removal only
 -- refuses room that was free, it never grants room that was not.
+--
+-- Each named queue has a pool of its own (migration 0026_named_queues): a place belongs to
+-- one queue (worker_pool.queue), and joins, fan-outs and wakes count, reserve and wake only
+-- the places of their p_queue ('default' when not given), under its limit: the queue's own
+-- max_workers (app.queues, the owner's) or else the owner's max_workers, narrowed by the
+-- caller's p_max_workers. One queue's backlog never starts, nor holds room of, another
+-- queue's workers. A paused queue's pool takes no join (the worker returns without
+-- claiming), reserves nothing and wakes nothing; its places already held live out their
+-- invocations. The one lock of app.worker_pool_state still serialises every change of
+-- every pool: changes are one per invocation start or fan-out, never per job.
 
 -- The owner's limits (app.settings), for the pool functions; 55000 when the row is gone.
 create or replace function app.pool_limits(
@@ -52,6 +62,18 @@ begin
 end;
 $$;
 revoke all on function app.pool_limits() from public;
+
+-- One queue's most places: its own max_workers (app.queues), else the owner's. Internal.
+create or replace function app.queue_max_workers(p_queue text)
+returns integer
+language sql
+stable
+set search_path = pg_catalog, pg_temp
+as $$
+  select coalesce((select q.max_workers from app.queues q where q.name = p_queue),
+                  (select l.max_workers from app.pool_limits() l));
+$$;
+revoke all on function app.queue_max_workers(text) from public;
 
 -- The owner sets the pool's limits: the deploy (from the template's MaxWorkers and
 -- WakeDebounceSeconds), the command line on its embedded server, or an operator with the
@@ -129,7 +151,8 @@ create or replace function app.join_worker_pool(
   p_reason text,
   p_reservation uuid,
   p_max_workers integer,
-  p_expires_in interval
+  p_expires_in interval,
+  p_queue text default 'default'
 )
 returns boolean
 language plpgsql
@@ -153,7 +176,11 @@ begin
   perform app.check_range('p_max_workers', p_max_workers, 1, 1000);
   perform app.check_interval('p_expires_in', p_expires_in, interval '1 second',
                              interval '16 minutes');
-  select least(p_max_workers, l.max_workers) into v_max from app.pool_limits() l;
+  perform app.ensure_queue(p_queue);
+  if p_queue = any (app.paused_queues()) then
+    return false;
+  end if;
+  v_max := least(p_max_workers, app.queue_max_workers(p_queue));
   v_expires_at := v_now + p_expires_in;
 
   perform 1 from app.worker_pool_state s for update;
@@ -170,7 +197,7 @@ begin
     else
       update app.worker_pool p
       set owner = p_owner, reason = p_reason, expires_at = v_expires_at
-      where p.id = p_reservation and p.owner is null;
+      where p.id = p_reservation and p.owner is null and p.queue = p_queue;
       v_taken := found;
       v_joined := v_taken;
     end if;
@@ -187,10 +214,10 @@ begin
   end if;
 
   if not v_joined then
-    select count(*) into v_places from app.worker_pool p;
+    select count(*) into v_places from app.worker_pool p where p.queue = p_queue;
     if v_places < v_max then
-      insert into app.worker_pool (owner, reason, created_at, expires_at)
-      values (p_owner, p_reason, v_now, v_expires_at);
+      insert into app.worker_pool (owner, reason, created_at, expires_at, queue)
+      values (p_owner, p_reason, v_now, v_expires_at, p_queue);
       v_joined := true;
     elsif p_reason in ('schedule', 'manual') then
       -- A tick in a pool at (or above) its maximum: it takes the oldest reservation, so
@@ -198,13 +225,15 @@ begin
       -- the start that arrives late finds no room) ...
       update app.worker_pool p
       set owner = p_owner, reason = p_reason, expires_at = v_expires_at
-      where p.id = (select r.id from app.worker_pool r where r.owner is null
+      where p.id = (select r.id from app.worker_pool r
+                    where r.owner is null and r.queue = p_queue
                     order by r.created_at, r.id limit 1);
       v_joined := found;
       -- ... or, with every place held by a running invocation, the extra place.
-      if not v_joined and not exists (select 1 from app.worker_pool p where p.extra) then
-        insert into app.worker_pool (owner, reason, created_at, expires_at, extra)
-        values (p_owner, p_reason, v_now, v_expires_at, true);
+      if not v_joined and not exists (select 1 from app.worker_pool p
+                                      where p.extra and p.queue = p_queue) then
+        insert into app.worker_pool (owner, reason, created_at, expires_at, extra, queue)
+        values (p_owner, p_reason, v_now, v_expires_at, true, p_queue);
         v_joined := true;
       end if;
     end if;
@@ -216,8 +245,8 @@ begin
   return v_joined;
 end;
 $$;
-revoke all on function app.join_worker_pool(text, text, uuid, integer, interval) from public;
-grant execute on function app.join_worker_pool(text, text, uuid, integer, interval) to leaseq_worker;
+revoke all on function app.join_worker_pool(text, text, uuid, integer, interval, text) from public;
+grant execute on function app.join_worker_pool(text, text, uuid, integer, interval, text) to leaseq_worker;
 
 -- An invocation's end (also after a failure): its place is free at once, rather than
 -- when it would have expired.
@@ -244,7 +273,8 @@ grant execute on function app.leave_worker_pool(text) to leaseq_worker;
 create or replace function app.reserve_worker_places(
   p_wanted integer,
   p_max_workers integer,
-  p_hold interval
+  p_hold interval,
+  p_queue text default 'default'
 )
 returns setof uuid
 language plpgsql
@@ -261,30 +291,31 @@ begin
   perform app.check_range('p_wanted', p_wanted, 0, 1000);
   perform app.check_range('p_max_workers', p_max_workers, 1, 1000);
   perform app.check_interval('p_hold', p_hold, interval '1 second', interval '1 day');
-  if p_wanted = 0 then
+  perform app.check_queue('p_queue', p_queue);
+  if p_wanted = 0 or p_queue = any (app.paused_queues()) then
     return;
   end if;
-  select least(p_max_workers, l.max_workers), least(p_hold, l.start_hold)
+  select least(p_max_workers, app.queue_max_workers(p_queue)), least(p_hold, l.start_hold)
   into v_max, v_hold
   from app.pool_limits() l;
 
   perform 1 from app.worker_pool_state s for update;
   delete from app.worker_pool p where p.expires_at <= v_now;
-  select count(*) into v_places from app.worker_pool p;
+  select count(*) into v_places from app.worker_pool p where p.queue = p_queue;
   v_room := least(p_wanted, v_max - v_places);
   if v_room <= 0 then
     return;
   end if;
   update app.worker_pool_state s set changed_at = v_now;
   return query
-  insert into app.worker_pool (owner, reason, created_at, expires_at)
-  select null, 'fanout', v_now, v_now + v_hold
+  insert into app.worker_pool (owner, reason, created_at, expires_at, queue)
+  select null, 'fanout', v_now, v_now + v_hold, p_queue
   from generate_series(1, v_room)
   returning id;
 end;
 $$;
-revoke all on function app.reserve_worker_places(integer, integer, interval) from public;
-grant execute on function app.reserve_worker_places(integer, integer, interval) to leaseq_worker;
+revoke all on function app.reserve_worker_places(integer, integer, interval, text) from public;
+grant execute on function app.reserve_worker_places(integer, integer, interval, text) to leaseq_worker;
 
 -- The invocation a reservation or a wake's ticket was made for could not be started
 -- (the Invoke call failed): free its room now, or consume the ticket (its waker's
@@ -334,7 +365,7 @@ grant execute on function app.release_worker_place(uuid)
 -- Only then, under the lock, are the login's conditions checked again. So 1,000
 -- enqueues of one login in a second start at most one invocation, and none of them
 -- waits for another.
-create or replace function app.wake_worker_place()
+create or replace function app.wake_worker_place(p_queue text default 'default')
 returns uuid
 language plpgsql
 security definer
@@ -350,50 +381,59 @@ declare
   v_ticket_expires_at timestamptz;
   v_ticket uuid;
 begin
-  select l.max_workers, l.start_hold, l.wake_debounce into v_max, v_hold, v_debounce
+  if p_queue is null or p_queue !~ '^[a-z][a-z0-9_-]{0,39}$' then
+    perform app.check_queue('p_queue', p_queue);
+  end if;
+  select app.queue_max_workers(p_queue), l.start_hold, l.wake_debounce
+  into v_max, v_hold, v_debounce
   from app.pool_limits() l;
   if v_max < 1 then
     return null;
   end if;
-  if exists (select 1 from app.worker_pool p where p.expires_at > v_now) then
+  if exists (select 1 from app.worker_pool p
+             where p.queue = p_queue and p.expires_at > v_now) then
+    return null;
+  end if;
+  if exists (select 1 from app.queues q where q.name = p_queue and q.paused_at is not null) then
     return null;
   end if;
   select r.oid into v_login from pg_catalog.pg_roles r where r.rolname = session_user;
   select w.woken_at, w.ticket_expires_at into v_woken_at, v_ticket_expires_at
-  from app.worker_wakes w where w.waker = v_login;
+  from app.worker_wakes w where w.waker = v_login and w.queue = p_queue;
   if v_woken_at > v_now - v_debounce or v_ticket_expires_at > v_now then
     return null;
   end if;
 
-  -- One wake of this login at a time (class 1819374719, the login's OID moved into
-  -- the integer range): another call holds it, so a worker is on its way.
-  if not pg_try_advisory_xact_lock(1819374719, (v_login::bigint - 2147483648)::integer) then
+  -- One wake of this login and queue at a time (class 1819374719, a hash of the login's
+  -- OID and the queue): another call holds it, so a worker is on its way (or, on a hash
+  -- collision with another queue, that queue's; this one's tick then drains it).
+  if not pg_try_advisory_xact_lock(1819374719, hashtext(v_login::text || '/' || p_queue)) then
     return null;
   end if;
   -- Again, in statements that start after the lock: the previous holder has committed.
   v_now := clock_timestamp();
   select w.woken_at, w.ticket_expires_at into v_woken_at, v_ticket_expires_at
-  from app.worker_wakes w where w.waker = v_login;
+  from app.worker_wakes w where w.waker = v_login and w.queue = p_queue;
   if v_woken_at > v_now - v_debounce or v_ticket_expires_at > v_now then
     return null;
   end if;
   v_ticket := gen_random_uuid();
-  insert into app.worker_wakes as w (waker, woken_at, ticket, ticket_expires_at)
-  values (v_login, v_now, v_ticket, v_now + v_hold)
-  on conflict (waker) do update
+  insert into app.worker_wakes as w (waker, woken_at, ticket, ticket_expires_at, queue)
+  values (v_login, v_now, v_ticket, v_now + v_hold, p_queue)
+  on conflict (waker, queue) do update
   set woken_at = excluded.woken_at, ticket = excluded.ticket,
       ticket_expires_at = excluded.ticket_expires_at;
   return v_ticket;
 end;
 $$;
-revoke all on function app.wake_worker_place() from public;
-grant execute on function app.wake_worker_place()
+revoke all on function app.wake_worker_place(text) from public;
+grant execute on function app.wake_worker_place(text)
   to leaseq_producer, leaseq_tenant_producer, leaseq_worker;
 
 -- How full the pool is: unexpired places held by invocations (live) and reserved for
 -- invocations not started yet (reserved). The worker's pool-size metric, and an
 -- operator's look. Reads only; expired places are left out, not deleted.
-create or replace function app.worker_pool_size()
+create or replace function app.worker_pool_size(p_queue text default null)
 returns table (live integer, reserved integer)
 language plpgsql
 stable
@@ -407,8 +447,8 @@ begin
   select (count(*) filter (where p.owner is not null))::integer,
          (count(*) filter (where p.owner is null))::integer
   from app.worker_pool p
-  where p.expires_at > v_now;
+  where p.expires_at > v_now and p.queue = coalesce(p_queue, p.queue);
 end;
 $$;
-revoke all on function app.worker_pool_size() from public;
-grant execute on function app.worker_pool_size() to leaseq_worker, leaseq_operator;
+revoke all on function app.worker_pool_size(text) from public;
+grant execute on function app.worker_pool_size(text) to leaseq_worker, leaseq_operator;

@@ -53,14 +53,15 @@ app.check_lease(interval)                                                       
 app.check_limit(text,text,uuid,text,integer,integer,interval,integer)                            x   .   .    .     .    .    .    .    .
 app.check_owner(text)                                                                            x   .   .    .     .    .    .    .    .
 app.check_producer_tenants(uuid[])                                                               x   .   .    .     .    .    .    .    .
+app.check_queue(text,text)                                                                       x   .   .    .     .    .    .    .    .
 app.check_range(text,integer,integer,integer)                                                    x   .   .    .     .    .    .    .    .
 app.check_reason(text)                                                                           x   .   .    .     .    .    .    .    .
 app.check_required(text,anyelement)                                                              x   .   .    .     .    .    .    .    .
 app.check_schedule(uuid,text,text,text,text,jsonb,integer,integer)                               x   .   .    .     .    .    .    .    .
 app.check_time_zone(text)                                                                        x   .   .    .     .    .    .    .    .
-app.claim_jobs(uuid,text,integer,interval,text[],text[])                                         x   x   .    .     x    .    .    .    .
+app.claim_jobs(uuid,text,integer,interval,text[],text[],text)                                    x   x   .    .     x    .    .    .    .
 app.claim_locked_jobs(tid[],text,interval,timestamp with time zone)                              x   .   .    .     .    .    .    .    .
-app.claim_ready_jobs(text,integer,interval,text[],text[])                                        x   x   .    .     x    .    .    .    .
+app.claim_ready_jobs(text,integer,interval,text[],text[],text)                                   x   x   .    .     x    .    .    .    .
 app.claimable_added()                                                                            x   .   .    .     .    .    .    .    .
 app.claimable_moved()                                                                            x   .   .    .     .    .    .    .    .
 app.complete_job(uuid,uuid,text,uuid,jsonb)                                                      x   x   .    .     x    .    .    .    .
@@ -70,14 +71,15 @@ app.dead_jobs(uuid,text,integer)                                                
 app.discard_job(uuid,uuid,text,uuid,jsonb)                                                       x   x   .    .     x    .    .    .    .
 app.document_problem(jsonb,text,integer)                                                         x   .   .    .     .    .    .    .    .
 app.end_stalled_sessions()                                                                       x   x   .    .     .    x    .    .    .
-app.enqueue_items(uuid[],text[],text[],jsonb[],timestamp with time zone[],integer[],text[],integer[],text[])  x   .   .    .     .    .    .    .    .
-app.enqueue_job(uuid,text,text,jsonb,timestamp with time zone,integer,integer)                   x   x   x    x     .    .    .    .    .
-app.enqueue_jobs(uuid[],text[],text[],jsonb[],timestamp with time zone[],integer[],text[],integer[],text[])  x   x   x    x     .    .    .    .    .
+app.enqueue_items(uuid[],text[],text[],jsonb[],timestamp with time zone[],integer[],text[],integer[],text[],text[])  x   .   .    .     .    .    .    .    .
+app.enqueue_job(uuid,text,text,jsonb,timestamp with time zone,integer,integer,text)              x   x   x    x     .    .    .    .    .
+app.enqueue_jobs(uuid[],text[],text[],jsonb[],timestamp with time zone[],integer[],text[],integer[],text[],text[])  x   x   x    x     .    .    .    .    .
+app.ensure_queue(text)                                                                           x   .   .    .     .    .    .    .    .
 app.error_document(jsonb)                                                                        x   .   .    .     .    .    .    .    .
 app.explain_invalid_outcome(bigint,uuid,uuid,uuid,text,jsonb,interval)                           x   .   .    .     .    .    .    .    .
 app.fail_job(uuid,uuid,text,uuid,jsonb,interval)                                                 x   x   .    .     x    .    .    .    .
 app.fill_claim_key()                                                                             x   .   .    .     .    .    .    .    .
-app.finish_and_claim_jobs(text,uuid[],uuid[],uuid[],text[],jsonb[],interval[],integer,interval,text[],text[])  x   x   .    .     x    .    .    .    .
+app.finish_and_claim_jobs(text,uuid[],uuid[],uuid[],text[],jsonb[],interval[],integer,interval,text[],text[],text)  x   x   .    .     x    .    .    .    .
 app.finish_jobs(text,uuid[],uuid[],uuid[],text[],jsonb[],interval[])                             x   x   .    .     x    .    .    .    .
 app.get_job(uuid)                                                                                x   x   .    .     .    .    x    .    .
 app.get_job_result(uuid,uuid)                                                                    x   x   x    x     .    .    .    .    .
@@ -89,7 +91,7 @@ app.job_activity(uuid,text,interval,integer,integer)                            
 app.job_limit_rows(uuid,text,text)                                                               x   .   .    .     .    .    .    .    .
 app.job_timeline(uuid,integer)                                                                   x   x   .    .     .    .    x    .    .
 app.job_wait_reasons(uuid[])                                                                     x   x   .    .     .    .    x    .    .
-app.join_worker_pool(text,text,uuid,integer,interval)                                            x   x   .    .     x    .    .    .    .
+app.join_worker_pool(text,text,uuid,integer,interval,text)                                       x   x   .    .     x    .    .    .    .
 app.leave_worker_pool(text)                                                                      x   x   .    .     x    .    .    .    .
 app.limit_name(text,text,uuid,text)                                                              x   .   .    .     .    .    .    .    .
 app.limit_new_jobs(uuid[])                                                                       x   .   .    .     .    .    .    .    .
@@ -102,13 +104,19 @@ app.next_schedule_slot(text,text,timestamp with time zone)                      
 app.next_claimable_at(uuid,text)                                                                 x   .   .    .     .    .    .    .    .
 app.next_start_at(text,integer,interval,integer,timestamp with time zone)                        x   .   .    .     .    .    .    .    .
 app.oldest_ready_at()                                                                            x   x   .    .     x    .    x    .    .
+app.pause_queue(text,text,text)                                                                  x   x   .    .     .    .    x    .    .
 app.pause_schedule(uuid,text,boolean)                                                            x   x   .    .     .    .    x    .    .
+app.paused_queues(text)                                                                          x   .   .    .     .    .    .    .    .
 app.pool_limits()                                                                                x   .   .    .     .    .    .    .    .
 app.priority_step()                                                                              x   .   .    .     .    .    .    .    .
 app.prune_jobs(interval,integer)                                                                 x   x   .    .     .    .    x    .    .
 app.prune_retained_jobs(interval,integer)                                                        x   x   .    .     .    x    .    .    .
 app.put_schedule(uuid,text,text,text,text,jsonb,integer,integer,text)                            x   x   .    .     .    .    x    .    .
 app.queue_depth(uuid,text,integer)                                                               x   x   .    .     .    .    x    .    .
+app.queue_history(text,integer)                                                                  x   x   .    .     .    .    x    .    .
+app.queue_max_workers(text)                                                                      x   .   .    .     .    .    .    .    .
+app.queue_overview(text)                                                                         x   x   .    .     x    x    x    .    .
+app.queue_state(text)                                                                            x   x   .    .     x    .    x    .    .
 app.queue_status(uuid)                                                                           x   x   .    .     .    .    x    .    .
 app.raise_invalid(text)                                                                          x   .   .    .     .    .    .    .    .
 app.reader_get_job(uuid)                                                                         x   .   .    .     .    .    .    x    .
@@ -131,12 +139,15 @@ app.renew_job_lease(uuid,uuid,text,uuid,interval)                               
 app.renew_job_lease_status(uuid,uuid,text,uuid,interval)                                         x   x   .    .     x    .    .    .    .
 app.repair_tenant_turns(integer)                                                                 x   x   .    .     .    x    x    .    .
 app.request_job_cancel(text,uuid[],text)                                                         x   x   .    .     .    .    x    .    .
-app.reserve_worker_places(integer,integer,interval)                                              x   x   .    .     x    .    .    .    .
+app.reserve_worker_places(integer,integer,interval,text)                                         x   x   .    .     x    .    .    .    .
+app.resume_queue(text,text)                                                                      x   x   .    .     .    .    x    .    .
 app.role_duration_setting(oid,text)                                                              x   .   .    .     .    .    .    .    .
+app.route_kinds(text,text[])                                                                     x   .   .    .     .    .    .    .    .
 app.schedule_slots(text,text,timestamp with time zone,timestamp with time zone,integer)          x   .   .    .     .    .    .    .    .
 app.schedule_spec(text)                                                                          x   .   .    .     .    .    .    .    .
 app.set_limit(text,text,text,uuid,text,integer,integer,interval,integer)                         x   x   .    .     .    .    x    .    .
 app.set_priority_step(interval)                                                                  x   .   .    .     .    .    .    .    .
+app.set_queue_limits(text,integer)                                                               x   .   .    .     .    .    .    .    .
 app.set_worker_pool_limits(integer,interval,interval)                                            x   .   .    .     .    .    .    .    .
 app.settle_turns(uuid[],uuid[],text[],timestamp with time zone)                                  x   .   .    .     .    .    .    .    .
 app.spec_slots(bigint,integer[],integer[],integer[],integer[],integer[],boolean,boolean,boolean,text,timestamp with time zone,timestamp with time zone,integer)  x   .   .    .     .    .    .    .    .
@@ -149,8 +160,8 @@ app.take_slot(text,text,integer,uuid,uuid,timestamp with time zone)             
 app.tick_schedules(integer)                                                                      x   x   .    .     .    x    .    .    .
 app.waiting_jobs(uuid)                                                                           x   x   .    .     .    .    x    .    .
 app.wake_tenants(uuid[],timestamp with time zone[],text[])                                       x   .   .    .     .    .    .    .    .
-app.wake_worker_place()                                                                          x   x   x    x     x    .    .    .    .
-app.worker_pool_size()                                                                           x   x   .    .     x    .    x    .    .
+app.wake_worker_place(text)                                                                      x   x   x    x     x    .    .    .    .
+app.worker_pool_size(text)                                                                       x   x   .    .     x    .    x    .    .
 """  # noqa: E501
 
 # S select (every column unless listed under "columns"), I insert, U update, D delete,
@@ -173,6 +184,9 @@ app.worker_pool       SIUDT  -   -    -     -    -    -    -    -
 app.worker_pool_state SIUDT  -   -    -     -    -    -    -    -
 app.worker_wakes      SIUDT  -   -    -     -    -    -    -    -
 app.schedules         SIUDT  -   -    -     -    -    -    -    -
+app.queues            SIUDT  -   -    -     -    -    -    -    -
+app.queue_events      SIUDT  -   -    -     -    -    -    -    -
+app.queue_kinds       SIUDT  -   -    -     -    -    -    -    -
 app.limits            SIUDT  -   -    -     -    -    -    -    -
 app.limit_slots       SIUDT  -   -    -     -    -    -    -    -
 app.limit_starts      SIUDT  -   -    -     -    -    -    -    -

@@ -39,7 +39,7 @@ def test_one_job_is_created_and_a_repeat_finds_the_same_job(
 
     assert first["results"][0]["status"] == "created"
     assert (first["created"], first["existing"], first["rejected"]) == (1, 0, 0)
-    assert again["results"] == [{"index": 0, "status": "existing",
+    assert again["results"] == [{"index": 0, "status": "existing", "queue": "default",
                                  "job_id": first["results"][0]["job_id"]}]
     (row,) = jobs(owner)
     assert (str(row["id"]), row["kind"], row["correlation_id"]) == (
@@ -151,7 +151,8 @@ def _direct(**changes: Any) -> dict[str, Any]:
     (_direct(kind="\u200b"), "kind: Value error, must not be blank"),
     (_direct(max_attempts=0), "max_attempts: Input should be greater than or equal to 1"),
     (_direct(available_at="2030-01-01T00:00:00"), "available_at: Value error, must include a"),
-    (_direct(queue="fast"), "queue: Extra inputs are not permitted"),
+    (_direct(lane="fast"), "lane: Extra inputs are not permitted"),
+    (_direct(queue="Fast"), "queue: Value error, must be a queue name"),
     (_direct(priority=0), "priority: Input should be greater than or equal to 1"),
     (_direct(operation_key="   "), "operation_key: Value error, must not be blank"),
     (_direct(kind="send\nwelcome"), "kind: Value error, must not contain control, format "

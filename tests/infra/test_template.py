@@ -487,8 +487,13 @@ def test_max_workers_reaches_the_worker_and_the_enqueue_function_and_only_them(
     assert "LEASEQ_FANOUT_IDLE_SECONDS" not in enqueue
     for name in ("ReaperFunction", "MigrationsFunction", "DashboardFunction"):
         assert not set(POOL_VARIABLES) & set(environment_of(cfn, name)), name
-    # The slow worker's pool is off (one pool per database, the worker's): explicitly 0.
-    assert environment_of(cfn, "SlowWorkerFunction")["LEASEQ_MAX_WORKERS"] == "0"
+    # The slow worker drains a named queue of its own, with that queue's own pool
+    # (SlowWorkerMaxWorkers, off by default as before named queues).
+    slow = environment_of(cfn, "SlowWorkerFunction")
+    assert slow["LEASEQ_MAX_WORKERS"] == {"Ref": "SlowWorkerMaxWorkers"}
+    assert sam["Parameters"]["SlowWorkerMaxWorkers"]["Default"] == 0
+    assert (slow["LEASEQ_QUEUE"], worker["LEASEQ_QUEUE"]) == ({"Ref": "SlowQueueName"},
+                                                              "default")
     assert sam["Conditions"]["HasWorkerPool"] == {
         "Fn::Not": [{"Fn::Equals": [{"Ref": "MaxWorkers"}, 0]}]}
 
@@ -535,8 +540,10 @@ def test_only_the_worker_and_the_enqueue_function_may_invoke_the_worker_on_its_a
     found = invoke_statements(cfn)
 
     # (the schedules' roles, which SAM makes, invoke their own targets)
+    # (the schedules' roles, and the slow queue's worker, which starts only itself: see
+    # test_a_slow_worker_drains_a_named_queue_...)
     runtime = {role: statements for role, statements in found.items()
-               if not role.endswith("ScheduleRole")}
+               if not role.endswith("ScheduleRole") and role != "SlowWorkerFunctionRole"}
     assert set(runtime) == {f"{name}Role" for name in INVOKE_WORKER}
     for function, resource in INVOKE_WORKER.items():
         ((condition, statement),) = runtime[f"{function}Role"]
@@ -1033,7 +1040,7 @@ def test_the_worker_runs_async_handlers_ten_at_a_time_and_sync_ones_in_turn_by_d
     assert "LEASEQ_WORKER_CONCURRENCY" not in slow
 
 
-def test_a_slow_worker_has_its_own_limits_schedule_and_kinds_and_the_worker_leaves_them(
+def test_a_slow_worker_drains_a_named_queue_with_its_own_limits_schedule_pool_and_kinds(
     sam: dict[str, Any], cfn: dict[str, Any],
 ) -> None:
     slow = function_properties(cfn, "SlowWorkerFunction")
@@ -1058,21 +1065,27 @@ def test_a_slow_worker_has_its_own_limits_schedule_and_kinds_and_the_worker_leav
         "MaximumRetryAttempts"] == 0
     variables, worker_variables = slow["Environment"]["Variables"], worker["Environment"][
         "Variables"]
-    assert variables["LEASEQ_KINDS"] == {"Ref": "SlowKinds"}
+    # An ordinary named queue: its kinds are routed there at deploy (the migrations'
+    # Queues property), so neither worker filters kinds.
+    assert variables["LEASEQ_QUEUE"] == {"Ref": "SlowQueueName"}
+    assert worker_variables["LEASEQ_QUEUE"] == "default"
     assert variables["LEASEQ_JOB_TIMEOUT_SECONDS"] == {"Ref": "SlowJobTimeoutSeconds"}
-    assert worker_variables["LEASEQ_EXCLUDE_KINDS"] == {
-        "Fn::If": ["HasSlowWorker", {"Ref": "SlowKinds"}, {"Ref": "AWS::NoValue"}]}
-    assert "LEASEQ_KINDS" not in worker_variables
+    assert not {"LEASEQ_KINDS", "LEASEQ_EXCLUDE_KINDS"} & (set(variables) | set(worker_variables))
+    queues = cfn["Resources"]["Migrations"]["Properties"]["Queues"]["Fn::If"]
+    assert queues == ["HasSlowWorker", [{"Name": {"Ref": "SlowQueueName"},
+                                         "Kinds": {"Ref": "SlowKinds"}, "MaxWorkers": ""}], []]
     # The same duty, so the same login; the rest of the database settings as the worker's.
     for key in ("LEASEQ_DB_USER", "LEASEQ_DB_HOST", "LEASEQ_DB_PORT", "LEASEQ_DB_IAM_AUTH",
                 "LEASEQ_DATABASE_SECRET_ARN", "LEASEQ_HANDLERS", "LEASEQ_BATCH_SIZE"):
         assert variables[key] == worker_variables[key], key
-    # The slow worker has no pool, so it never starts a worker: no lambda:InvokeFunction.
-    assert statements_of(cfn["Resources"]["SlowWorkerFunctionRole"]) == [
-        s for s in statements_of(cfn["Resources"]["WorkerFunctionRole"])
-        if s.get("Action") != "lambda:InvokeFunction"]
-    assert variables["LEASEQ_MAX_WORKERS"] == "0"
-    assert not {"LEASEQ_WORKER_FUNCTION", "LEASEQ_FANOUT_IDLE_SECONDS"} & set(variables)
+    # Its own pool (off by default): it starts only itself, by its own name.
+    assert variables["LEASEQ_MAX_WORKERS"] == {"Ref": "SlowWorkerMaxWorkers"}
+    assert variables["LEASEQ_WORKER_FUNCTION"] == {"Fn::Sub": "${AWS::StackName}-slow"}
+    assert slow["FunctionName"] == {"Fn::Sub": "${AWS::StackName}-slow"}
+    ((condition, statement),) = invoke_statements(cfn)["SlowWorkerFunctionRole"]
+    assert condition == "HasSlowWorkerPool"
+    assert statement["Resource"] == {"Fn::Sub": "arn:${AWS::Partition}:lambda:${AWS::Region}:"
+                                     "${AWS::AccountId}:function:${AWS::StackName}-slow"}
     # A slow job's budget fits the slowest the function may be given.
     assert sam["Parameters"]["SlowJobTimeoutSeconds"]["MaxValue"] < sam["Parameters"][
         "SlowWorkerTimeoutSeconds"]["MaxValue"]

@@ -53,6 +53,9 @@ DEPLOYMENT_DEFAULTS: dict[str, tuple[Any, str]] = {
         1.0, "def handlers one at a time, interrupted at their budget, as before the event "
              "loop; the library's default (unset) lets them share every slot of "
              "LEASEQ_WORKER_CONCURRENCY, as they did"),
+    "SlowQueueName": (
+        "slow", "the slow worker's named queue; the library's default queue is the one "
+                "the main worker drains"),
     "SlowJobTimeoutSeconds": (
         600.0, "the slow worker exists for kinds that need longer than the main worker's "
                "30 s budget"),
@@ -77,11 +80,9 @@ NOT_SETTINGS: dict[str, str] = {
 }
 
 #: Variables the template sets ahead of the library: checked as settings once a settings
-#: model declares them (the kind filter; docs/deploy.md says SlowKinds waits for it).
-PENDING: dict[str, str] = {
-    "LEASEQ_KINDS": "the slow worker's kinds, for the library's kind filter",
-    "LEASEQ_EXCLUDE_KINDS": "the kinds the main worker leaves to the slow one",
-}
+#: model declares them. (The kind filter was here while the slow worker used it; the slow
+#: worker now drains a named queue, LEASEQ_QUEUE.)
+PENDING: dict[str, str] = {}
 
 #: Parameters that must be found filling their setting, so that a walk of the template
 #: that found nothing cannot pass.

@@ -37,6 +37,11 @@ DASHBOARD_FUNCTIONS = {
     "app.cancel_jobs_by_id(text,uuid[],text)",
     "app.request_job_cancel(text,uuid[],text)",
     "app.list_schedules(uuid,integer)",
+    "app.pause_queue(text,text,text)",
+    "app.resume_queue(text,text)",
+    "app.queue_overview(text)",
+    "app.queue_history(text,integer)",
+    "app.queue_state(text)",
     "app.list_limits()",
     "app.limit_status()",
 }

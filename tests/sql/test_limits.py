@@ -47,7 +47,7 @@ def enqueue(conn: Conn, tenant: uuid.UUID, count: int, *, kind: str = "report",
                 for job_id in enqueue(conn, tenant, 1, kind=kind, prefix=prefix,
                                       priority=priority, limit_key=limit_key, batch=True)]
     rows = conn.execute(
-        "select job_id from app.enqueue_jobs(%s, %s, %s, %s, null, null, null, %s, %s)"
+        "select job_id from app.enqueue_jobs(%s, %s, %s, %s, null, null, null, %s, null, %s)"
         " order by ord",
         ([tenant] * count, [f"{prefix}-{uuid.uuid4().hex[:8]}-{i}" for i in range(count)],
          [kind] * count, [Jsonb({"i": i}) for i in range(count)],
@@ -431,7 +431,8 @@ def test_a_limit_key_longer_than_200_characters_is_refused_with_its_item(
     worker: Conn
 ) -> None:
     rows = worker.execute(
-        "select status, error from app.enqueue_jobs(%s, %s, %s, %s, null, null, null, null, %s)",
+        "select status, error from app.enqueue_jobs(%s, %s, %s, %s, null, null, null, null,"
+        " null, %s)",
         ([new_tenant()], ["x"], ["report"], [Jsonb({})], ["k" * 201])).fetchall()
     assert rows[0]["status"] == "rejected"
     assert "limit_key" in rows[0]["error"]

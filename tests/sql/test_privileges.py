@@ -20,11 +20,11 @@ from tests.support.postgres import Conn
 
 #: The runtime contract: these functions are executable by a login of every runtime duty.
 SERVICE_FUNCTIONS = {
-    "app.enqueue_job(uuid,text,text,jsonb,timestamp with time zone,integer,integer)",
+    "app.enqueue_job(uuid,text,text,jsonb,timestamp with time zone,integer,integer,text)",
     "app.enqueue_jobs(uuid[],text[],text[],jsonb[],timestamp with time zone[],integer[],text[],"
-    "integer[],text[])",
-    "app.claim_jobs(uuid,text,integer,interval,text[],text[])",
-    "app.claim_ready_jobs(text,integer,interval,text[],text[])",
+    "integer[],text[],text[])",
+    "app.claim_jobs(uuid,text,integer,interval,text[],text[],text)",
+    "app.claim_ready_jobs(text,integer,interval,text[],text[],text)",
     "app.ready_tenants(integer)",
     "app.oldest_ready_at()",
     "app.repair_tenant_turns(integer)",
@@ -464,6 +464,9 @@ def test_owner_is_not_a_superuser_and_does_not_bypass_rls(owner: Conn) -> None:
         "jobs": (True, False),
         "kind_turns": (True, False),
         "leases": (True, False),
+        "queue_events": (True, False),
+        "queue_kinds": (True, False),
+        "queues": (True, False),
         "limit_slots": (True, False),
         "limit_starts": (True, False),
         "limit_turns": (True, False),

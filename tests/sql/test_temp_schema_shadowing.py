@@ -173,6 +173,8 @@ def _work(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
     _pool(call)
     call("ready_tenants", "select * from app.ready_tenants(10)", ())
     call("oldest_ready_at", "select app.oldest_ready_at()", ())
+    call("queue_state", "select * from app.queue_state('default')", ())
+    call("queue_overview", "select * from app.queue_overview('default')", ())
 
     def claim(kinds: str = "null, null") -> dict[str, Any]:
         rows = call("claim_jobs", "select id, lease_token from app.claim_jobs(%s, 'w1', 1,"
@@ -255,6 +257,7 @@ def _reap(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
                   " values (%s, 'shadowed', 'report.build', '* * * * *',"
                   " now() - interval '90 seconds')", (tenant,))
     ticked = call("tick_schedules", "select * from app.tick_schedules(10)", ())
+    call("queue_overview", "select * from app.queue_overview()", ())
     assert ticked, "no schedule to tick"
     assert ticked[0]["enqueued"] >= 1, "no slot to enqueue"
 
@@ -273,6 +276,11 @@ def _dashboard(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
     call("queue_depth", "select * from app.queue_depth(%s, null, 5)", (tenant,))
     call("job_activity", "select * from app.job_activity(%s, null, '1 hour', 6, 5)", (tenant,))
     call("list_schedules", "select * from app.list_schedules(null, 3)", ())
+    call("pause_queue", "select * from app.pause_queue('reports', 'operator', 'why')", ())
+    call("queue_state", "select * from app.queue_state('reports')", ())
+    call("queue_overview", "select * from app.queue_overview()", ())
+    call("queue_history", "select * from app.queue_history('reports', 10)", ())
+    call("resume_queue", "select * from app.resume_queue('reports', 'operator')", ())
     call("list_limits", "select * from app.list_limits()", ())
     call("limit_status", "select * from app.limit_status()", ())
     call("cancel_jobs_by_id", "select * from app.cancel_jobs_by_id('dash', %s, 'unwanted')",
@@ -313,6 +321,11 @@ def _operate(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
          " '30 2 * * *', 'Europe/Berlin', '{}', 1, 6, 'operator')", (tenant,))
     call("pause_schedule", "select * from app.pause_schedule(%s, 'nightly', true)", (tenant,))
     call("list_schedules", "select * from app.list_schedules(%s, 3)", (tenant,))
+    call("pause_queue", "select * from app.pause_queue('reports', 'operator', 'why')", ())
+    call("queue_state", "select * from app.queue_state('reports')", ())
+    call("queue_overview", "select * from app.queue_overview()", ())
+    call("queue_history", "select * from app.queue_history('reports', 10)", ())
+    call("resume_queue", "select * from app.resume_queue('reports', 'operator')", ())
     call("remove_schedule", "select app.remove_schedule(%s, 'nightly')", (tenant,))
     call("sync_schedules", "select * from app.sync_schedules(array[%s]::uuid[],"
          " array['cleanup'], array['report.build'], array['@every 5m'], array['UTC'],"

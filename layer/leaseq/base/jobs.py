@@ -19,6 +19,7 @@ from leaseq.base.limits import (
     MAX_PRIORITY,
     MIN_PRIORITY,
     enqueue_size_problem,
+    queue_name_problem,
 )
 from leaseq.base.storable import (
     MAX_DOCUMENT_BYTES,
@@ -96,6 +97,17 @@ class EnqueueRequest(BaseModel):
     max_attempts: int | None = Field(default=None, ge=1, le=MAX_ATTEMPTS, strict=True)
     correlation_id: str | None = Field(default=None, min_length=1, max_length=200)
     priority: int | None = Field(default=None, ge=MIN_PRIORITY, le=MAX_PRIORITY, strict=True)
+    # The named queue whose workers run the job; None: the kind's route, else "default".
+    queue: str | None = None
+
+    @field_validator("queue")
+    @classmethod
+    def _queue_name(cls, value: str | None) -> str | None:
+        problem = None if value is None else queue_name_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
     # The producer's limit key: jobs naming the same key share the limits set on it
     # (leaseq limits set key:NAME ...), whatever their kind or tenant.
     limit_key: str | None = Field(default=None, min_length=1, max_length=200)
@@ -221,6 +233,9 @@ class EnqueueResult:
     status: EnqueueStatus
     state: JobState | None
     error: str | None = None
+    #: The queue the job is in (the request's, its kind's route, or "default"); None for a
+    #: conflict and a rejection.
+    queue: str | None = None
 
     @property
     def created(self) -> bool:

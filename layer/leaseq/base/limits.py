@@ -33,6 +33,12 @@ MAX_ATTEMPTS = 20
 MIN_PRIORITY = 1
 MAX_PRIORITY = 9
 DEFAULT_PRIORITY = 5
+#: A queue's name (app.check_queue): 1 .. 40 lowercase ASCII letters, digits, '-' and '_',
+#: starting with a letter, since it names Lambda functions, metric dimensions and log
+#: fields. A job names no queue: its kind's route, else :data:`DEFAULT_QUEUE`.
+QUEUE_NAME_PATTERN = r"^[a-z][a-z0-9_-]{0,39}$"
+MAX_QUEUE_NAME = 40
+DEFAULT_QUEUE = "default"
 #: The shortest and the longest lease a claim or renewal may take.
 MIN_LEASE = timedelta(seconds=1)
 MAX_LEASE = timedelta(days=1)
@@ -95,3 +101,15 @@ class Bounds:
         """Keyword arguments of a pydantic ``Field`` with this default and range."""
         low = {"gt": self.low} if self.above else {"ge": self.low}
         return {"default": self.default, "le": self.high, **low}
+
+
+def queue_name_problem(name: object) -> str | None:
+    """Why ``name`` cannot name a queue, in the database's words (app.check_queue), or
+    None: for settings and requests checked before anything is sent."""
+    import re
+
+    if not isinstance(name, str) or re.fullmatch(QUEUE_NAME_PATTERN, name) is None:
+        shown = repr(name[:60]) if isinstance(name, str) else repr(name)
+        return ("must be a queue name: 1 to 40 lowercase letters, digits, '-' or '_', "
+                f"starting with a letter (got {shown})")
+    return None

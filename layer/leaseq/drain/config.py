@@ -18,7 +18,7 @@ from typing import Any
 
 from leaseq.base import limits
 from leaseq.base.errors import ConfigurationError
-from leaseq.base.limits import Bounds
+from leaseq.base.limits import Bounds, queue_name_problem
 from leaseq.base.storable import is_blank
 from leaseq.kinds.retry import RETRY_BASE as RETRY_BASE
 from leaseq.kinds.retry import RETRY_MAX as RETRY_MAX
@@ -199,6 +199,8 @@ class WorkerConfig:
     with a filter keep their own round robin across tenants (sql/README.md, "Kinds'
     turns"). A worker with ``kinds`` must have a handler for each of them
     (:func:`leaseq.drain.budget.check_registry`).
+    ``queue`` is the named queue whose jobs the worker claims (None: every queue that is
+    not paused); a paused queue's worker claims nothing until it is resumed.
     ``cancel_grace`` is how long a handler whose job an operator cancelled may go on
     after its worker learns of it (at a lease renewal): it sees ``ctx.cancelled`` at
     once, and an ``async def`` handler's task is cancelled when the grace is over.
@@ -232,6 +234,7 @@ class WorkerConfig:
     cancel_grace: float = CANCEL_GRACE.default
     kinds: tuple[str, ...] | None = None
     exclude_kinds: tuple[str, ...] | None = None
+    queue: str | None = None
     setting_names: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -248,6 +251,8 @@ class WorkerConfig:
             if problem is None and getattr(self, key) is not None:
                 object.__setattr__(self, key, tuple(getattr(self, key)))  # a list given
             problems += [problem] if problem else []
+        if self.queue is not None and queue_name_problem(self.queue) is not None:
+            problems.append(f"{self.name('queue')} {queue_name_problem(self.queue)}")
         if not problems:
             problems = contradictions(
                 {**{key: getattr(self, key) for key in BOUNDS},

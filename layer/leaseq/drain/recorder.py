@@ -84,11 +84,13 @@ class Recorder:
                  on_job: Callable[[JobRecord], None] | None, interval: float,
                  clock: Callable[[], float] = time.monotonic, *,
                  kinds: Sequence[str] | None = None,
-                 exclude_kinds: Sequence[str] | None = None) -> None:
+                 exclude_kinds: Sequence[str] | None = None,
+                 queue: str | None = None) -> None:
         self._client = client
         self._owner = owner
-        #: Every claim's kind filter (WorkerConfig.kinds, exclude_kinds).
-        self._kinds = {"kinds": kinds, "exclude_kinds": exclude_kinds}
+        #: Every claim's kind filter (WorkerConfig.kinds, exclude_kinds) and its queue.
+        self._kinds: dict[str, Any] = {"kinds": kinds, "exclude_kinds": exclude_kinds,
+                                       "queue": queue}
         self._report = report
         self._on_job = on_job
         self._interval = interval

@@ -117,7 +117,7 @@ class DrainSteps:
         """The recorder of one drain's outcomes, counting into ``report``."""
         cfg = self.config
         return Recorder(self.client, cfg.owner, report, self.on_job, cfg.record_interval,
-                        kinds=cfg.kinds, exclude_kinds=cfg.exclude_kinds)
+                        kinds=cfg.kinds, exclude_kinds=cfg.exclude_kinds, queue=cfg.queue)
 
     def can_claim(self, time_left: float) -> bool:
         """Whether a job of the longest budget could still start: the drain stops

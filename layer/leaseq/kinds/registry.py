@@ -49,6 +49,7 @@ from leaseq.base.errors import (
     one_line,
 )
 from leaseq.base.jobs import EnqueueRequest, EnqueueResult
+from leaseq.base.limits import queue_name_problem
 from leaseq.base.schedules import SHARED_TENANT, Schedule
 from leaseq.base.storable import character_problem, is_blank
 from leaseq.kinds.retry import RetryPolicy
@@ -81,6 +82,9 @@ class Registration:
     timeout: float | None = None
     retry: RetryPolicy | None = None
     is_async: bool = field(default=False)
+    #: The named queue the kind's jobs go to when the producer names none (None: the
+    #: database's route for the kind, else "default").
+    queue: str | None = None
 
     def check(self, payload: Any) -> None:
         """Refuse ``payload`` if it does not fit the payload model
@@ -127,9 +131,11 @@ class DeclaredKind(Generic[P, R]):
 
     def request(self, tenant_id: UUID, operation_key: str, payload: P, *,
                 available_at: datetime | None = None, max_attempts: int | None = None,
-                correlation_id: str | None = None) -> EnqueueRequest:
+                correlation_id: str | None = None,
+                queue: str | None = None) -> EnqueueRequest:
         """The :class:`EnqueueRequest` of this kind for ``payload`` (a model is stored as
-        its JSON form); a payload its model refuses raises :class:`PayloadRejectedError`."""
+        its JSON form); a payload its model refuses raises :class:`PayloadRejectedError`.
+        The job goes to ``queue``, else to the queue the kind was declared with."""
         if isinstance(payload, BaseModel):
             document: Any = payload.model_dump(mode="json")
         else:
@@ -137,17 +143,21 @@ class DeclaredKind(Generic[P, R]):
         self.registration.check(document)
         return EnqueueRequest(tenant_id=tenant_id, operation_key=operation_key,
                               kind=self.kind, payload=document, available_at=available_at,
-                              max_attempts=max_attempts, correlation_id=correlation_id)
+                              max_attempts=max_attempts, correlation_id=correlation_id,
+                              queue=queue or self.registration.queue)
 
     def defer(self, to: psycopg.Connection[Any] | JobSink, tenant_id: UUID,
               operation_key: str, payload: P, *, available_at: datetime | None = None,
               max_attempts: int | None = None,
-              correlation_id: str | None = None) -> EnqueueResult:
+              correlation_id: str | None = None,
+              queue: str | None = None) -> EnqueueResult:
         """Enqueue one job of this kind: on a connection (inside the caller's open
         transaction, if any), or through ``to.enqueue_job`` (a QueueClient, the enqueue
-        function). A conflict or a rejection raises, as :func:`leaseq.enqueue_job` does."""
+        function). A conflict or a rejection raises, as :func:`leaseq.enqueue_job` does.
+        The job goes to ``queue``, else to the kind's declared queue."""
         request = self.request(tenant_id, operation_key, payload, available_at=available_at,
-                               max_attempts=max_attempts, correlation_id=correlation_id)
+                               max_attempts=max_attempts, correlation_id=correlation_id,
+                               queue=queue)
         if isinstance(to, psycopg.Connection):
             from leaseq.store.client import enqueue_job
 
@@ -188,6 +198,7 @@ class Registry:
         payload: type[BaseModel] | None = None,
         timeout: float | None = None,
         retry: RetryPolicy | None = None,
+        queue: str | None = None,
     ) -> Registration:
         """Register ``handler`` for ``kind`` (see the class docstring for the options);
         a kind the queue would refuse, a kind registered twice or a timeout that is not
@@ -206,12 +217,14 @@ class Registry:
                 f"job kind {kind!r} is registered twice; register each kind once")
         if timeout is not None and timeout <= 0:
             raise ConfigurationError(f"timeout for kind {kind!r} must be positive seconds")
+        if queue is not None and queue_name_problem(queue) is not None:
+            raise ConfigurationError(f"queue of kind {kind!r} {queue_name_problem(queue)}")
         if isinstance(handler, DeclaredKind):
             # A handler declared for another kind: the worker calls the function itself,
             # so that an async one is still seen as async.
             handler = handler.handler
         registration = Registration(kind, handler, payload, timeout, retry,
-                                    is_async=is_async_handler(handler))
+                                    is_async=is_async_handler(handler), queue=queue)
         self._by_kind[kind] = registration
         return registration
 
@@ -222,6 +235,7 @@ class Registry:
         payload: type[BaseModel] | None = None,
         timeout: float | None = None,
         retry: RetryPolicy | None = None,
+        queue: str | None = None,
         concurrency: int | None = None,
         rate: str | None = None,
         burst: int | None = None,
@@ -229,6 +243,8 @@ class Registry:
     ) -> Callable[[Callable[[P, JobContext], R]], DeclaredKind[P, R]]:
         """Decorator form of :meth:`register`, for ``def`` and ``async def`` handlers: the
         handler becomes a :class:`DeclaredKind` (callable as before, with ``defer``).
+        ``queue`` names the queue the kind's jobs go to when their producer names none
+        (its ``defer``, the enqueue function and ``leaseq enqueue`` with this registry).
 
         ``concurrency`` (at most N of the kind running at once) and ``rate`` (at most R
         starts per period: ``"10/s"``, ``"100/m"``, ``"5/10s"``; ``burst`` of them at once)
@@ -247,12 +263,25 @@ class Registry:
 
         def decorate(func: Callable[[P, JobContext], R]) -> DeclaredKind[P, R]:
             registration = self.register(kind, func, payload=payload, timeout=timeout,
-                                         retry=retry)
+                                         retry=retry, queue=queue)
             if declared is not None:
                 self._limits[kind] = declared
             return DeclaredKind(registration, func)
 
         return decorate
+
+    def queue_of(self, kind: str) -> str | None:
+        """The queue ``kind`` was declared with, or None (unknown, or declared without)."""
+        registration = self._by_kind.get(kind)
+        return None if registration is None else registration.queue
+
+    def routed(self, request: EnqueueRequest) -> EnqueueRequest:
+        """``request`` with its kind's declared queue when it names none itself: the
+        producer's choice wins, then the declaration, then the database's route."""
+        if request.queue is not None:
+            return request
+        queue = self.queue_of(request.kind)
+        return request if queue is None else request.model_copy(update={"queue": queue})
 
     def check(self, kind: str, payload: Any) -> None:
         """Refuse a job the worker would record dead without running it: a kind with no

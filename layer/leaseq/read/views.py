@@ -24,6 +24,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 from uuid import UUID
 
+from leaseq.base.queues import QueueOverview, QueueState
 from leaseq.store.client import QueueClient
 from leaseq.store.duties import OperatorClient, ReaderClient
 
@@ -90,6 +91,11 @@ class QueueViews(Protocol):
         or None for a viewer who is shown no schedules (a tenant reader)."""
         ...
 
+    def list_queues(self) -> list[QueueOverview] | None:
+        """Every named queue's depth, workers and pause (app.queue_overview), or None for
+        a viewer who is shown no queues (a tenant reader: queues hold every tenant's jobs)."""
+        ...
+
     def limit_status(self) -> list[Row] | None:
         """Each limit instance in use: admitted, running and held jobs, the oldest held
         one's wait (app.limit_status), or None for a viewer shown no limits (a tenant
@@ -143,6 +149,18 @@ class OperatorViews:
     def list_schedules(self) -> list[Row] | None:
         """See :meth:`QueueViews.list_schedules` (every tenant's)."""
         return self.client.list_schedules(None, 3)
+
+    def list_queues(self) -> list[QueueOverview] | None:
+        """See :meth:`QueueViews.list_queues`."""
+        return self.client.queue_overview()
+
+    def pause_queue(self, actor: str, queue: str, reason: str | None = None) -> QueueState:
+        """Pause ``queue``, audited with ``actor`` (app.pause_queue)."""
+        return self.client.pause_queue(queue, actor, reason)
+
+    def resume_queue(self, actor: str, queue: str) -> QueueState:
+        """Resume ``queue``, audited with ``actor`` (app.resume_queue)."""
+        return self.client.resume_queue(queue, actor)
 
     def limit_status(self) -> list[Row] | None:
         """See :meth:`QueueViews.limit_status` (every limit's)."""
@@ -210,6 +228,10 @@ class TenantViews:
     def list_schedules(self) -> list[Row] | None:
         """None: schedules are the operators' rows, which a tenant reader may not read
         (the shared tenant's and other tenants' among them)."""
+        return None
+
+    def list_queues(self) -> list[QueueOverview] | None:
+        """None: a queue's counts are every tenant's jobs."""
         return None
 
     def limit_status(self) -> list[Row] | None:

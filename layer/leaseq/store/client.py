@@ -52,7 +52,9 @@ from leaseq.base.jobs import (
     Selection,
     enqueue_call_problem,
 )
+from leaseq.base.limits import DEFAULT_QUEUE
 from leaseq.base.pool import PoolLimits, PoolSize
+from leaseq.base.queues import QueueOverview, QueueState
 from leaseq.base.results import JobResult, poll_until_finished
 from leaseq.base.schedules import Schedule, TickedSchedule
 from leaseq.base.sessions import StalledSession
@@ -94,6 +96,7 @@ def enqueue_jobs(conn: psycopg.Connection[Any],
         "max_attempts": [r.max_attempts for r in requests],
         "correlation_ids": [r.correlation_id for r in requests],
         "priorities": [r.priority for r in requests],
+        "queues": [r.queue for r in requests],
         "limit_keys": [r.limit_key for r in requests],
     }
     rows = fetch_rows(conn, queries.ENQUEUE_JOBS, params)
@@ -104,18 +107,19 @@ def enqueue_jobs(conn: psycopg.Connection[Any],
             status=row["status"],
             state=None if row["state"] is None else JobState(row["state"]),
             error=row["error"],
+            queue=row["queue"],
         )
         for row in rows
     ]
 
 
-def wake_worker_place(conn: psycopg.Connection[Any]) -> UUID | None:
+def wake_worker_place(conn: psycopg.Connection[Any], queue: str = DEFAULT_QUEUE) -> UUID | None:
     """:meth:`QueueClient.wake_worker_place` on the caller's connection, in a transaction
     of its own, for producers that enqueue on their own connection. The debounce, the
     ticket's hold and whether the pool wakes at all are the schema owner's
-    (``app.settings``): a producer chooses none of them."""
+    (``app.settings``): a producer chooses none of them, only which queue's pool."""
     with translate_errors(conn), conn.transaction():
-        rows = fetch_rows(conn, queries.WAKE_WORKER_PLACE, {})
+        rows = fetch_rows(conn, queries.WAKE_WORKER_PLACE, {"queue": queue})
     place: UUID | None = rows[0]["place"] if rows else None
     return place
 
@@ -139,6 +143,25 @@ def set_worker_pool_limits(conn: psycopg.Connection[Any], *, max_workers: int | 
     with translate_errors(conn), conn.transaction():
         (row,) = fetch_rows(conn, queries.SET_WORKER_POOL_LIMITS, params)
     return PoolLimits.from_row(row)
+
+
+def route_kinds(conn: psycopg.Connection[Any], queue: str, kinds: Sequence[str]) -> int:
+    """Route ``kinds`` to ``queue`` on the schema owner's connection (app.route_kinds),
+    in a transaction of its own: their jobs enqueued without a queue go there, and their
+    jobs waiting in ``default`` move there; returns how many moved. Only the owner may
+    (42501 otherwise). ``queue`` "default" removes the routes."""
+    with translate_errors(conn), conn.transaction():
+        (row,) = fetch_rows(conn, queries.ROUTE_KINDS, {"queue": queue, "kinds": list(kinds)})
+    return int(row["moved"])
+
+
+def set_queue_limits(conn: psycopg.Connection[Any], queue: str, max_workers: int | None) -> int:
+    """Set ``queue``'s own worker limit (app.set_queue_limits; None: the owner's
+    max_workers) on the schema owner's connection; returns the limit now in force."""
+    with translate_errors(conn), conn.transaction():
+        (row,) = fetch_rows(conn, queries.SET_QUEUE_LIMITS,
+                            {"queue": queue, "max_workers": max_workers})
+    return int(row["max_workers"])
 
 
 def release_worker_place(conn: psycopg.Connection[Any], place: UUID) -> None:
@@ -374,23 +397,27 @@ class QueueClient:
 
     def claim_ready_jobs(self, owner: str, limit: int, lease: timedelta, *,
                          kinds: Sequence[str] | None = None,
-                         exclude_kinds: Sequence[str] | None = None) -> list[ClaimedJob]:
+                         exclude_kinds: Sequence[str] | None = None,
+                         queue: str | None = None) -> list[ClaimedJob]:
         """Lease up to ``limit`` ready jobs of every tenant, fairly (tenants take turns),
-        to ``owner`` for ``lease``."""
+        to ``owner`` for ``lease``: of ``queue`` only, or of every queue when None; never
+        of a paused queue."""
         rows = self._query(
             queries.CLAIM_READY_JOBS, {"owner": owner, "limit": limit, "lease": lease,
-                                       **_kind_filter(kinds, exclude_kinds)}
+                                       **_kind_filter(kinds, exclude_kinds), "queue": queue}
         )
         return [ClaimedJob.from_row(row) for row in rows]
 
     def claim_jobs(self, tenant_id: UUID, owner: str, limit: int, lease: timedelta, *,
                    kinds: Sequence[str] | None = None,
-                   exclude_kinds: Sequence[str] | None = None) -> list[ClaimedJob]:
-        """Lease up to ``limit`` ready jobs of one tenant, oldest first."""
+                   exclude_kinds: Sequence[str] | None = None,
+                   queue: str | None = None) -> list[ClaimedJob]:
+        """Lease up to ``limit`` ready jobs of one tenant, oldest first (of ``queue``
+        only, or of every queue that is not paused when None)."""
         rows = self._query(
             queries.CLAIM_JOBS,
             {"tenant_id": tenant_id, "owner": owner, "limit": limit, "lease": lease,
-             **_kind_filter(kinds, exclude_kinds)},
+             **_kind_filter(kinds, exclude_kinds), "queue": queue},
         )
         return [ClaimedJob.from_row(row) for row in rows]
 
@@ -441,6 +468,7 @@ class QueueClient:
     def finish_and_claim_jobs(
         self, owner: str, outcomes: Sequence[JobOutcome], limit: int, lease: timedelta, *,
         kinds: Sequence[str] | None = None, exclude_kinds: Sequence[str] | None = None,
+        queue: str | None = None,
     ) -> tuple[dict[UUID, JobState], list[ClaimedJob]]:
         """Record a batch's outcomes and claim the next batch: one round trip, one commit.
 
@@ -448,7 +476,7 @@ class QueueClient:
         jobs claimed. A refused outcome refuses the claim too (one transaction).
         """
         params = {**_outcome_params(owner, outcomes), "limit": limit, "lease": lease,
-                  **_kind_filter(kinds, exclude_kinds)}
+                  **_kind_filter(kinds, exclude_kinds), "queue": queue}
         rows = self._query(queries.FINISH_AND_CLAIM_JOBS, params)
         states = {row["id"]: JobState(row["state"]) for row in rows if not row["claimed"]}
         return states, [ClaimedJob.from_row(row) for row in rows if row["claimed"]]
@@ -473,7 +501,8 @@ class QueueClient:
     # the maximum.
 
     def join_worker_pool(self, owner: str, reason: str, reservation: UUID | None,
-                         max_workers: int, expires_in: float) -> bool:
+                         max_workers: int, expires_in: float,
+                         queue: str = DEFAULT_QUEUE) -> bool:
         """Take a place in the worker pool for this invocation: the one ``reservation``
         names (reserved for it by a fan-out; a wake's ticket is consumed and holds no
         room), the owner's own place (its expiry refreshed), or free room under the
@@ -483,10 +512,12 @@ class QueueClient:
         pool is full: the invocation must return without claiming (a duplicate or
         retried event, a second tick while one holds the extra place). The place
         expires ``expires_in`` seconds from now (the invocation's time left plus a
-        margin; at most 16 minutes) unless joined again or left."""
+        margin; at most 16 minutes) unless joined again or left. The pool is ``queue``'s
+        own (each named queue has one); a paused queue's pool takes no join (False)."""
         rows = self._query(queries.JOIN_WORKER_POOL, {
             "owner": owner, "reason": reason, "reservation": reservation,
-            "max_workers": max_workers, "expires_in": _seconds("expires_in", expires_in)})
+            "max_workers": max_workers, "expires_in": _seconds("expires_in", expires_in),
+            "queue": queue})
         return bool(rows[0]["joined"])
 
     def leave_worker_pool(self, owner: str) -> None:
@@ -495,14 +526,15 @@ class QueueClient:
         self._query(queries.LEAVE_WORKER_POOL, {"owner": owner})
 
     def reserve_worker_places(self, wanted: int, max_workers: int,
-                              hold: float) -> list[UUID]:
+                              hold: float, queue: str = DEFAULT_QUEUE) -> list[UUID]:
         """Reserve up to ``wanted`` places, as many as the maximum leaves room for (the
         schema owner's, or ``max_workers`` where that is lower): one per invocation to
         start, each named by that invocation's event. A reservation no invocation takes
         frees its room after the owner's start hold, or ``hold`` seconds where that is
-        shorter."""
+        shorter. In ``queue``'s pool; none while the queue is paused."""
         rows = self._query(queries.RESERVE_WORKER_PLACES, {
-            "wanted": wanted, "max_workers": max_workers, "hold": _seconds("hold", hold)})
+            "wanted": wanted, "max_workers": max_workers, "hold": _seconds("hold", hold),
+            "queue": queue})
         return [row["place"] for row in rows]
 
     def release_worker_place(self, place: UUID) -> None:
@@ -511,21 +543,53 @@ class QueueClient:
         alone."""
         self._query(queries.RELEASE_WORKER_PLACE, {"place": place})
 
-    def wake_worker_place(self) -> UUID | None:
+    def wake_worker_place(self, queue: str = DEFAULT_QUEUE) -> UUID | None:
         """After an enqueue: a ticket for one invocation to start (its event names it),
         when no worker is polling or starting, and this login's last wake is older than
         the schema owner's debounce and its last ticket was used or has expired; else
         None (the common answer, without waiting for any lock). The ticket holds no
-        room: the invocation joins with free room. Nothing here is the caller's choice."""
-        (row,) = self._query(queries.WAKE_WORKER_PLACE, {})
+        room: the invocation joins with free room. Nothing here is the caller's choice
+        but the queue, whose pool is woken (never while it is paused)."""
+        (row,) = self._query(queries.WAKE_WORKER_PLACE, {"queue": queue})
         place: UUID | None = row["place"]
         return place
 
-    def worker_pool_size(self) -> PoolSize:
+    def worker_pool_size(self, queue: str | None = None) -> PoolSize:
         """The unexpired places: held by running invocations and reserved for starting
-        ones."""
-        (row,) = self._query(queries.WORKER_POOL_SIZE, {})
+        ones; of ``queue``'s pool, or of every queue's when None."""
+        (row,) = self._query(queries.WORKER_POOL_SIZE, {"queue": queue})
         return PoolSize(live=int(row["live"]), reserved=int(row["reserved"]))
+
+    # Named queues (sql/functions/queues.sql) -----------------------------------------
+
+    def pause_queue(self, queue: str, actor: str, reason: str | None = None) -> QueueState:
+        """Pause ``queue`` (app.pause_queue, an operator's call): its jobs are not
+        claimed and its pool neither fans out nor wakes until :meth:`resume_queue`; jobs
+        running finish. Audited with ``actor`` and the login; pausing again is a no-op."""
+        (row,) = self._query(queries.PAUSE_QUEUE,
+                             {"queue": queue, "actor": actor, "reason": reason})
+        return QueueState.from_row(row)
+
+    def resume_queue(self, queue: str, actor: str) -> QueueState:
+        """Resume a paused ``queue`` (app.resume_queue), audited with ``actor``."""
+        (row,) = self._query(queries.RESUME_QUEUE, {"queue": queue, "actor": actor})
+        return QueueState.from_row(row)
+
+    def queue_overview(self, queue: str | None = None) -> list[QueueOverview]:
+        """Every queue's (or one's) depth, oldest ready job, running, retrying and dead
+        jobs, pool and pause (app.queue_overview), by name."""
+        rows = self._query(queries.QUEUE_OVERVIEW, {"queue": queue})
+        return [QueueOverview.from_row(row) for row in rows]
+
+    def queue_state(self, queue: str) -> QueueState:
+        """``queue``'s pause (app.queue_state, one key probe): what a worker checks
+        before it drains."""
+        (row,) = self._query(queries.QUEUE_STATE, {"queue": queue})
+        return QueueState.from_row(row)
+
+    def queue_history(self, queue: str, limit: int = 100) -> list[dict[str, Any]]:
+        """A queue's pauses and resumes, newest first: actor, login, reason, time."""
+        return self._query(queries.QUEUE_HISTORY, {"queue": queue, "limit": limit})
 
     # Reaper -------------------------------------------------------------------------
 

@@ -168,6 +168,8 @@ class WorkerClient(DutyClient):
     release_worker_place = _call(QueueClient.release_worker_place)
     wake_worker_place = _call(QueueClient.wake_worker_place)
     worker_pool_size = _call(QueueClient.worker_pool_size)
+    queue_overview = _call(QueueClient.queue_overview)
+    queue_state = _call(QueueClient.queue_state)
 
 
 class ReaperClient(DutyClient):
@@ -182,13 +184,14 @@ class ReaperClient(DutyClient):
     end_stalled_sessions = _call(QueueClient.end_stalled_sessions)
     prune_retained_jobs = _call(QueueClient.prune_retained_jobs)
     tick_schedules = _call(QueueClient.tick_schedules)
+    queue_overview = _call(QueueClient.queue_overview)
     admit_held_jobs = _call(QueueClient.admit_held_jobs)
     limit_status = _call(QueueClient.limit_status)
 
 
 class OperatorClient(DutyClient):
     """The operator's face: every tenant's status, jobs and dead jobs, redrive, cancel,
-    prune, and the dashboard's reads (``leaseq_operator``)."""
+    prune, pause and resume queues, and the dashboard's reads (``leaseq_operator``)."""
 
     groups = (OPERATOR,)
 
@@ -216,6 +219,11 @@ class OperatorClient(DutyClient):
     remove_schedule = _call(QueueClient.remove_schedule)
     list_schedules = _call(QueueClient.list_schedules)
     sync_schedules = _call(QueueClient.sync_schedules)
+    pause_queue = _call(QueueClient.pause_queue)
+    resume_queue = _call(QueueClient.resume_queue)
+    queue_overview = _call(QueueClient.queue_overview)
+    queue_state = _call(QueueClient.queue_state)
+    queue_history = _call(QueueClient.queue_history)
     set_limit = _call(QueueClient.set_limit)
     remove_limit = _call(QueueClient.remove_limit)
     list_limits = _call(QueueClient.list_limits)

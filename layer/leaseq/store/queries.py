@@ -12,21 +12,22 @@ from __future__ import annotations
 from typing import Final, LiteralString
 
 ENQUEUE_JOBS: Final[LiteralString] = (
-    "select ord, job_id, status, state, error from app.enqueue_jobs("
+    "select ord, job_id, status, state, error, queue from app.enqueue_jobs("
     "%(tenant_ids)s::uuid[], %(operation_keys)s::text[], %(kinds)s::text[], %(payloads)s::jsonb[],"
     " %(available_ats)s::timestamptz[], %(max_attempts)s::integer[], %(correlation_ids)s::text[],"
-    " %(priorities)s::integer[], %(limit_keys)s::text[])"
+    " %(priorities)s::integer[], %(queues)s::text[], %(limit_keys)s::text[])"
 )
 
-# The claims' kind filter (kinds, exclude_kinds) is NULL, NULL for every kind.
+# The claims' kind filter (kinds, exclude_kinds) is NULL, NULL for every kind; their
+# queue NULL for every queue that is not paused.
 CLAIM_READY_JOBS: Final[LiteralString] = (
     "select * from app.claim_ready_jobs(%(owner)s, %(limit)s, %(lease)s::interval,"
-    " %(kinds)s::text[], %(exclude_kinds)s::text[])"
+    " %(kinds)s::text[], %(exclude_kinds)s::text[], %(queue)s::text)"
 )
 
 CLAIM_JOBS: Final[LiteralString] = (
     "select * from app.claim_jobs(%(tenant_id)s, %(owner)s, %(limit)s, %(lease)s::interval,"
-    " %(kinds)s::text[], %(exclude_kinds)s::text[])"
+    " %(kinds)s::text[], %(exclude_kinds)s::text[], %(queue)s::text)"
 )
 
 READY_TENANTS: Final[LiteralString] = (
@@ -57,7 +58,7 @@ FINISH_AND_CLAIM_JOBS: Final[LiteralString] = (
     "select * from app.finish_and_claim_jobs(%(owner)s, %(tenant_ids)b::uuid[],"
     " %(job_ids)b::uuid[], %(tokens)b::uuid[], %(outcomes)b::text[], %(details)b::jsonb[],"
     " %(retry_delays)b::interval[], %(limit)s, %(lease)s::interval, %(kinds)s::text[],"
-    " %(exclude_kinds)s::text[])"
+    " %(exclude_kinds)s::text[], %(queue)s::text)"
 )
 
 RELEASE_JOBS: Final[LiteralString] = (
@@ -89,21 +90,54 @@ REPAIR_TENANT_TURNS: Final[LiteralString] = (
 # bounded by the schema owner's maximum, for fan-out and wake-on-enqueue.
 JOIN_WORKER_POOL: Final[LiteralString] = (
     "select app.join_worker_pool(%(owner)s, %(reason)s, %(reservation)s::uuid,"
-    " %(max_workers)s, %(expires_in)s::interval) as joined"
+    " %(max_workers)s, %(expires_in)s::interval, %(queue)s::text) as joined"
 )
 LEAVE_WORKER_POOL: Final[LiteralString] = "select app.leave_worker_pool(%(owner)s)"
 RESERVE_WORKER_PLACES: Final[LiteralString] = (
     "select r.place from app.reserve_worker_places(%(wanted)s, %(max_workers)s,"
-    " %(hold)s::interval) as r(place)"
+    " %(hold)s::interval, %(queue)s::text) as r(place)"
 )
 RELEASE_WORKER_PLACE: Final[LiteralString] = "select app.release_worker_place(%(place)s::uuid)"
-WAKE_WORKER_PLACE: Final[LiteralString] = "select app.wake_worker_place() as place"
+WAKE_WORKER_PLACE: Final[LiteralString] = (
+    "select app.wake_worker_place(%(queue)s::text) as place"
+)
 # The schema owner's: the pool's limits in app.settings.
 SET_WORKER_POOL_LIMITS: Final[LiteralString] = (
     "select max_workers, start_hold, wake_debounce from app.set_worker_pool_limits("
     "%(max_workers)s::integer, %(start_hold)s::interval, %(wake_debounce)s::interval)"
 )
-WORKER_POOL_SIZE: Final[LiteralString] = "select live, reserved from app.worker_pool_size()"
+WORKER_POOL_SIZE: Final[LiteralString] = (
+    "select live, reserved from app.worker_pool_size(%(queue)s::text)"
+)
+
+# Named queues (sql/functions/queues.sql): pause, resume, and each queue's state.
+PAUSE_QUEUE: Final[LiteralString] = (
+    "select queue, paused_at, paused_by, pause_reason"
+    " from app.pause_queue(%(queue)s, %(actor)s, %(reason)s)"
+)
+RESUME_QUEUE: Final[LiteralString] = (
+    "select queue, paused_at, paused_by, pause_reason"
+    " from app.resume_queue(%(queue)s, %(actor)s)"
+)
+QUEUE_OVERVIEW: Final[LiteralString] = (
+    "select queue, ready, scheduled, running, retrying, dead, oldest_ready_at, live_workers,"
+    " reserved_workers, max_workers, paused_at, paused_by, pause_reason"
+    " from app.queue_overview(%(queue)s::text)"
+)
+QUEUE_STATE: Final[LiteralString] = (
+    "select queue, paused_at, paused_by, pause_reason from app.queue_state(%(queue)s)"
+)
+QUEUE_HISTORY: Final[LiteralString] = (
+    "select queue, event_type, actor, login, reason, created_at"
+    " from app.queue_history(%(queue)s, %(limit)s)"
+)
+# The schema owner's: kinds' routes and a queue's own worker limit.
+ROUTE_KINDS: Final[LiteralString] = (
+    "select app.route_kinds(%(queue)s, %(kinds)s::text[]) as moved"
+)
+SET_QUEUE_LIMITS: Final[LiteralString] = (
+    "select app.set_queue_limits(%(queue)s, %(max_workers)s::integer) as max_workers"
+)
 
 # Operator functions (sql/functions/operate.sql): the command line's and the dashboard's.
 

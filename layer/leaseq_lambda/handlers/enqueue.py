@@ -36,7 +36,7 @@ from leaseq import LeaseqError, Registry
 from leaseq.store.duties import ProducerClient
 
 from leaseq_lambda import runtime, telemetry
-from leaseq_lambda.enqueue import ready_now, rejection_error, response, submit
+from leaseq_lambda.enqueue import ready_now, ready_queues, rejection_error, response, submit
 from leaseq_lambda.events import parse_enqueue
 from leaseq_lambda.results import answer_result, is_result_query
 from leaseq_lambda.scaling import wake_after_enqueue
@@ -111,7 +111,8 @@ def lambda_handler(event: Any, context: LambdaContext) -> dict[str, Any]:
     telemetry.record_enqueue(metrics, answer["created"], answer["existing"], answer["rejected"])
     if ready_now(results) and runtime.get().settings.pool.enabled:
         rt = runtime.get()
-        started, failed = wake_after_enqueue(rt.producer_client(), rt.settings.pool)
+        started, failed = wake_after_enqueue(rt.producer_client(), rt.settings.pool,
+                                             queues=ready_queues(results))
         telemetry.record_wake(metrics, started=started, failed=failed)
     counts = {f"jobs_{status}": answer[status] for status in ("created", "existing", "rejected")}
     logger.info("enqueue finished", extra={"origin": batch.origin, **counts})

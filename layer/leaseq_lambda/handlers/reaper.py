@@ -43,6 +43,12 @@ def lambda_handler(event: Any, context: LambdaContext) -> dict[str, Any]:
                          extra={"error": exc.message, "sqlstate": exc.sqlstate})
         raise
     telemetry.record_reap(metrics, report)
+    try:
+        overviews = rt.reaper_client().queue_overview()
+    except LeaseqError as exc:
+        overviews = []
+        logger.warning("per-queue metrics unavailable", extra={"error": exc.message})
+    telemetry.record_queues(metrics, overviews, rt.settings.reaper.metric_queues)
     telemetry.annotate(tracer, report.as_dict())
     summary = {"task": "reaper", "status": "ok", **report.as_dict(), "trigger": tick.origin}
     if report.released:  # leases ran out: some worker died or overran its invocation

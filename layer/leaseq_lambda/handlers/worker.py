@@ -47,10 +47,13 @@ def lambda_handler(event: Any, context: LambdaContext) -> dict[str, Any]:
         pool = scaling.PoolMembership(rt.worker_client(), rt.settings.pool, owner)
         if not pool.join(tick, deadline):
             size = pool.size()
-            telemetry.record_pool(metrics, size, full=True)
-            refused = {"task": "worker", "status": "pool_full", "owner": owner,
+            why = pool.refusal()
+            telemetry.record_pool(metrics, size, full=why == "pool_full")
+            refused = {"task": "worker", "status": why, "owner": owner,
+                       "queue": rt.settings.pool.queue,
                        "trigger": tick.origin, "pool_live": size.live if size else None}
-            logger.info("worker pool full: not draining", extra=refused)
+            logger.info("queue paused: not draining" if why == "paused"
+                        else "worker pool full: not draining", extra=refused)
             return refused
         try:
             kinds = telemetry.KindDimension(rt.registry().kinds, rt.settings.worker.metric_kinds)

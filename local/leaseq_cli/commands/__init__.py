@@ -16,6 +16,7 @@ from leaseq_cli.commands.limits import (
     cmd_limits_sync,
 )
 from leaseq_cli.commands.operate import cmd_cancel, cmd_dead_retry, cmd_prune
+from leaseq_cli.commands.queues import cmd_queues_list, cmd_queues_pause, cmd_queues_resume
 from leaseq_cli.commands.run import cmd_demo, cmd_drain, cmd_reap
 from leaseq_cli.commands.schedules import (
     cmd_schedules_add,
@@ -47,6 +48,9 @@ __all__ = [
     "cmd_limits_sync",
     "cmd_migrate",
     "cmd_prune",
+    "cmd_queues_list",
+    "cmd_queues_pause",
+    "cmd_queues_resume",
     "cmd_reap",
     "cmd_schedules_add",
     "cmd_schedules_list",

@@ -108,6 +108,9 @@ def handlers_env(args: argparse.Namespace, target: Target) -> dict[str, str | No
         if getattr(args, option, None):
             env.update(dict.fromkeys(filters.values()))
             env[name] = ",".join(getattr(args, option))
+    # --queue: the named queue the drained worker claims (LEASEQ_QUEUE).
+    if getattr(args, "queue", None):
+        env[variable(WorkerSettings, "queue")] = args.queue
     # The command waits between invocations itself (--wait), so an invocation ends as
     # soon as the queue is empty, unless the environment asks it to poll.
     poll_idle = variable(WorkerSettings, "poll_idle_seconds")

@@ -86,9 +86,10 @@ def _requests_from_file(stream: TextIO, name: str,
 def _read_requests(args: argparse.Namespace) -> list[EnqueueRequest]:
     if args.file is not None:
         if (args.kind or args.payload is not None or args.key or args.priority is not None
-                or args.limit_key is not None):
-            raise UsageError("give either --file (each line may carry its priority) or "
-                             "--kind/--payload/--key/--priority, not both")
+                or args.queue is not None or args.limit_key is not None):
+            raise UsageError("give either --file (each line may carry its priority and "
+                             "queue) or --kind/--payload/--key/--priority/--queue/--limit-key,"
+                             " not both")
         if args.file == "-":
             return _requests_from_file(sys.stdin, "stdin", args.tenant)
         path = Path(args.file)
@@ -103,13 +104,14 @@ def _read_requests(args: argparse.Namespace) -> list[EnqueueRequest]:
     return [EnqueueRequest(
         tenant_id=args.tenant, operation_key=args.key or f"cli-{uuid.uuid4()}", kind=args.kind,
         payload=args.payload or {}, max_attempts=args.max_attempts,
-        correlation_id=args.correlation_id, priority=args.priority,
+        correlation_id=args.correlation_id, priority=args.priority, queue=args.queue,
         limit_key=args.limit_key)]
 
 
-def _check_with_handlers(module: str, requests: list[EnqueueRequest]) -> None:
+def _check_with_handlers(module: str, requests: list[EnqueueRequest]) -> list[EnqueueRequest]:
     """Refuse the whole command, naming each job at fault, when the handlers module's
-    registry refuses a kind or a payload (as a bad line refuses it: nothing is sent)."""
+    registry refuses a kind or a payload (as a bad line refuses it: nothing is sent);
+    else the requests, each in its kind's declared queue when it names none."""
     from leaseq_lambda.runtime import load_registry
 
     registry = load_registry(module, variable="--handlers")
@@ -125,12 +127,13 @@ def _check_with_handlers(module: str, requests: list[EnqueueRequest]) -> None:
                                             if len(problems) > 5 else "")
         raise UsageError(f"{len(problems)} of {len(requests)} jobs do not fit the handlers of "
                          f"{module} and nothing was enqueued: {shown}")
+    return [registry.routed(request) for request in requests]
 
 
 def cmd_enqueue(args: argparse.Namespace, ui: Ui) -> int:
     requests = _read_requests(args)
     if args.handlers:
-        _check_with_handlers(args.handlers, requests)
+        requests = _check_with_handlers(args.handlers, requests)
     with client_for(args, ui, ProducerClient) as client:
         results = []
         for start, chunk in _chunks(requests):

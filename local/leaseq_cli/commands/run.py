@@ -16,7 +16,7 @@ from leaseq.store.duties import OperatorClient, ProducerClient, WorkerClient
 from rich.console import Console
 
 from leaseq_cli import demo, invoke
-from leaseq_cli.commands._shared import handlers_env, local_home, target_for
+from leaseq_cli.commands._shared import actor, handlers_env, local_home, target_for
 from leaseq_cli.drain import DrainTotals, FinishedCounter, as_report, describe_stop, drain
 from leaseq_cli.failures import CliError
 from leaseq_cli.render import Ui, table
@@ -77,6 +77,8 @@ def cmd_reap(args: argparse.Namespace, ui: Ui) -> int:
 def cmd_demo(args: argparse.Namespace, ui: Ui) -> int:
     if args.fan_out:
         return _demo_fan_out(args, ui)
+    if args.queues:
+        return _demo_queues(args, ui)
     target = target_for(args, ui)
     home = local_home()
     run_id = demo.new_run_id()
@@ -284,3 +286,37 @@ def _render_fan_out(out: Console, summary: demo.FanOutSummary) -> None:
     out.print("next: leaseq lambda serve --max-workers 4 · docs/elastic-drain.md",
               markup=False)
 
+
+
+def _demo_queues(args: argparse.Namespace, ui: Ui) -> int:
+    """Two named queues drained in parallel by their own workers, a third paused."""
+    from leaseq_cli import queues_demo
+
+    target = target_for(args, ui)
+    # --jobs is the fan-out demo's backlog (400 unless given); here it is per queue.
+    per_queue = 120 if args.jobs == 400 else args.jobs
+    ui.note(f"{per_queue} jobs in each of {', '.join(queues_demo.KINDS)}; "
+            f"{queues_demo.PAUSED} is paused; {' and '.join(queues_demo.DRAINED)} drain in "
+            f"parallel, each by its own worker ({target.description})")
+
+    def show(sample: queues_demo.QueueSample) -> None:
+        cells = "  ".join(f"{name} ready {ready:>3} running {running}"
+                          + (" (paused)" if name == queues_demo.PAUSED else "")
+                          for name, (ready, running) in sample.queues.items())
+        ui.note(f"{sample.elapsed:6.1f} s  {cells}")
+
+    with closing(QueueClient(target.connect_worker)) as client:
+        summary = queues_demo.run(client, target.worker_dsn, per_queue=per_queue,
+                                  actor=actor(args), on_sample=show)
+
+    def render(out: Console) -> None:
+        for name in queues_demo.KINDS:
+            out.print(f"{name}: {summary.finished.get(name, 0)} finished, "
+                      f"{summary.waiting.get(name, 0)} waiting")
+        out.print(f"drained in {summary.seconds:.1f} s; {queues_demo.PAUSED} stayed paused "
+                  f"(by {summary.paused_by}): see it with leaseq queues list "
+                  f"{queues_demo.PAUSED}, drain it with leaseq queues resume "
+                  f"{queues_demo.PAUSED} && leaseq drain --queue {queues_demo.PAUSED}")
+
+    ui.emit(summary.as_dict(), render)
+    return 0 if summary.workers_ok else 1

@@ -11,6 +11,7 @@ from rich.console import Console
 
 from leaseq_cli.commands._shared import STATES, client_for
 from leaseq_cli.commands.operate import checked_kind
+from leaseq_cli.commands.queues import queue_rows, queue_table
 from leaseq_cli.failures import NotFoundError
 from leaseq_cli.render import Ui, age, compact, plain, styled_state, table, when
 
@@ -69,12 +70,19 @@ def cmd_status(args: argparse.Namespace, ui: Ui) -> int:
     with client_for(args, ui, OperatorClient) as client:
         document = _status_document(client.queue_status(args.tenant))
         _add_waiting(document, client.waiting_jobs(args.tenant))
+        # Named queues are every tenant's: shown without --tenant only.
+        document["queues"] = [] if args.tenant else queue_rows(client.queue_overview())
         document["limits"] = client.limit_status()
 
     def render(out: Console) -> None:
+        paused = [q["queue"] for q in document["queues"] if q["paused"]]
         if not document["tenants"]:
             out.print("the queue is empty" + (" for this tenant" if args.tenant else ""))
+            if paused:
+                out.print(f"[yellow]paused queues[/]: {', '.join(map(plain, paused))}")
             return
+        if len(document["queues"]) > 1 or paused:
+            out.print(queue_table(document["queues"], title="queues"))
         shown = table("tenant", *STATES, "ready", "oldest ready")
         for entry in document["tenants"]:
             counts = [_count(state, entry["states"][state]) for state in STATES]
