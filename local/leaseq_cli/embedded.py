@@ -53,6 +53,11 @@ root), opens every parent directory to everybody (``o+rx``) when run as root, an
 the server as another user while keeping root's groups. We use only its binaries
 (``initdb``, ``pg_ctl``, ``postgres``), which are the standard PostgreSQL ones.
 
+One module over 600 lines: each rule above is a few lines in several steps (init, the
+bootstrap's roles, pg_hba, the socket, the lock, the upgrade in place), and every step
+must keep all of them; read apart, a change to one step could drop a rule another
+step relies on.
+
 Run as root, PostgreSQL refuses to start, so the server runs as the ``pgserver`` system
 user (created if missing, the same account the wheel uses, so earlier data directories
 keep their owner), with its own groups. That user must reach the data directory, so the

@@ -1,5 +1,9 @@
 -- leaseq functions: concurrency and rate limits, enforced at admission.
 --
+-- One file over 600 lines: the slots, the holds, the start slots, the trigger that frees
+-- them and the operators' functions are one mechanism whose parts call each other, and
+-- its exactness rests on reading them together.
+--
 -- A job under limits becomes claimable only once it is *admitted*: it holds a numbered
 -- slot of every limit that applies to it (app.limit_slots, primary key (bucket, purpose,
 -- slot): two jobs can never hold one slot, whatever races or transactions held open).
