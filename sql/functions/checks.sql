@@ -377,9 +377,10 @@ end;
 $$;
 revoke all on function app.check_filters(uuid[], text, integer) from public;
 
--- An operator's reason, stored in the events of redrive and cancel and shown on the
--- job's timeline: at most 500 characters of plain text (app.character_problem: a reason
--- is one line, like the dashboard's field for it), or NULL.
+-- An operator's reason, stored in the events of redrive, cancel and a queue's pause and
+-- shown on the job's timeline: at most 500 characters of plain text
+-- (app.character_problem: a reason is one line, like the dashboard's field for it), or
+-- NULL.
 create or replace function app.check_reason(p_reason text)
 returns void
 language plpgsql

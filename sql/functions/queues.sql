@@ -48,9 +48,10 @@ revoke all on function app.ensure_queue(text) from public;
 -- claim takes its jobs, its pool neither fans out nor wakes, and a worker that starts for
 -- it returns at once; jobs already running finish and record their outcomes as ever, and
 -- producers may still enqueue into it. p_actor is the operator's identity (the command
--- line's OS user, the dashboard's IAM principal), p_reason why (optional, at most 500
--- characters). One 'paused' row in app.queue_events, with p_actor and the login. Pausing
--- a paused queue changes nothing and writes no event (paused_at stays the first pause's).
+-- line's OS user, the dashboard's IAM principal), p_reason why (optional, checked by
+-- app.check_reason as for redrive and cancel). One 'paused' row in app.queue_events, with
+-- p_actor and the login. Pausing a paused queue changes nothing and writes no event
+-- (paused_at stays the first pause's).
 -- Returns the queue's state after the call.
 create or replace function app.pause_queue(p_queue text, p_actor text, p_reason text default null)
 returns table (queue text, paused_at timestamptz, paused_by text, pause_reason text)
@@ -64,11 +65,7 @@ declare
 begin
   perform app.check_queue('p_queue', p_queue);
   perform app.check_actor(p_actor);
-  if p_reason is not null and (app.is_blank(p_reason) or length(p_reason) > 500
-                               or app.character_problem(p_reason) is not null) then
-    perform app.raise_invalid(
-      'p_reason must be a non-blank plain text of at most 500 characters, or NULL');
-  end if;
+  perform app.check_reason(p_reason);
   perform app.ensure_queue(p_queue);
   update app.queues q
   set paused_at = v_now, paused_by = p_actor, pause_reason = p_reason, updated_at = v_now
