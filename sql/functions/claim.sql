@@ -1,5 +1,8 @@
 -- leaseq functions: claim jobs.
 --
+-- A little over 600 lines: the fair-share loop and the statement that claims what it
+-- locked are read together (turns, entries and leases each have a file of their own).
+--
 -- A claim takes entries of app.claimable (0023_hot_and_cold_jobs: one per pending or
 -- retry_wait job, in claim order, never updated), locks them FOR UPDATE SKIP LOCKED so
 -- that concurrent claimers never wait on, nor double-claim, each other's, and then in one
