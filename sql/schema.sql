@@ -1,4 +1,4 @@
--- The tables of schema app as the migrations leave them (after 0026_named_queues).
+-- The tables of schema app as the migrations leave them (after 0027_queue_turns).
 --
 -- Generated from a freshly migrated database by scripts/write-schema: do not edit. After adding
 -- a migration, run scripts/write-schema and commit this file with it;
@@ -108,7 +108,7 @@ CREATE TABLE app.claimable (
 WITH (fillfactor='100', autovacuum_vacuum_scale_factor='0.0', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_insert_threshold='1000', autovacuum_analyze_scale_factor='0.05', autovacuum_vacuum_cost_delay='0');
 
 -- INDEX: claimable_kind_idx
-CREATE INDEX claimable_kind_idx ON app.claimable USING btree (tenant_id, kind, claim_key, created_at, job_id) INCLUDE (available_at);
+CREATE INDEX claimable_kind_idx ON app.claimable USING btree (tenant_id, kind, queue, claim_key, created_at, job_id) INCLUDE (available_at);
 
 -- INDEX: claimable_order_idx
 CREATE INDEX claimable_order_idx ON app.claimable USING btree (tenant_id, claim_key, created_at, job_id) INCLUDE (available_at);
@@ -388,19 +388,21 @@ GRANT SELECT(queue) ON TABLE app.jobs TO authenticated;
 -- ======================================================================================
 
 -- TABLE: kind_turns
--- The same turns per kind of each tenant, for claims that take or leave kinds.
+-- The same turns per queue, tenant and kind, for claims that take or leave kinds.
 CREATE TABLE app.kind_turns (
     tenant_id uuid NOT NULL,
     kind text NOT NULL,
-    turn_at timestamp with time zone
+    turn_at timestamp with time zone,
+    -- The queue whose claims take this turn.
+    queue text DEFAULT 'default'::text NOT NULL
 );
 
 -- CONSTRAINT: kind_turns kind_turns_pkey
 ALTER TABLE ONLY app.kind_turns
-    ADD CONSTRAINT kind_turns_pkey PRIMARY KEY (tenant_id, kind);
+    ADD CONSTRAINT kind_turns_pkey PRIMARY KEY (queue, tenant_id, kind);
 
 -- INDEX: kind_turns_due_idx
-CREATE INDEX kind_turns_due_idx ON app.kind_turns USING btree (kind, turn_at, tenant_id) WHERE (turn_at IS NOT NULL);
+CREATE INDEX kind_turns_due_idx ON app.kind_turns USING btree (queue, kind, turn_at, tenant_id) WHERE (turn_at IS NOT NULL);
 
 -- ROW SECURITY: kind_turns
 ALTER TABLE app.kind_turns ENABLE ROW LEVEL SECURITY;
@@ -823,6 +825,8 @@ CREATE TABLE app.tenant_turn_sweep (
     only_row boolean DEFAULT true NOT NULL,
     next_tenant_id uuid,
     swept_at timestamp with time zone,
+    -- With next_tenant_id: the (queue, tenant) the next repair page starts from.
+    next_queue text,
     CONSTRAINT tenant_turn_sweep_only_row_check CHECK (only_row)
 );
 
@@ -838,19 +842,21 @@ ALTER TABLE app.tenant_turn_sweep ENABLE ROW LEVEL SECURITY;
 -- ======================================================================================
 
 -- TABLE: tenant_turns
--- When each tenant is next due a turn of the fair claim; NULL when it has nothing
+-- When each tenant is next due a turn of the fair claim in each queue; NULL: nothing
 -- claimable.
 CREATE TABLE app.tenant_turns (
     tenant_id uuid NOT NULL,
-    turn_at timestamp with time zone
+    turn_at timestamp with time zone,
+    -- The queue whose claims take this turn: every queue keeps its own round robin.
+    queue text DEFAULT 'default'::text NOT NULL
 );
 
 -- CONSTRAINT: tenant_turns tenant_turns_pkey
 ALTER TABLE ONLY app.tenant_turns
-    ADD CONSTRAINT tenant_turns_pkey PRIMARY KEY (tenant_id);
+    ADD CONSTRAINT tenant_turns_pkey PRIMARY KEY (queue, tenant_id);
 
 -- INDEX: tenant_turns_due_idx
-CREATE INDEX tenant_turns_due_idx ON app.tenant_turns USING btree (turn_at, tenant_id) WHERE (turn_at IS NOT NULL);
+CREATE INDEX tenant_turns_due_idx ON app.tenant_turns USING btree (queue, turn_at, tenant_id) WHERE (turn_at IS NOT NULL);
 
 -- ROW SECURITY: tenant_turns
 ALTER TABLE app.tenant_turns ENABLE ROW LEVEL SECURITY;

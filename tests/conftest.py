@@ -109,7 +109,8 @@ def db(migrated_database: Database) -> Database:
                      " app.limits, app.limit_slots, app.limit_starts, app.held_jobs,"
                      " app.limit_turns")
         conn.execute("insert into app.queues (name) values ('default')")
-        conn.execute("update app.tenant_turn_sweep set next_tenant_id = null, swept_at = null")
+        conn.execute("update app.tenant_turn_sweep"
+                     " set next_queue = null, next_tenant_id = null, swept_at = null")
         conn.execute("update app.worker_pool_state set changed_at = null")
         conn.execute("update app.settings set max_workers = default, start_hold = default,"
                      " wake_debounce = default, priority_step = default, schedule_grace = default,"

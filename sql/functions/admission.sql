@@ -354,7 +354,7 @@ begin
   v_step := app.priority_step();
   while v_admitted < p_count and v_tries < p_count + 8 loop
     v_tries := v_tries + 1;
-    select h.job_id, h.tenant_id, h.available_at, h.priority, j.kind, j.limit_key
+    select h.job_id, h.tenant_id, h.available_at, h.priority, j.kind, j.limit_key, j.queue
     into v_pick
     from app.limit_turns t
     cross join lateral (
@@ -388,7 +388,8 @@ begin
                                else v_admit.buckets end,
           updated_at = v_now
       where j.id = v_pick.job_id and j.tenant_id = v_pick.tenant_id;
-      perform app.wake_tenants(array[v_pick.tenant_id], array[v_at], array[v_pick.kind]);
+      perform app.wake_tenants(array[v_pick.queue], array[v_pick.tenant_id], array[v_at],
+                               array[v_pick.kind]);
       v_admitted := v_admitted + 1;
     end if;
     update app.limit_turns t set served = t.served + 1
@@ -514,7 +515,7 @@ begin
   -- Every start of a job admitted through limits counts: its first, and each retry's,
   -- a released lease's or a give-back's start again.
   for v_job in
-    select j.id, j.tenant_id, j.kind, j.limit_key, j.priority
+    select j.id, j.tenant_id, j.kind, j.limit_key, j.priority, j.queue
     from unnest(p_ids) with ordinality as u(id, n)
     join app.jobs j on j.id = u.id
     where j.limit_buckets is not null
@@ -577,7 +578,8 @@ begin
       set available_at = v_at,
           claim_key = v_at - (j.priority - 1) * v_step
       where j.id = v_job.id and j.tenant_id = v_job.tenant_id;
-      perform app.wake_tenants(array[v_job.tenant_id], array[v_at], array[v_job.kind]);
+      perform app.wake_tenants(array[v_job.queue], array[v_job.tenant_id], array[v_at],
+                               array[v_job.kind]);
       v_refused := v_refused || v_job.id;
     end if;
   end loop;

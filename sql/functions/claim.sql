@@ -13,8 +13,9 @@
 --
 -- Claim order, within a tenant (and a kind): claim_key, then created_at, then id. The key
 -- is available_at less (priority - 1) x app.settings.priority_step, written whenever a
--- job becomes claimable (enqueue.sql tells why: aging), so a claim stays one walk of
--- claimable_order_idx (tenant_id, claim_key, created_at, job_id) include (available_at).
+-- job becomes claimable (enqueue.sql tells why: aging), so a fair claim stays one walk of
+-- claimable_queue_idx (queue, tenant_id, claim_key, created_at, job_id) include
+-- (available_at) per tenant (claim_jobs: of claimable_order_idx, the same without queue).
 -- An entry is claimable when available_at <= now; its key is never later than that, so
 -- the walk has claim_key <= now as its index bound and available_at <= now as a filter on
 -- the included column, which skips only the jobs due within the next (priority - 1)
@@ -97,8 +98,8 @@ revoke all on function app.claim_locked_jobs(tid[], text, interval, timestamptz)
 --
 -- Without a kind filter: one walk of claimable_order_idx. With one (p_kinds: only these
 -- kinds; p_exclude_kinds: every kind but these; app.check_kind_filter) the candidates are
--- each kind's first entries, from claimable_kind_idx (tenant, kind, claim order), so
--- entries of other kinds are never read: the up to p_limit first of every kind, merged in
+-- each kind's first entries in each queue, from claimable_kind_idx (tenant, kind, queue,
+-- claim order), so entries of other kinds are never read: the up to p_limit first of every kind, merged in
 -- claim order and then locked in that order (SKIP LOCKED, LIMIT p_limit), so only the
 -- entries claimed are locked. With p_exclude_kinds the tenant's kinds are found by a
 -- loose scan of the same index, one probe per kind that has claimable entries.
@@ -121,6 +122,8 @@ declare
   v_now timestamptz := clock_timestamp();
   v_tids tid[];
   v_kinds text[];
+  v_pair_kinds text[];
+  v_pair_queues text[];
   v_paused text[];
 begin
   if p_tenant_id is null then
@@ -171,20 +174,54 @@ begin
       from kinds k
       where k.kind <> all (p_exclude_kinds);
     end if;
+    -- The (kind, queue) pairs to walk: claimable_kind_idx orders entries by claim key
+    -- within a tenant, kind and queue. Without p_queue, the queues of each kind are found
+    -- by a loose scan of the same index, one probe per queue that has the kind's entries.
+    if p_queue is not null then
+      select array_agg(distinct u.kind), array_agg(p_queue)
+      into v_pair_kinds, v_pair_queues
+      from unnest(v_kinds) as u(kind);
+    else
+      with recursive pairs as (
+        select k.kind, f.queue
+        from (select distinct u.kind from unnest(v_kinds) as u(kind)) k
+        cross join lateral (
+          select q.queue
+          from app.claimable q
+          where q.tenant_id = p_tenant_id and q.kind = k.kind
+          order by q.kind, q.queue
+          limit 1
+        ) f
+        union all
+        select p.kind, n.queue
+        from pairs p
+        cross join lateral (
+          select q.queue
+          from app.claimable q
+          where q.tenant_id = p_tenant_id and q.kind = p.kind and q.queue > p.queue
+          order by q.kind, q.queue
+          limit 1
+        ) n
+      )
+      select array_agg(p.kind), array_agg(p.queue)
+      into v_pair_kinds, v_pair_queues
+      from pairs p
+      where p.queue <> all (v_paused);
+    end if;
     select array_agg(c.ctid) into v_tids
     from (
       select c.ctid
       from (
         select head.tid, head.claim_key, head.created_at, head.job_id
-        from (select distinct u.kind from unnest(v_kinds) as u(kind)) k
+        from unnest(v_pair_kinds, v_pair_queues) as k(kind, queue)
         cross join lateral (
           select q.ctid as tid, q.claim_key, q.created_at, q.job_id
           from app.claimable q
           where q.tenant_id = p_tenant_id
             and q.kind = k.kind
+            and q.queue = k.queue
             and q.claim_key <= v_now
             and q.available_at <= v_now
-            and q.queue = coalesce(p_queue, q.queue) and q.queue <> all (v_paused)
           order by q.claim_key, q.created_at, q.job_id
           limit p_limit
         ) head
@@ -208,8 +245,9 @@ revoke all on function app.claim_jobs(uuid, text, integer, interval, text[], tex
 grant execute on function app.claim_jobs(uuid, text, integer, interval, text[], text[], text) to leaseq_worker;
 
 -- Tenants with a job ready now, in tenant_id order, with the available_at of their
--- first ready job in claim order. Only tenants whose turn is due can have one (see above), so this reads
--- the due turns (tenant_turns_due_idx) and probes each tenant's first ready entry in
+-- first ready job in claim order. Only tenants whose turn is due (in some queue) can
+-- have one (see above), so this reads each queue's due turns (tenant_turns_due_idx) and
+-- probes each tenant's first ready entry in
 -- claimable_order_idx: its cost follows the tenants with ready work (or a stale turn),
 -- never those whose work is all in the future. Planned for each call's time (custom
 -- plans): a generic plan cannot know that few turns are due, and might walk every turn
@@ -231,7 +269,12 @@ begin
   end if;
   return query
   with due as materialized (
-    select t.tenant_id from app.tenant_turns t where t.turn_at <= v_now
+    select distinct t.tenant_id
+    from unnest(app.due_queues(v_now)) as d(queue)
+    cross join lateral (
+      select t.tenant_id from app.tenant_turns t
+      where t.queue = d.queue and t.turn_at <= v_now
+    ) t
   )
   select t.tenant_id, r.available_at
   from due t
@@ -321,13 +364,14 @@ grant execute on function app.oldest_ready_at() to leaseq_worker, leaseq_operato
 -- turns of other kinds are never moved (but for a tenant with no ready job at all), so a
 -- worker of other kinds, however often it serves the tenant, does not delay it here.
 --
--- Named queues (migration 0026_named_queues): with p_queue the claim takes that queue's
--- entries only (app.claimable.queue) and picks only due tenants with a ready entry in the
--- queue (one probe of claimable_queue_idx each), so due tenants whose ready work is in
--- other queues never take its picks; without it, every queue that is not paused. A
--- paused queue's claim returns nothing at once (app.paused_queues). Turns stay per tenant
--- (and kind): queues of one tenant share its round robin; a tenant is idle (its turn
--- settled) only with no ready entry in any queue. claim_jobs takes p_queue the same way.
+-- Named queues (migrations 0026_named_queues, 0027_queue_turns): a claim serves one
+-- queue, by that queue's own turns (turns.sql), and takes only its entries
+-- (claimable_queue_idx, and claimable_kind_idx with the queue after the kind), so a
+-- queue's claims never read, lock or move another queue's work or turns. Without
+-- p_queue the claim serves every queue that is not paused and has a due turn
+-- (app.due_queues), the queue whose turn has waited longest first, one queue's claim
+-- after the other until the batch is full. A paused queue's claim returns nothing at
+-- once (app.paused_queues). claim_jobs takes p_queue as a filter of the tenant's entries.
 --
 -- Each step of the loop is one statement with the two forms side by side, each behind a
 -- test of the filter that the plan evaluates once (a one-time filter): the form not
@@ -366,9 +410,25 @@ declare
   v_ids uuid[] := '{}';
   v_served uuid[] := '{}';
   v_more tid[];
+  v_queue text;
+  v_count integer := 0;
+  v_rows integer;
 begin
   perform app.check_claim(p_owner, p_limit, p_lease);
   v_paused := app.paused_queues(p_queue);
+  if p_queue is null then
+    -- Every queue that is not paused, the one whose turn has waited longest first, each
+    -- by its own round robin, until the batch is full.
+    foreach v_queue in array app.due_queues(v_now) loop
+      continue when v_queue = any (v_paused);
+      return query select * from app.claim_ready_jobs(p_owner, p_limit - v_count, p_lease,
+                                                      p_kinds, p_exclude_kinds, v_queue);
+      get diagnostics v_rows = row_count;
+      v_count := v_count + v_rows;
+      exit when v_count >= p_limit;
+    end loop;
+    return;
+  end if;
   if p_queue = any (v_paused) then
     return;
   end if;
@@ -383,8 +443,8 @@ begin
       with recursive known as (
         (select t.kind
          from app.kind_turns t
-         where t.turn_at is not null
-         order by t.kind
+         where t.queue = p_queue and t.turn_at is not null
+         order by t.queue, t.kind
          limit 1)
         union all
         select n.kind
@@ -392,8 +452,8 @@ begin
         cross join lateral (
           select t.kind
           from app.kind_turns t
-          where t.turn_at is not null and t.kind > k.kind
-          order by t.kind
+          where t.queue = p_queue and t.turn_at is not null and t.kind > k.kind
+          order by t.queue, t.kind
           limit 1
         ) n
       )
@@ -422,14 +482,9 @@ begin
           select t.tenant_id, t.turn_at
           from app.tenant_turns t
           where not v_filtered
+            and t.queue = p_queue
             and t.turn_at <= v_now
             and t.tenant_id <> all (v_seen)
-            and (p_queue is null
-                 or (select q.job_id from app.claimable q
-                     where q.queue = p_queue and q.tenant_id = t.tenant_id
-                       and q.claim_key <= v_now and q.available_at <= v_now
-                     order by q.queue, q.tenant_id, q.claim_key
-                     limit 1) is not null)
           order by t.turn_at, t.tenant_id
           limit v_room
         ) u
@@ -440,15 +495,10 @@ begin
           select t.tenant_id, t.turn_at
           from app.kind_turns t
           where v_filtered
+            and t.queue = p_queue
             and t.kind = k.kind
             and t.turn_at <= v_now
             and t.tenant_id <> all (v_seen)
-            and (p_queue is null
-                 or (select q.job_id from app.claimable q
-                     where q.queue = p_queue and q.tenant_id = t.tenant_id
-                       and q.claim_key <= v_now and q.available_at <= v_now
-                     order by q.queue, q.tenant_id, q.claim_key
-                     limit 1) is not null)
           order by t.turn_at, t.tenant_id
           limit v_room
         ) c
@@ -456,7 +506,8 @@ begin
         order by 2, 1
         offset 0
       ) due
-      where pg_try_advisory_xact_lock(v_class, hashtext(v_filter || due.tenant_id::text))
+      where pg_try_advisory_xact_lock(v_class,
+                                      hashtext(p_queue || '/' || v_filter || due.tenant_id::text))
       limit v_room
     ) d;
     v_held := v_held || v_pick;
@@ -471,14 +522,9 @@ begin
           select t.tenant_id, t.turn_at
           from app.tenant_turns t
           where not v_filtered
+            and t.queue = p_queue
             and t.turn_at <= v_now
             and t.tenant_id <> all (v_seen)
-            and (p_queue is null
-                 or (select q.job_id from app.claimable q
-                     where q.queue = p_queue and q.tenant_id = t.tenant_id
-                       and q.claim_key <= v_now and q.available_at <= v_now
-                     order by q.queue, q.tenant_id, q.claim_key
-                     limit 1) is not null)
           order by t.turn_at, t.tenant_id
           limit v_room - cardinality(v_pick)
         ) u
@@ -489,15 +535,10 @@ begin
           select t.tenant_id, t.turn_at
           from app.kind_turns t
           where v_filtered
+            and t.queue = p_queue
             and t.kind = k.kind
             and t.turn_at <= v_now
             and t.tenant_id <> all (v_seen)
-            and (p_queue is null
-                 or (select q.job_id from app.claimable q
-                     where q.queue = p_queue and q.tenant_id = t.tenant_id
-                       and q.claim_key <= v_now and q.available_at <= v_now
-                     order by q.queue, q.tenant_id, q.claim_key
-                     limit 1) is not null)
           order by t.turn_at, t.tenant_id
           limit v_room - cardinality(v_pick)
         ) c
@@ -527,10 +568,10 @@ begin
             select q.ctid as tid, q.job_id, q.claim_key, q.created_at
             from app.claimable q
             where not v_filtered
+              and q.queue = p_queue
               and q.tenant_id = t.tenant_id
               and q.claim_key <= v_now
               and q.available_at <= v_now
-              and q.queue = coalesce(p_queue, q.queue) and q.queue <> all (v_paused)
             order by q.claim_key, q.created_at, q.job_id
             for update skip locked
             limit v_share
@@ -549,11 +590,12 @@ begin
                   and q.kind = kt.kind
                   and q.claim_key <= v_now
                   and q.available_at <= v_now
-                  and q.queue = coalesce(p_queue, q.queue) and q.queue <> all (v_paused)
+                  and q.queue = p_queue
                 order by q.claim_key, q.created_at, q.job_id
                 limit v_share
               ) head
               where v_filtered
+                and kt.queue = p_queue
                 and kt.tenant_id = t.tenant_id
                 and kt.turn_at <= v_now
                 and kt.kind = any (v_kinds)
@@ -561,7 +603,7 @@ begin
             join app.claimable c on c.ctid = candidate.tid
             where c.claim_key <= v_now
               and c.available_at <= v_now
-              and c.queue = coalesce(p_queue, c.queue) and c.queue <> all (v_paused)
+              and c.queue = p_queue
             order by candidate.claim_key, candidate.created_at, candidate.job_id
             for update of c skip locked
             limit v_share
@@ -588,10 +630,10 @@ begin
         select q.ctid as tid, t.pos, q.claim_key, q.created_at, q.job_id
         from app.claimable q
         where not v_filtered
+          and q.queue = p_queue
           and q.tenant_id = t.tenant_id
           and q.claim_key <= v_now
           and q.available_at <= v_now
-          and q.queue = coalesce(p_queue, q.queue) and q.queue <> all (v_paused)
           and q.job_id <> all (v_ids)
         order by q.claim_key, q.created_at, q.job_id
         for update skip locked
@@ -605,7 +647,7 @@ begin
         from (
           select head.tid, head.claim_key, head.created_at, head.job_id, t.pos
           from unnest(v_served) with ordinality as t(tenant_id, pos)
-          join app.kind_turns kt on kt.tenant_id = t.tenant_id
+          join app.kind_turns kt on kt.queue = p_queue and kt.tenant_id = t.tenant_id
           cross join lateral (
             select q.ctid as tid, q.claim_key, q.created_at, q.job_id
             from app.claimable q
@@ -613,7 +655,7 @@ begin
               and q.kind = kt.kind
               and q.claim_key <= v_now
               and q.available_at <= v_now
-              and q.queue = coalesce(p_queue, q.queue) and q.queue <> all (v_paused)
+              and q.queue = p_queue
               and q.job_id <> all (v_ids)
             order by q.claim_key, q.created_at, q.job_id
             limit p_limit - cardinality(v_tids)
@@ -625,7 +667,7 @@ begin
         join app.claimable c on c.ctid = candidate.tid
         where c.claim_key <= v_now
           and c.available_at <= v_now
-          and c.queue = coalesce(p_queue, c.queue) and c.queue <> all (v_paused)
+          and c.queue = p_queue
         order by candidate.pos, candidate.claim_key, candidate.created_at, candidate.job_id
         for update of c skip locked
         limit p_limit - cardinality(v_tids)
@@ -638,7 +680,7 @@ begin
   if cardinality(v_tids) > 0 then
     return query select * from app.claim_locked_jobs(v_tids, p_owner, p_lease, v_now);
   end if;
-  perform app.settle_turns(v_held, v_seen, v_kinds, v_now);
+  perform app.settle_turns(p_queue, v_held, v_seen, v_kinds, v_now);
 end;
 $$;
 revoke all on function app.claim_ready_jobs(text, integer, interval, text[], text[], text) from public;

@@ -181,6 +181,7 @@ declare
   v_new_tenants uuid[];
   v_new_ats timestamptz[];
   v_new_kinds text[];
+  v_new_queues text[];
   v_held uuid[];
 begin
   -- Every array's shape in one plain expression; the shared check, which names the
@@ -342,24 +343,25 @@ begin
     from inserted ins
   )
   select coalesce(array_agg(ins.id), '{}'), array_agg(ins.tenant_id), array_agg(ins.available_at),
-         array_agg(ins.kind)
-  into v_created, v_new_tenants, v_new_ats, v_new_kinds
+         array_agg(ins.kind), array_agg(ins.queue)
+  into v_created, v_new_tenants, v_new_ats, v_new_kinds, v_new_queues
   from inserted ins;
   -- Limits hook (functions/admission.sql): each new job under a limit is admitted or
   -- held; held jobs are not claimable, so their tenants are not woken for them.
   if v_new_tenants is not null then
     v_held := app.limit_new_jobs(v_created);
     if cardinality(v_held) > 0 then
-      select array_agg(j.tenant_id), array_agg(j.available_at), array_agg(j.kind)
-      into v_new_tenants, v_new_ats, v_new_kinds
+      select array_agg(j.tenant_id), array_agg(j.available_at), array_agg(j.kind),
+             array_agg(j.queue)
+      into v_new_tenants, v_new_ats, v_new_kinds, v_new_queues
       from app.jobs j
       where j.id = any (v_created) and j.id <> all (v_held);
     end if;
   end if;
-  -- The new jobs' tenants, and their kinds, are due a turn by their available_at
-  -- (app.wake_tenants).
+  -- The new jobs' tenants, and their kinds, are due a turn in their queues by their
+  -- available_at (app.wake_tenants).
   if v_new_tenants is not null then
-    perform app.wake_tenants(v_new_tenants, v_new_ats, v_new_kinds);
+    perform app.wake_tenants(v_new_queues, v_new_tenants, v_new_ats, v_new_kinds);
   end if;
 
   -- A new statement, so it sees the rows the insert above wrote and those that

@@ -21,6 +21,7 @@ declare
   v_count integer;
   v_retrying uuid[];
   v_retrying_kinds text[];
+  v_retrying_queues text[];
   v_ids uuid[];
   v_tenants uuid[];
   v_owners text[];
@@ -87,7 +88,8 @@ begin
     where j.id = e.id
       and j.tenant_id = e.tenant_id
       and j.state = 'running'
-    returning j.id, j.tenant_id, j.kind, j.state, j.attempts, e.lease_owner, e.lease_token,
+    returning j.id, j.tenant_id, j.kind, j.queue, j.state, j.attempts, e.lease_owner,
+              e.lease_token,
               j.cancel_requested_by, j.cancel_requested_at
   ), audit as (
     insert into app.job_events (tenant_id, job_id, event_type, actor, lease_token, details, created_at)
@@ -109,12 +111,13 @@ begin
     from released r
   )
   select count(*), array_agg(r.tenant_id) filter (where r.state = 'retry_wait'),
-         array_agg(r.kind) filter (where r.state = 'retry_wait')
-  into v_count, v_retrying, v_retrying_kinds
+         array_agg(r.kind) filter (where r.state = 'retry_wait'),
+         array_agg(r.queue) filter (where r.state = 'retry_wait')
+  into v_count, v_retrying, v_retrying_kinds, v_retrying_queues
   from released r;
   -- Jobs back in retry_wait are claimable now: their tenants and kinds are due a turn.
   if v_retrying is not null then
-    perform app.wake_tenants(v_retrying, null, v_retrying_kinds);
+    perform app.wake_tenants(v_retrying_queues, v_retrying, null, v_retrying_kinds);
   end if;
   return v_count;
 end;

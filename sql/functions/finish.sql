@@ -87,6 +87,7 @@ declare
   v_retry_tenants uuid[];
   v_retry_ats timestamptz[];
   v_retry_kinds text[];
+  v_retry_queues text[];
 begin
   if p_owner is null or length(p_owner) > 200 or p_owner ~ '[^ -~]'
      or (ascii(p_owner) not between 33 and 126 and app.is_blank(p_owner)) then
@@ -143,13 +144,13 @@ begin
   -- not found (a wrong id, which the update then skips) wakes its tenant only.
   if 'retry' = any (p_outcomes) then
     select array_agg(u.tenant_id order by u.n), array_agg(v_now + u.delay order by u.n),
-           array_agg((select j.kind from app.jobs j
-                      where j.id = u.job_id and j.tenant_id = u.tenant_id) order by u.n)
-    into v_retry_tenants, v_retry_ats, v_retry_kinds
+           array_agg(j.kind order by u.n), array_agg(j.queue order by u.n)
+    into v_retry_tenants, v_retry_ats, v_retry_kinds, v_retry_queues
     from unnest(p_tenant_ids, p_job_ids, p_outcomes, p_retry_delays)
       with ordinality as u(tenant_id, job_id, outcome, delay, n)
+    left join app.jobs j on j.id = u.job_id and j.tenant_id = u.tenant_id
     where u.outcome = 'retry';
-    perform app.wake_tenants(v_retry_tenants, v_retry_ats, v_retry_kinds);
+    perform app.wake_tenants(v_retry_queues, v_retry_tenants, v_retry_ats, v_retry_kinds);
   end if;
 
   return query
@@ -331,13 +332,13 @@ begin
   end if;
 
   -- A job given back is claimable at once: its tenant and kind are due a turn now (the
-  -- kind read from the job, one primary-key probe per job).
-  perform app.wake_tenants(
-    p_tenant_ids, null,
-    array(select (select j.kind from app.jobs j
-                  where j.id = u.job_id and j.tenant_id = u.tenant_id)
-          from unnest(p_tenant_ids, p_job_ids) with ordinality as u(tenant_id, job_id, n)
-          order by u.n));
+  -- kind and queue read from the job, one primary-key probe per job).
+  perform app.wake_tenants(w.queues, p_tenant_ids, null, w.kinds)
+  from (
+    select array_agg(j.kind order by u.n) as kinds, array_agg(j.queue order by u.n) as queues
+    from unnest(p_tenant_ids, p_job_ids) with ordinality as u(tenant_id, job_id, n)
+    left join app.jobs j on j.id = u.job_id and j.tenant_id = u.tenant_id
+  ) w;
 
   return query
   with input as (

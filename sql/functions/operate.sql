@@ -49,6 +49,7 @@ declare
   v_redriven_ids uuid[];
   v_redriven_tenants uuid[];
   v_redriven_kinds text[];
+  v_redriven_queues text[];
 begin
   perform app.check_actor(p_actor);
   perform app.check_filters(p_job_ids, p_kind, p_limit);
@@ -74,7 +75,7 @@ begin
         updated_at = v_now
     from victims v
     where j.id = v.id
-    returning j.id, j.tenant_id, j.kind, v.previous_attempts
+    returning j.id, j.tenant_id, j.kind, j.queue, v.previous_attempts
   ), audit as (
     insert into app.job_events (tenant_id, job_id, event_type, actor, details, created_at)
     select r.tenant_id, r.id, 'redriven', p_actor,
@@ -85,12 +86,12 @@ begin
     from redriven r
   )
   select array_agg(r.id order by r.id), array_agg(r.tenant_id order by r.id),
-         array_agg(r.kind order by r.id)
-  into v_redriven_ids, v_redriven_tenants, v_redriven_kinds
+         array_agg(r.kind order by r.id), array_agg(r.queue order by r.id)
+  into v_redriven_ids, v_redriven_tenants, v_redriven_kinds, v_redriven_queues
   from redriven r;
   -- Redriven jobs are claimable now: their tenants and kinds are due a turn.
   if v_redriven_ids is not null then
-    perform app.wake_tenants(v_redriven_tenants, null, v_redriven_kinds);
+    perform app.wake_tenants(v_redriven_queues, v_redriven_tenants, null, v_redriven_kinds);
   end if;
 
   return query

@@ -248,6 +248,9 @@ set search_path = pg_catalog, pg_temp
 as $$
 declare
   v_moved bigint := 0;
+  v_tenants uuid[];
+  v_kinds text[];
+  v_ats timestamptz[];
 begin
   perform app.check_queue('p_queue', p_queue);
   perform app.check_array('p_kinds', p_kinds);
@@ -260,14 +263,24 @@ begin
   select distinct k.kind, p_queue from unnest(p_kinds) as k(kind) where k.kind is not null
   on conflict (kind) do update set queue = excluded.queue, updated_at = clock_timestamp();
   -- The waiting jobs, found by their claimable entries (the job table has no index on
-  -- waiting jobs); the update trigger moves each entry to the new queue.
-  update app.jobs j
-  set queue = p_queue
-  from app.claimable c
-  where c.queue = 'default' and c.kind = any (p_kinds)
-    and j.id = c.job_id and j.tenant_id = c.tenant_id
-    and j.state in ('pending', 'retry_wait');
-  get diagnostics v_moved = row_count;
+  -- waiting jobs); the update trigger moves each entry to the new queue, and their
+  -- tenants and kinds get their turns there (each queue has its own, turns.sql).
+  with moved as (
+    update app.jobs j
+    set queue = p_queue
+    from app.claimable c
+    where c.queue = 'default' and c.kind = any (p_kinds)
+      and j.id = c.job_id and j.tenant_id = c.tenant_id
+      and j.state in ('pending', 'retry_wait')
+    returning j.tenant_id, j.kind, j.available_at
+  )
+  select count(*), array_agg(m.tenant_id), array_agg(m.kind), array_agg(m.available_at)
+  into v_moved, v_tenants, v_kinds, v_ats
+  from moved m;
+  if v_moved > 0 then
+    perform app.wake_tenants(array_fill(p_queue, array[v_moved::integer]), v_tenants, v_ats,
+                             v_kinds);
+  end if;
   return v_moved;
 end;
 $$;

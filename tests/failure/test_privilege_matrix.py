@@ -70,6 +70,7 @@ app.current_tenant_id()                                                         
 app.dead_jobs(uuid,text,integer)                                                                 x   x   .    .     .    .    x    .    .
 app.discard_job(uuid,uuid,text,uuid,jsonb)                                                       x   x   .    .     x    .    .    .    .
 app.document_problem(jsonb,text,integer)                                                         x   .   .    .     .    .    .    .    .
+app.due_queues(timestamp with time zone)                                                         x   .   .    .     .    .    .    .    .
 app.end_stalled_sessions()                                                                       x   x   .    .     .    x    .    .    .
 app.enqueue_items(uuid[],text[],text[],jsonb[],timestamp with time zone[],integer[],text[],integer[],text[],text[])  x   .   .    .     .    .    .    .    .
 app.enqueue_job(uuid,text,text,jsonb,timestamp with time zone,integer,integer,text)              x   x   x    x     .    .    .    .    .
@@ -101,7 +102,7 @@ app.list_jobs(app.job_state,uuid,text,timestamp with time zone,timestamp with ti
 app.list_limits()                                                                                x   x   .    .     .    .    x    .    .
 app.list_schedules(uuid,integer)                                                                 x   x   .    .     .    .    x    .    .
 app.next_schedule_slot(text,text,timestamp with time zone)                                       x   .   .    .     .    .    .    .    .
-app.next_claimable_at(uuid,text)                                                                 x   .   .    .     .    .    .    .    .
+app.next_claimable_at(text,uuid,text)                                                            x   .   .    .     .    .    .    .    .
 app.next_start_at(text,integer,interval,integer,timestamp with time zone)                        x   .   .    .     .    .    .    .    .
 app.oldest_ready_at()                                                                            x   x   .    .     x    .    x    .    .
 app.pause_queue(text,text,text)                                                                  x   x   .    .     .    .    x    .    .
@@ -149,7 +150,7 @@ app.set_limit(text,text,text,uuid,text,integer,integer,interval,integer)        
 app.set_priority_step(interval)                                                                  x   .   .    .     .    .    .    .    .
 app.set_queue_limits(text,integer)                                                               x   .   .    .     .    .    .    .    .
 app.set_worker_pool_limits(integer,interval,interval)                                            x   .   .    .     .    .    .    .    .
-app.settle_turns(uuid[],uuid[],text[],timestamp with time zone)                                  x   .   .    .     .    .    .    .    .
+app.settle_turns(text,uuid[],uuid[],text[],timestamp with time zone)                             x   .   .    .     .    .    .    .    .
 app.spec_slots(bigint,integer[],integer[],integer[],integer[],integer[],boolean,boolean,boolean,text,timestamp with time zone,timestamp with time zone,integer)  x   .   .    .     .    .    .    .    .
 app.start_limited_jobs(uuid[],timestamp with time zone)                                          x   .   .    .     .    .    .    .    .
 app.start_reuse(integer,interval,integer)                                                        x   .   .    .     .    .    .    .    .
@@ -158,8 +159,9 @@ app.sync_schedules(uuid[],text[],text[],text[],text[],jsonb[],integer[],integer[
 app.take_limit_slots(uuid,uuid,text,text,timestamp with time zone)                               x   .   .    .     .    .    .    .    .
 app.take_slot(text,text,integer,uuid,uuid,timestamp with time zone)                              x   .   .    .     .    .    .    .    .
 app.tick_schedules(integer)                                                                      x   x   .    .     .    x    .    .    .
+app.turn_bucket(text,uuid)                                                                       x   .   .    .     .    .    .    .    .
 app.waiting_jobs(uuid)                                                                           x   x   .    .     .    .    x    .    .
-app.wake_tenants(uuid[],timestamp with time zone[],text[])                                       x   .   .    .     .    .    .    .    .
+app.wake_tenants(text[],uuid[],timestamp with time zone[],text[])                                x   .   .    .     .    .    .    .    .
 app.wake_worker_place(text)                                                                      x   x   x    x     x    .    .    .    .
 app.worker_pool_size(text)                                                                       x   x   .    .     x    .    x    .    .
 """  # noqa: E501

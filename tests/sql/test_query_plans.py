@@ -301,7 +301,7 @@ def test_repair_walks_the_claimable_index_one_probe_per_tenant(capture: PlanCapt
 
     assert seq_scans_of_jobs(plans) == []
     assert large_sorts_of_jobs(plans, max_rows=1000) == []  # at most the page itself
-    assert "claimable_order_idx" in indexes_used(plans)
+    assert "claimable_queue_idx" in indexes_used(plans)  # (queue, tenant) pairs
 
 
 def test_the_fair_claim_reads_only_due_turns_with_many_tenants_due_later(
@@ -369,8 +369,8 @@ def test_a_filtered_fair_claim_reads_its_kinds_due_turns_and_jobs_and_nothing_el
     plans: list[Plan] = []
     for _ in range(CALLS):
         rows, captured = capture.run(
-            "select id, kind from app.claim_ready_jobs('plan-check', 10, '30 seconds', %s, %s)",
-            kinds)
+            "select id, kind from app.claim_ready_jobs('plan-check', 10, '30 seconds', %s, %s,"
+            " 'default')", kinds)  # a worker names its queue
         assert len(rows) == 10
         assert ({r["kind"] for r in rows} == {SLOW}) is (kinds[0] is not None)
         plans += captured
