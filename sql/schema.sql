@@ -1,4 +1,4 @@
--- The tables of schema app as the migrations leave them (after 0027_queue_turns).
+-- The tables of schema app as the migrations leave them (after 0028_queue_workers).
 --
 -- Generated from a freshly migrated database by scripts/write-schema: do not edit. After adding
 -- a migration, run scripts/write-schema and commit this file with it;
@@ -10,6 +10,7 @@
 -- followed by its keys, indexes, row-level security, policies and grants.
 -- Tables:
 --   app.claimable
+--   app.connection_budget
 --   app.held_jobs
 --   app.job_events
 --   app.jobs
@@ -21,6 +22,7 @@
 --   app.limits
 --   app.queue_events
 --   app.queue_kinds
+--   app.queue_workers
 --   app.queues
 --   app.schedules
 --   app.schema_functions
@@ -135,6 +137,30 @@ GRANT SELECT(available_at) ON TABLE app.claimable TO authenticated;
 GRANT SELECT(state) ON TABLE app.claimable TO authenticated;
 GRANT SELECT(priority) ON TABLE app.claimable TO authenticated;
 GRANT SELECT(queue) ON TABLE app.claimable TO authenticated;
+
+-- ======================================================================================
+-- app.connection_budget
+-- ======================================================================================
+
+-- TABLE: connection_budget
+-- One row: the connections the leaseq stack's own functions can open, as its last deploy
+-- checked them, for the queues' registrations to add to.
+CREATE TABLE app.connection_budget (
+    only_row boolean DEFAULT true NOT NULL,
+    stack_connections integer NOT NULL,
+    proxy_percent integer,
+    updated_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT connection_budget_only_row_check CHECK (only_row),
+    CONSTRAINT connection_budget_proxy_range CHECK (((proxy_percent >= 1) AND (proxy_percent <= 100))),
+    CONSTRAINT connection_budget_stack_range CHECK (((stack_connections >= 0) AND (stack_connections <= 100000)))
+);
+
+-- CONSTRAINT: connection_budget connection_budget_pkey
+ALTER TABLE ONLY app.connection_budget
+    ADD CONSTRAINT connection_budget_pkey PRIMARY KEY (only_row);
+
+-- ROW SECURITY: connection_budget
+ALTER TABLE app.connection_budget ENABLE ROW LEVEL SECURITY;
 
 -- ======================================================================================
 -- app.held_jobs
@@ -617,6 +643,35 @@ ALTER TABLE ONLY app.queue_kinds
 
 -- ROW SECURITY: queue_kinds
 ALTER TABLE app.queue_kinds ENABLE ROW LEVEL SECURITY;
+
+-- ======================================================================================
+-- app.queue_workers
+-- ======================================================================================
+
+-- TABLE: queue_workers
+-- Each named queue's worker function, registered by the queue's deploy: what an enqueue
+-- wakes, and what the connection budget counts.
+CREATE TABLE app.queue_workers (
+    queue text NOT NULL,
+    function_name text NOT NULL,
+    -- Database connections the queue's worker can open (its reserved concurrency).
+    connections integer NOT NULL,
+    -- The stack that registered the worker; only its delete unregisters it.
+    stack_id text NOT NULL,
+    registered_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    updated_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT queue_workers_connections_range CHECK (((connections >= 0) AND (connections <= 10000))),
+    CONSTRAINT queue_workers_function_shape CHECK (((function_name ~ '^(arn:aws[a-zA-Z-]*:lambda:[a-z0-9-]+:[0-9]{12}:function:)?[A-Za-z0-9_-]{1,64}(:[A-Za-z0-9_$-]{1,128})?$'::text) AND (length(function_name) <= 170))),
+    CONSTRAINT queue_workers_queue_name CHECK ((queue ~ '^[a-z][a-z0-9_-]{0,39}$'::text)),
+    CONSTRAINT queue_workers_stack_shape CHECK (((length(stack_id) >= 1) AND (length(stack_id) <= 2048)))
+);
+
+-- CONSTRAINT: queue_workers queue_workers_pkey
+ALTER TABLE ONLY app.queue_workers
+    ADD CONSTRAINT queue_workers_pkey PRIMARY KEY (queue);
+
+-- ROW SECURITY: queue_workers
+ALTER TABLE app.queue_workers ENABLE ROW LEVEL SECURITY;
 
 -- ======================================================================================
 -- app.queues

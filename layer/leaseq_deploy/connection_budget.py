@@ -38,7 +38,7 @@ them with ``OperatorConnections`` or a smaller ``ProxyMaxConnectionsPercent``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import psycopg
@@ -154,15 +154,24 @@ class StackConnections:
     proxy_percent: int | None
     #: The dashboard's connections (within ``operators``), or None without a dashboard.
     dashboard: DashboardConnections | None = None
+    #: The named queues' workers registered by stacks of their own (``queue_workers.py``),
+    #: each counted at what its registration recorded.
+    queues: tuple[Reservation, ...] = ()
 
     @property
     def worker(self) -> Reservation:
         return self.reservations[0]
 
     @property
-    def total(self) -> int:
-        """Client connections of the runtime functions and operators (not the migrations)."""
+    def own(self) -> int:
+        """Client connections of this stack's runtime functions and operators (not the
+        migrations, nor the queues of other stacks)."""
         return sum(r.counted for r in self.reservations) + self.operators
+
+    @property
+    def total(self) -> int:
+        """What the deployment can open: this stack's and every registered queue's."""
+        return self.own + sum(q.counted for q in self.queues)
 
     @property
     def unreserved(self) -> tuple[str, ...]:
@@ -173,6 +182,7 @@ class StackConnections:
         if self.dashboard is not None:
             operators += f" (of which {self.dashboard.describe()})"
         parts = [r.describe() for r in self.reservations] + [operators]
+        parts += [q.describe() for q in self.queues]
         return " + ".join(parts) + f" = {self.total}"
 
 
@@ -326,6 +336,31 @@ def check(stack: StackConnections, limits: ServerLimits) -> str:
     return summary
 
 
+def registered_queues(conn: Connection) -> tuple[Reservation, ...]:
+    """The queues' workers other stacks registered (``app.queue_workers``, through
+    ``app.queue_connections``), as reservations; none before the schema has the registry
+    (this check runs before migrating)."""
+    present = conn.execute(
+        "select to_regprocedure('app.queue_connections(text)') is not null as present"
+    ).fetchone()
+    if not present or not present["present"]:
+        return ()
+    row = conn.execute("select queues from app.queue_connections(null)").fetchone()
+    queues = []
+    for entry in (row["queues"] if row else None) or ():
+        name, connections = str(entry).rsplit(" ", 1)
+        queues.append(Reservation(f"queue {name}", int(connections), int(connections)))
+    return tuple(queues)
+
+
 def check_connection_budget(conn: Connection, stack: StackConnections) -> str:
-    """Read the server's limits over ``conn`` and check the stack against them."""
-    return check(stack, read_server_limits(conn))
+    """Read the server's limits and the registered queues over ``conn`` and check the
+    stack, with those queues, against them."""
+    return check(replace(stack, queues=registered_queues(conn)), read_server_limits(conn))
+
+
+def record_stack_connections(conn: Connection, stack: StackConnections) -> None:
+    """After migrating: keep this stack's own connections and proxy share in the schema
+    (``app.connection_budget``), for the queues' registrations to add to."""
+    conn.execute("select app.set_stack_connections(%s, %s)",
+                 (stack.own, stack.proxy_percent))

@@ -81,7 +81,11 @@ def handle(
     physical_id = physical_resource_id(event)
     watchdog = _start_watchdog(responder, context, physical_id, watchdog_margin)
     try:
-        if event["RequestType"] == "Delete":
+        if event.get("ResourceType") == "Custom::LeaseqQueueRegistration":
+            reason = _registration(event, owner_dsn, read_secret, retry_delays)
+            responder.send(SUCCESS, reason=reason, physical_resource_id=physical_id,
+                           data={"Registration": reason})
+        elif event["RequestType"] == "Delete":
             responder.send(
                 SUCCESS,
                 reason="Delete keeps the schema, its jobs and the logins",
@@ -106,6 +110,47 @@ def handle(
         if watchdog is not None:
             watchdog.cancel()
     return responder.sent_status
+
+
+def _registration(
+    event: Mapping[str, Any],
+    owner_dsn: Callable[[], str] | None,
+    read_secret: Callable[[str], Mapping[str, Any]] | None,
+    retry_delays: Sequence[float],
+) -> str:
+    """A queue's Registration request (``queue_workers.py``): register its worker on
+    Create and Update (and unregister the old queue when the name changed), unregister on
+    Delete. A Delete that cannot reach the database succeeds all the same, saying so: a
+    registration left behind only names a worker that no longer exists, and a stack that
+    cannot be deleted would be worse."""
+    from leaseq.base.errors import DatabaseUnavailableError
+
+    from leaseq_deploy.owner_connection import owner_dsn_from_environment, secrets_manager_reader
+    from leaseq_deploy.queue_workers import register, requested_worker, unregister
+
+    properties: Mapping[str, Any] = event.get("ResourceProperties") or {}
+    stack_id = str(event.get("StackId", ""))
+    deleting = event["RequestType"] == "Delete"
+    worker = None if deleting else requested_worker(properties)
+    old_queue = str((event.get("OldResourceProperties") or {}).get("QueueName", "")).strip()
+    reader = read_secret or secrets_manager_reader()
+    dsn = owner_dsn() if owner_dsn is not None else owner_dsn_from_environment(os.environ, reader)
+    try:
+        conn = _connect_with_retries(dsn, () if deleting else retry_delays)
+    except DatabaseUnavailableError as exc:
+        if not deleting:
+            raise
+        logger.warning("queue registration not removed: %s", exc)
+        return f"registration not removed: the database is unreachable ({exc})"
+    with conn:
+        if worker is None:
+            summary = unregister(conn, str(properties.get("QueueName", "")).strip(), stack_id)
+        else:
+            summary = register(conn, worker, stack_id)
+            if old_queue and old_queue != worker.queue:
+                summary += "; " + unregister(conn, old_queue, stack_id)
+    logger.info("%s", summary)
+    return summary
 
 
 def _start_watchdog(
@@ -280,7 +325,11 @@ def _migrate_and_ensure_role(
     # Imported here so that a layer that fails to import is answered FAILED, not left hanging.
     from leaseq.store.migrate import current_version, migrate
 
-    from leaseq_deploy.connection_budget import check_connection_budget, stack_connections
+    from leaseq_deploy.connection_budget import (
+        check_connection_budget,
+        record_stack_connections,
+        stack_connections,
+    )
     from leaseq_deploy.dashboard_logins import check_access_patterns, manages_tenant_readers
     from leaseq_deploy.owner_connection import owner_dsn_from_environment, secrets_manager_reader
     from leaseq_deploy.pool_limits import describe, requested_pool_limits, write_pool_limits
@@ -314,10 +363,13 @@ def _migrate_and_ensure_role(
             check_duty_group_names(conn)
             report = migrate(conn)
             applied, version = report.applied, report.current_version
+            if stack is not None:
+                record_stack_connections(conn, stack)
             if pool is not None:
                 pool_limits = describe(write_pool_limits(conn, pool))
             if queues is not None:
-                logger.info("named queues: %s", write_queues(conn, queues))
+                logger.info("named queues: %s",
+                            write_queues(conn, queues, str(event.get("StackId") or "leaseq")))
         logins = ensure_login_roles(conn, specs,
                                     manage_tenant_readers=manages_tenant_readers(properties))
     for login in logins:

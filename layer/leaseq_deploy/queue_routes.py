@@ -32,6 +32,9 @@ class QueueDeclaration:
     name: str
     kinds: tuple[str, ...]
     max_workers: int | None
+    #: The stack's own worker of the queue (the slow worker), registered with no
+    #: connections of its own (the stack's budget counts it): what an enqueue wakes.
+    worker_function: str | None = None
 
 
 def requested_queues(properties: Mapping[str, Any]) -> list[QueueDeclaration] | None:
@@ -59,18 +62,23 @@ def requested_queues(properties: Mapping[str, Any]) -> list[QueueDeclaration] | 
                 raise ConfigurationError(f"{PROPERTY} item {position}: MaxWorkers must be a "
                                          f"whole number 0 .. 1000, not {limit_text!r}")
             limit = int(limit_text)
-        queues.append(QueueDeclaration(name, kinds, limit))
+        worker = str(item.get("WorkerFunction", "")).strip() or None
+        queues.append(QueueDeclaration(name, kinds, limit, worker))
     return queues
 
 
-def write_queues(conn: Any, queues: list[QueueDeclaration]) -> str:
-    """Route each queue's kinds and set its limit, on the owner's connection; a summary
-    for the log (how many waiting jobs moved)."""
+def write_queues(conn: Any, queues: list[QueueDeclaration], stack_id: str) -> str:
+    """Route each queue's kinds, set its limit and register its worker, on the owner's
+    connection; a summary for the log (how many waiting jobs moved)."""
     done = []
     for queue in queues:
         moved = route_kinds(conn, queue.name, queue.kinds) if queue.kinds else 0
         limit = (set_queue_limits(conn, queue.name, queue.max_workers)
                  if queue.max_workers is not None else "the owner's")
+        if queue.worker_function is not None:
+            conn.execute("select app.register_queue_worker(%s, %s, 0, %s)",
+                         (queue.name, queue.worker_function, stack_id))
         done.append(f"{queue.name} ({len(queue.kinds)} kinds routed, {moved} waiting jobs "
-                    f"moved, max workers {limit})")
+                    f"moved, max workers {limit}"
+                    + (f", worker {queue.worker_function})" if queue.worker_function else ")"))
     return "; ".join(done) or "none declared"

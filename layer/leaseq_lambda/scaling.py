@@ -409,14 +409,20 @@ def wake(client: ProducerCalls, settings: PoolSettings, lambda_client: Any | Non
         return False
     queue = queue or settings.queue
     function = settings.worker_of(queue)
-    if invoke is None and function is None and queue != settings.queue:
-        logger.info("no worker function named for the queue; its tick drains it",
-                    extra={"queue": queue})
-        return False
     place = client.wake_worker_place(queue)
     if place is None:
         return False
     if invoke is None:
+        if function is None and queue != settings.queue:
+            # A queue declared in a stack of its own: its deploy registered the worker
+            # (app.queue_workers). Read only now, with the ticket won: the common answer
+            # above costs no second query.
+            function = client.queue_worker_function(queue)
+            if function is None:
+                _release(client, place)
+                logger.info("no worker function registered for the queue; its tick "
+                            "drains it", extra={"queue": queue})
+                return False
         if not function:
             _release(client, place)
             raise WorkerStartError(

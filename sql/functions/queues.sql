@@ -328,3 +328,154 @@ $$;
 revoke all on function app.queue_state(text) from public;
 grant execute on function app.queue_state(text)
   to leaseq_worker, leaseq_operator, leaseq_dashboard;
+
+-- Queues' worker functions (migration 0028_queue_workers) ------------------------------
+--
+-- A queue's deploy registers its worker (the nested application's Registration custom
+-- resource, run by the leaseq stack's migrations function as the owner): an enqueue that
+-- wins the queue's wake ticket starts that function, and the connection budget counts its
+-- connections beside the leaseq stack's own.
+
+-- The leaseq stack's own connections, as its migrations resource checked them, and its
+-- proxy share (NULL: no proxy). Granted to nobody: the deploy.
+create or replace function app.set_stack_connections(p_connections integer,
+                                                     p_proxy_percent integer)
+returns void
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+  perform app.check_range('p_connections', p_connections, 0, 100000);
+  if p_proxy_percent is not null then
+    perform app.check_range('p_proxy_percent', p_proxy_percent, 1, 100);
+  end if;
+  insert into app.connection_budget as b (only_row, stack_connections, proxy_percent)
+  values (true, p_connections, p_proxy_percent)
+  on conflict (only_row) do update
+    set stack_connections = excluded.stack_connections,
+        proxy_percent = excluded.proxy_percent,
+        updated_at = clock_timestamp();
+end;
+$$;
+revoke all on function app.set_stack_connections(integer, integer) from public;
+
+-- What the budget holds now: the leaseq stack's connections and proxy share (NULLs
+-- before its first deploy of this release) and the registered queues' connections but
+-- p_except_queue's (the one being registered again). Granted to nobody: the deploy.
+create or replace function app.queue_connections(p_except_queue text default null)
+returns table (stack_connections integer, proxy_percent integer, queue_connections bigint,
+               queues text[])
+language sql
+stable
+set search_path = pg_catalog, pg_temp
+as $$
+  select b.stack_connections, b.proxy_percent,
+         coalesce((select sum(w.connections) from app.queue_workers w
+                   where w.queue is distinct from p_except_queue), 0),
+         coalesce((select array_agg(w.queue || ' ' || w.connections order by w.queue)
+                   from app.queue_workers w
+                   where w.queue is distinct from p_except_queue and w.connections > 0),
+                  '{}')
+  from (select true as only_row) o
+  left join app.connection_budget b on b.only_row
+$$;
+revoke all on function app.queue_connections(text) from public;
+
+-- Register (or update) p_queue's worker function for stack p_stack_id. With p_limit (the
+-- connections the database allows the deployment, computed by the deploy from the
+-- server's settings) the registration is refused with 53400 when the leaseq stack's
+-- connections, every other registered queue's and p_connections together exceed it. The
+-- table is locked first, so two queues registering at once are counted one after the
+-- other and cannot both slip under the limit. A queue registered by another stack is
+-- refused with 23505: one worker function per queue. Granted to nobody: the deploy.
+create or replace function app.register_queue_worker(
+  p_queue text,
+  p_function_name text,
+  p_connections integer,
+  p_stack_id text,
+  p_limit integer default null
+)
+returns bigint
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+  v_holder text;
+  v_total bigint;
+  v_state record;
+begin
+  perform app.check_queue('p_queue', p_queue);
+  perform app.check_required('p_function_name', p_function_name);
+  perform app.check_required('p_stack_id', p_stack_id);
+  perform app.check_range('p_connections', p_connections, 0, 10000);
+  lock table app.queue_workers in share row exclusive mode;
+  select w.stack_id into v_holder from app.queue_workers w where w.queue = p_queue;
+  if v_holder is not null and v_holder <> p_stack_id then
+    raise exception using errcode = '23505',
+      message = format('queue %s already has a worker function, registered by stack %s',
+                       p_queue, v_holder),
+      hint = 'Each queue is drained by one worker function: give this declaration another '
+             'QueueName, or delete the other stack''s declaration first.';
+  end if;
+  select * into v_state from app.queue_connections(p_queue);
+  v_total := coalesce(v_state.stack_connections, 0) + v_state.queue_connections
+             + p_connections;
+  if p_limit is not null and v_total > p_limit then
+    raise exception using errcode = '53400',
+      message = format('queue %s''s worker can open %s connections, and with the leaseq '
+                       'stack''s %s and the other queues'' %s (%s) the deployment would '
+                       'open %s, more than the %s the database allows',
+                       p_queue, p_connections, coalesce(v_state.stack_connections, 0),
+                       v_state.queue_connections,
+                       coalesce(nullif(array_to_string(v_state.queues, ', '), ''), 'none'),
+                       v_total, p_limit),
+      hint = 'Lower this queue''s ReservedConcurrency (at least MaxWorkers + 1), or another '
+             'queue''s or the leaseq stack''s reservations, or give the database more '
+             'connections (a larger instance class).';
+  end if;
+  perform app.ensure_queue(p_queue);
+  insert into app.queue_workers as w (queue, function_name, connections, stack_id)
+  values (p_queue, p_function_name, p_connections, p_stack_id)
+  on conflict (queue) do update
+    set function_name = excluded.function_name,
+        connections = excluded.connections,
+        updated_at = clock_timestamp();
+  return v_total;
+end;
+$$;
+revoke all on function app.register_queue_worker(text, text, integer, text, integer) from public;
+
+-- Remove p_queue's worker registration if p_stack_id made it (a stack's delete never
+-- removes another stack's); true when one was removed. The queue's jobs stay. Granted to
+-- nobody: the deploy.
+create or replace function app.unregister_queue_worker(p_queue text, p_stack_id text)
+returns boolean
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+  perform app.check_queue('p_queue', p_queue);
+  delete from app.queue_workers w where w.queue = p_queue and w.stack_id = p_stack_id;
+  return found;
+end;
+$$;
+revoke all on function app.unregister_queue_worker(text, text) from public;
+
+-- The worker function registered for p_queue (a name or ARN), or NULL: what an enqueue
+-- that won the queue's wake ticket starts. One primary-key probe; the producers' only read
+-- of the registry (they see no connection figures, no stack).
+create or replace function app.queue_worker_function(p_queue text)
+returns text
+language plpgsql
+stable
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+  perform app.check_queue('p_queue', p_queue);
+  return (select w.function_name from app.queue_workers w where w.queue = p_queue);
+end;
+$$;
+revoke all on function app.queue_worker_function(text) from public;
+grant execute on function app.queue_worker_function(text)
+  to leaseq_producer, leaseq_tenant_producer;

@@ -113,12 +113,14 @@ app.priority_step()                                                             
 app.prune_jobs(interval,integer)                                                                 x   x   .    .     .    .    x    .    .
 app.prune_retained_jobs(interval,integer)                                                        x   x   .    .     .    x    .    .    .
 app.put_schedule(uuid,text,text,text,text,jsonb,integer,integer,text)                            x   x   .    .     .    .    x    .    .
+app.queue_connections(text)                                                                      x   .   .    .     .    .    .    .    .
 app.queue_depth(uuid,text,integer)                                                               x   x   .    .     .    .    x    .    .
 app.queue_history(text,integer)                                                                  x   x   .    .     .    .    x    .    .
 app.queue_max_workers(text)                                                                      x   .   .    .     .    .    .    .    .
 app.queue_overview(text)                                                                         x   x   .    .     x    x    x    .    .
 app.queue_state(text)                                                                            x   x   .    .     x    .    x    .    .
 app.queue_status(uuid)                                                                           x   x   .    .     .    .    x    .    .
+app.queue_worker_function(text)                                                                  x   x   x    x     .    .    .    .    .
 app.raise_invalid(text)                                                                          x   .   .    .     .    .    .    .    .
 app.reader_get_job(uuid)                                                                         x   .   .    .     .    .    .    x    .
 app.reader_job_activity(uuid,text,interval,integer,integer)                                      x   .   .    .     .    .    .    x    .
@@ -129,6 +131,7 @@ app.reader_queue_depth(uuid,text,integer)                                       
 app.ready_tenants(integer)                                                                       x   x   .    .     x    .    .    .    .
 app.redrive_jobs(text,uuid,uuid[],text,integer,text)                                             x   x   .    .     .    .    x    .    .
 app.redrive_jobs_by_id(text,uuid[],text)                                                         x   x   .    .     .    .    x    .    .
+app.register_queue_worker(text,text,integer,text,integer)                                        x   .   .    .     .    .    .    .    .
 app.release_all_expired_jobs(integer)                                                            x   x   .    .     .    x    .    .    .
 app.release_expired(uuid,integer)                                                                x   .   .    .     .    .    .    .    .
 app.release_expired_jobs(uuid,integer)                                                           x   x   .    .     .    x    .    .    .
@@ -149,6 +152,7 @@ app.schedule_spec(text)                                                         
 app.set_limit(text,text,text,uuid,text,integer,integer,interval,integer)                         x   x   .    .     .    .    x    .    .
 app.set_priority_step(interval)                                                                  x   .   .    .     .    .    .    .    .
 app.set_queue_limits(text,integer)                                                               x   .   .    .     .    .    .    .    .
+app.set_stack_connections(integer,integer)                                                       x   .   .    .     .    .    .    .    .
 app.set_worker_pool_limits(integer,interval,interval)                                            x   .   .    .     .    .    .    .    .
 app.settle_turns(text,uuid[],uuid[],text[],timestamp with time zone)                             x   .   .    .     .    .    .    .    .
 app.spec_slots(bigint,integer[],integer[],integer[],integer[],integer[],boolean,boolean,boolean,text,timestamp with time zone,timestamp with time zone,integer)  x   .   .    .     .    .    .    .    .
@@ -160,6 +164,7 @@ app.take_limit_slots(uuid,uuid,text,text,timestamp with time zone)              
 app.take_slot(text,text,integer,uuid,uuid,timestamp with time zone)                              x   .   .    .     .    .    .    .    .
 app.tick_schedules(integer)                                                                      x   x   .    .     .    x    .    .    .
 app.turn_bucket(text,uuid)                                                                       x   .   .    .     .    .    .    .    .
+app.unregister_queue_worker(text,text)                                                           x   .   .    .     .    .    .    .    .
 app.waiting_jobs(uuid)                                                                           x   x   .    .     .    .    x    .    .
 app.wake_tenants(text[],uuid[],timestamp with time zone[],text[])                                x   .   .    .     .    .    .    .    .
 app.wake_worker_place(text)                                                                      x   x   x    x     x    .    .    .    .
@@ -194,6 +199,8 @@ app.limit_slots       SIUDT  -   -    -     -    -    -    -    -
 app.limit_starts      SIUDT  -   -    -     -    -    -    -    -
 app.held_jobs         SIUDT  -   -    -     -    -    -    S    -
 app.limit_turns       SIUDT  -   -    -     -    -    -    -    -
+app.queue_workers     SIUDT  -   -    -     -    -    -    -    -
+app.connection_budget SIUDT  -   -    -     -    -    -    -    -
 """
 
 #: Columns a role with SELECT on the table may still not read.

@@ -19,7 +19,7 @@ from leaseq_lambda.telemetry import OTHER_QUEUES, queue_metrics
 
 from tests.conftest import Database
 from tests.functions.conftest import load_event
-from tests.support.postgres import OPERATOR, Conn
+from tests.support.postgres import OPERATOR, PRODUCER, Conn
 
 
 class RecordingLambda:
@@ -44,6 +44,14 @@ def client(db: Database) -> Iterator[QueueClient]:
 
 
 @pytest.fixture
+def producer(db: Database) -> Iterator[QueueClient]:
+    """The enqueue function's login."""
+    queue = QueueClient(lambda: connect(db.dsn(PRODUCER)))
+    yield queue
+    queue.close()
+
+
+@pytest.fixture
 def operator(db: Database) -> Iterator[Conn]:
     with db.connect(OPERATOR) as conn:
         yield conn
@@ -61,6 +69,20 @@ def test_an_enqueue_wakes_each_queues_own_worker_and_none_for_a_queue_drained_el
                                          queues=["default", "reports", "nowhere"])
     assert (started, failed) == (True, False)
     assert sorted(lam.invoked) == ["stack-reports", "stack-worker"]
+
+
+def test_an_enqueue_wakes_a_queue_declared_in_its_own_stack_through_its_registration(
+        producer: QueueClient, owner: Conn) -> None:
+    """No environment names the pdf queue's worker: its deploy registered it."""
+    owner.execute("select app.register_queue_worker('pdf', 'other-stack-pdf', 3, 'stack-b')")
+    lam = RecordingLambda()
+    started, failed = wake_after_enqueue(producer, pool(), lam, queues=["pdf", "nowhere"])
+    assert (started, failed) == (True, False)
+    assert lam.invoked == ["other-stack-pdf"]
+    # The unregistered queue's ticket was taken, then given back: the next enqueue's
+    # producer may wake it again once a worker is registered.
+    assert owner.execute("select ticket from app.worker_wakes where queue = 'nowhere'"
+                         ).fetchall() == [{"ticket": None}]
 
 
 def test_a_paused_queue_is_not_woken(client: QueueClient, operator: Conn) -> None:

@@ -114,3 +114,56 @@ def test_the_queues_environment_is_one_the_worker_settings_accept(
     settings = LeaseqSettings.from_env(environment)
     assert (settings.worker.queue, settings.pool.queue) == ("reports", "reports")
     assert settings.pool.worker_function == "leaseq-prod-reports"
+
+
+def test_the_queue_registers_its_worker_through_the_leaseq_stacks_migrations_function(
+        queue_sam: dict[str, Any]) -> None:
+    from leaseq_deploy.queue_workers import RESOURCE_TYPE, requested_worker
+
+    registration = queue_sam["Resources"]["Registration"]
+    assert registration["Type"] == RESOURCE_TYPE
+    properties = registration["Properties"]
+    assert properties["ServiceToken"] == {"Ref": "ServiceToken"}
+    assert properties["WorkerFunction"] == {"Ref": "WorkerFunction"}
+    assert properties["ReservedConcurrency"] == {"Ref": "ReservedConcurrency"}
+    assert properties["MaxWorkers"] == {"Ref": "MaxWorkers"}
+    # The defaults make a registration the migrations function accepts.
+    defaults = {name: str(p.get("Default", "")) for name, p in queue_sam["Parameters"].items()}
+    accepted = requested_worker({"QueueName": "reports", "WorkerFunction": "leaseq-reports",
+                                 "ReservedConcurrency": defaults["ReservedConcurrency"],
+                                 "MaxWorkers": defaults["MaxWorkers"]})
+    assert accepted.connections == int(defaults["ReservedConcurrency"])
+    outputs = load_sam_template()["Outputs"]
+    assert outputs["QueueServiceToken"]["Value"] == {"Fn::GetAtt": ["MigrationsFunction", "Arn"]}
+    assert outputs["QueueEnqueueRoleName"]["Value"] == {"Ref": "EnqueueFunctionRole"}
+
+
+def test_the_wake_policy_lets_the_enqueue_role_invoke_this_queues_worker_and_nothing_else(
+        queue_sam: dict[str, Any]) -> None:
+    wake = queue_sam["Resources"]["WakePolicy"]
+    assert wake["Type"] == "AWS::IAM::Policy"
+    assert wake["Properties"]["Roles"] == [{"Ref": "EnqueueRoleName"}]
+    (statement,) = wake["Properties"]["PolicyDocument"]["Statement"]
+    assert statement == {"Effect": "Allow", "Action": "lambda:InvokeFunction",
+                         "Resource": {"Fn::GetAtt": ["WorkerFunction", "Arn"]}}
+
+
+def test_the_enqueue_role_may_wake_the_workers_and_no_other_function() -> None:
+    from tests.infra.template_policies import function_arn, identity_statements
+    from tests.support.iam_policies import Request, evaluate
+
+    sam = load_sam_template()
+    sam["Parameters"]["DashboardEnabled"]["Default"] = "true"
+    sam["Parameters"]["SlowKinds"]["Default"] = "report.build"
+    cfn = translate(sam)
+    enqueue = identity_statements(cfn)["EnqueueFunctionRole"]
+    caller = "arn:aws:sts::123456789012:assumed-role/EnqueueFunctionRole/s"
+
+    def may_invoke(function: str) -> bool:
+        arn = function_arn(cfn, function)
+        return evaluate(Request(caller, "lambda:InvokeFunction", arn), identity=enqueue).allowed
+
+    assert may_invoke("WorkerFunction")
+    assert may_invoke("SlowWorkerFunction")
+    for other in ("DashboardFunction", "MigrationsFunction", "ReaperFunction", "EnqueueFunction"):
+        assert not may_invoke(other), other

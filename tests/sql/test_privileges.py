@@ -466,6 +466,8 @@ def test_owner_is_not_a_superuser_and_does_not_bypass_rls(owner: Conn) -> None:
         "leases": (True, False),
         "queue_events": (True, False),
         "queue_kinds": (True, False),
+        "queue_workers": (True, False),
+        "connection_budget": (True, False),
         "queues": (True, False),
         "limit_slots": (True, False),
         "limit_starts": (True, False),

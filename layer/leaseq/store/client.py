@@ -554,6 +554,14 @@ class QueueClient:
         place: UUID | None = row["place"]
         return place
 
+    def queue_worker_function(self, queue: str) -> str | None:
+        """The worker function (name or ARN) that ``queue``'s deploy registered, or None:
+        what a wake of a queue declared in a stack of its own starts, since no enqueue
+        function's environment names it."""
+        (row,) = self._query(queries.QUEUE_WORKER_FUNCTION, {"queue": queue})
+        function: str | None = row["function_name"]
+        return function
+
     def worker_pool_size(self, queue: str | None = None) -> PoolSize:
         """The unexpired places: held by running invocations and reserved for starting
         ones; of ``queue``'s pool, or of every queue's when None."""

@@ -135,6 +135,7 @@ class ProducerClient(DutyClient):
     job_result = _call(QueueClient.job_result)
     wake_worker_place = _call(QueueClient.wake_worker_place)
     release_worker_place = _call(QueueClient.release_worker_place)
+    queue_worker_function = _call(QueueClient.queue_worker_function)
 
     def wait_for_result(self, tenant_id: UUID, *, job_id: UUID | None = None,
                         operation_key: str | None = None, timeout: float,

@@ -101,6 +101,10 @@ RELEASE_WORKER_PLACE: Final[LiteralString] = "select app.release_worker_place(%(
 WAKE_WORKER_PLACE: Final[LiteralString] = (
     "select app.wake_worker_place(%(queue)s::text) as place"
 )
+# A named queue's worker function, as its deploy registered it (0028_queue_workers).
+QUEUE_WORKER_FUNCTION: Final[LiteralString] = (
+    "select app.queue_worker_function(%(queue)s::text) as function_name"
+)
 # The schema owner's: the pool's limits in app.settings.
 SET_WORKER_POOL_LIMITS: Final[LiteralString] = (
     "select max_workers, start_hold, wake_debounce from app.set_worker_pool_limits("
