@@ -546,7 +546,14 @@ def test_only_the_worker_and_the_enqueue_function_may_invoke_the_worker_on_its_a
                if not role.endswith("ScheduleRole") and role != "SlowWorkerFunctionRole"}
     assert set(runtime) == {f"{name}Role" for name in INVOKE_WORKER}
     for function, resource in INVOKE_WORKER.items():
-        ((condition, statement),) = runtime[f"{function}Role"]
+        statements = runtime[f"{function}Role"]
+        if function == "EnqueueFunction":
+            # Wake on enqueue of the slow queue too: its worker, only with a slow worker.
+            slow = ("HasSlowWorker", {"Effect": "Allow", "Action": "lambda:InvokeFunction",
+                                      "Resource": {"Fn::GetAtt": ["SlowWorkerFunction", "Arn"]}})
+            assert slow in statements
+            statements = [s for s in statements if s != slow]
+        ((condition, statement),) = statements
         assert condition == "HasWorkerPool", function  # no pool, no permission
         assert statement == {"Effect": "Allow", "Action": "lambda:InvokeFunction",
                              "Resource": resource}, function
@@ -844,8 +851,11 @@ def test_each_function_may_connect_only_as_its_own_login(
     assert {s["Action"] for s in extra} <= {"sqs:SendMessage", "rds-db:connect",
                                             "secretsmanager:GetSecretValue",
                                             "lambda:InvokeFunction"}
+    # (and the enqueue function's wake of the slow queue's worker, registered for its queue)
+    wakes_slow = [{"Fn::GetAtt": ["SlowWorkerFunction", "Arn"]}] \
+        if function == "EnqueueFunction" else []
     assert [s["Resource"] for s in extra if s["Action"] == "lambda:InvokeFunction"] == (
-        [INVOKE_WORKER[function]] if function in INVOKE_WORKER else [])
+        [INVOKE_WORKER[function]] if function in INVOKE_WORKER else []) + wakes_slow
     readers = [s for s in extra if s["Action"] == "rds-db:connect"]
     assert len(readers) == (1 if function == "DashboardFunction" else 0)
     if readers:
@@ -1073,7 +1083,9 @@ def test_a_slow_worker_drains_a_named_queue_with_its_own_limits_schedule_pool_an
     assert not {"LEASEQ_KINDS", "LEASEQ_EXCLUDE_KINDS"} & (set(variables) | set(worker_variables))
     queues = cfn["Resources"]["Migrations"]["Properties"]["Queues"]["Fn::If"]
     assert queues == ["HasSlowWorker", [{"Name": {"Ref": "SlowQueueName"},
-                                         "Kinds": {"Ref": "SlowKinds"}, "MaxWorkers": ""}], []]
+                                         "Kinds": {"Ref": "SlowKinds"}, "MaxWorkers": "",
+                                         "WorkerFunction": {"Fn::Sub": "${AWS::StackName}-slow"}}],
+                      []]
     # The same duty, so the same login; the rest of the database settings as the worker's.
     for key in ("LEASEQ_DB_USER", "LEASEQ_DB_HOST", "LEASEQ_DB_PORT", "LEASEQ_DB_IAM_AUTH",
                 "LEASEQ_DATABASE_SECRET_ARN", "LEASEQ_HANDLERS", "LEASEQ_BATCH_SIZE"):
