@@ -314,3 +314,29 @@ def test_a_producer_of_another_queue_does_not_keep_a_claim_from_settling_a_turn(
         assert len(claim(duty_worker, "reports")) == 1
         assert turns(owner, "reports")[tenant][0] is None  # settled: nothing left there
     assert len(claim(duty_worker, "default")) == 1
+
+
+def _due_turn_scans(conn: Conn) -> int:
+    """Scans of the tenants' due-turn index in this transaction so far."""
+    row = conn.execute("select pg_stat_get_xact_numscans('app.tenant_turns_due_idx'::regclass)"
+                       " as n").fetchone()
+    assert row is not None
+    return int(row["n"])
+
+
+def test_a_queues_claim_walks_its_due_turns_once_per_pick(
+        producer: Conn, duty_worker: Conn, owner: Conn) -> None:
+    """Fewer due tenants than the batch's room: the claim picks the free ones and the
+    others from one read of the due turns (it once read them again for the others), and
+    settling its tenants looks once for tenants left waiting behind them."""
+    tenants = [new_tenant() for _ in range(3)]
+    for tenant in tenants:
+        enqueue(producer, tenant, 5, "reports")
+
+    with duty_worker.transaction():
+        before = _due_turn_scans(duty_worker)
+        claimed = claim(duty_worker, "reports", limit=10)
+        scans = _due_turn_scans(duty_worker) - before
+
+    assert len(claimed) == 10
+    assert scans == 2  # the pick's read, and the settlement's look for others waiting
