@@ -399,6 +399,7 @@ declare
   v_filter text := '';
   v_pass integer := 0;
   v_room integer;
+  v_due uuid[];
   v_pick uuid[];
   v_seen uuid[] := '{}';
   v_held uuid[] := '{}';
@@ -469,83 +470,62 @@ begin
   loop
     v_pass := v_pass + 1;
     v_room := p_limit - cardinality(v_tids);
-    -- The due tenants in turn order; the lock is tried in that order only (OFFSET 0
-    -- keeps the ordered subquery apart and the volatile test out of it), so a claim
-    -- holds locks on the tenants it serves and no others.
-    select coalesce(array_agg(d.tenant_id order by d.turn_at, d.tenant_id), '{}')
+    -- The due tenants in turn order, read once per pass (the second pick below takes
+    -- them from the same list): of the tenants' turns, the first v_room; of the kinds'
+    -- turns, the first v_room of each kind, a tenant at its oldest.
+    select coalesce(array_agg(due.tenant_id order by due.turn_at, due.tenant_id), '{}')
+    into v_due
+    from (
+      select u.tenant_id, u.turn_at
+      from (
+        select t.tenant_id, t.turn_at
+        from app.tenant_turns t
+        where not v_filtered
+          and t.queue = p_queue
+          and t.turn_at <= v_now
+          and t.tenant_id <> all (v_seen)
+        order by t.turn_at, t.tenant_id
+        limit v_room
+      ) u
+      union all
+      select c.tenant_id, min(c.turn_at)
+      from unnest(v_kinds) as k(kind)
+      cross join lateral (
+        select t.tenant_id, t.turn_at
+        from app.kind_turns t
+        where v_filtered
+          and t.queue = p_queue
+          and t.kind = k.kind
+          and t.turn_at <= v_now
+          and t.tenant_id <> all (v_seen)
+        order by t.turn_at, t.tenant_id
+        limit v_room
+      ) c
+      group by c.tenant_id
+    ) due;
+    -- The lock is tried in that order only (OFFSET 0 keeps the list's order and the
+    -- volatile test apart), so a claim holds locks on the tenants it serves and no others.
+    select coalesce(array_agg(d.tenant_id order by d.pos), '{}')
     into v_pick
     from (
-      select due.tenant_id, due.turn_at
-      from (
-        select u.tenant_id, u.turn_at
-        from (
-          select t.tenant_id, t.turn_at
-          from app.tenant_turns t
-          where not v_filtered
-            and t.queue = p_queue
-            and t.turn_at <= v_now
-            and t.tenant_id <> all (v_seen)
-          order by t.turn_at, t.tenant_id
-          limit v_room
-        ) u
-        union all
-        select c.tenant_id, min(c.turn_at)
-        from unnest(v_kinds) as k(kind)
-        cross join lateral (
-          select t.tenant_id, t.turn_at
-          from app.kind_turns t
-          where v_filtered
-            and t.queue = p_queue
-            and t.kind = k.kind
-            and t.turn_at <= v_now
-            and t.tenant_id <> all (v_seen)
-          order by t.turn_at, t.tenant_id
-          limit v_room
-        ) c
-        group by c.tenant_id
-        order by 2, 1
-        offset 0
-      ) due
+      select l.tenant_id, l.pos
+      from (select u.tenant_id, u.pos
+            from unnest(v_due) with ordinality as u(tenant_id, pos)
+            offset 0) l
       where pg_try_advisory_xact_lock(v_class,
-                                      hashtext(p_queue || '/' || v_filter || due.tenant_id::text))
+                                      hashtext(p_queue || '/' || v_filter || l.tenant_id::text))
       limit v_room
     ) d;
     v_held := v_held || v_pick;
     v_seen := v_seen || v_pick;
-    -- Fewer tenants free than room: the next due tenants, served by other claims too.
+    -- Fewer tenants free than room: the next due tenants of the list, served by other
+    -- claims too.
     if v_pass = 1 and cardinality(v_pick) < v_room then
-      select v_pick || coalesce(array_agg(d.tenant_id order by d.turn_at, d.tenant_id), '{}')
-      into v_pick
-      from (
-        select u.tenant_id, u.turn_at
-        from (
-          select t.tenant_id, t.turn_at
-          from app.tenant_turns t
-          where not v_filtered
-            and t.queue = p_queue
-            and t.turn_at <= v_now
-            and t.tenant_id <> all (v_seen)
-          order by t.turn_at, t.tenant_id
-          limit v_room - cardinality(v_pick)
-        ) u
-        union all
-        select c.tenant_id, min(c.turn_at)
-        from unnest(v_kinds) as k(kind)
-        cross join lateral (
-          select t.tenant_id, t.turn_at
-          from app.kind_turns t
-          where v_filtered
-            and t.queue = p_queue
-            and t.kind = k.kind
-            and t.turn_at <= v_now
-            and t.tenant_id <> all (v_seen)
-          order by t.turn_at, t.tenant_id
-          limit v_room - cardinality(v_pick)
-        ) c
-        group by c.tenant_id
-        order by 2, 1
-        limit v_room - cardinality(v_pick)
-      ) d;
+      v_pick := v_pick || array(select u.tenant_id
+                                from unnest(v_due) with ordinality as u(tenant_id, pos)
+                                where u.tenant_id <> all (v_pick)
+                                order by u.pos
+                                limit v_room - cardinality(v_pick));
       v_seen := v_pick;
     end if;
     exit when cardinality(v_pick) = 0;

@@ -14,9 +14,9 @@
 -- app.claimable is unchanged.
 --
 -- Every turn of today becomes the queue 'default''s (the column's default), and every
--- (queue, tenant) and (queue, tenant, kind) with claimable entries in another queue gets
--- a turn at its oldest entry, so no claimable job waits for the reaper's repair after
--- the upgrade. Between this transaction and the function files of the same deploy, the
+-- (queue, tenant) and (queue, tenant, kind) with claimable entries gets a turn no later
+-- than its oldest entry (a turn of 'default' that is already earlier is kept as it is),
+-- so no claimable job waits for the reaper's repair after the upgrade. Between this transaction and the function files of the same deploy, the
 -- previous turn functions no longer exist (42883: dropped below so that the new
 -- signatures do not become overloads of them): deploy while workers and producers can
 -- retry, as for any migration.
@@ -52,7 +52,6 @@ alter table app.tenant_turn_sweep add column next_queue text;
 insert into app.tenant_turns as tt (queue, tenant_id, turn_at)
 select c.queue, c.tenant_id, min(c.available_at)
 from app.claimable c
-where c.queue <> 'default'
 group by c.queue, c.tenant_id
 on conflict (queue, tenant_id) do update
   set turn_at = least(tt.turn_at, excluded.turn_at);
@@ -60,7 +59,6 @@ on conflict (queue, tenant_id) do update
 insert into app.kind_turns as kt (queue, tenant_id, kind, turn_at)
 select c.queue, c.tenant_id, c.kind, min(c.available_at)
 from app.claimable c
-where c.queue <> 'default'
 group by c.queue, c.tenant_id, c.kind
 on conflict (queue, tenant_id, kind) do update
   set turn_at = least(kt.turn_at, excluded.turn_at);

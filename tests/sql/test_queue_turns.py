@@ -9,6 +9,8 @@ as in production.
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -213,3 +215,128 @@ def test_the_repair_pages_through_queue_and_tenant_pairs_and_wraps(
     pages = [owner.execute("select * from app.repair_tenant_turns(4)").fetchone()
              for _ in range(3)]
     assert [p["tenants_checked"] for p in pages if p is not None] == [4, 2, 4]
+
+
+def test_a_paused_queues_turns_are_neither_read_nor_moved_until_it_resumes(
+        producer: Conn, duty_worker: Conn, operator: Conn, owner: Conn) -> None:
+    tenant = new_tenant()
+    enqueue(producer, tenant, 2, "default")
+    enqueue(producer, tenant, 2, "pdf")
+    operator.execute("select * from app.pause_queue('pdf', 'ada', 'incident')")
+    before = turns(owner, "pdf")
+    kinds_before = owner.execute("select tenant_id, kind, turn_at, xmin::text as version"
+                                 " from app.kind_turns where queue = 'pdf'").fetchall()
+
+    assert len(claim(duty_worker, None)) == 2  # default's only
+    assert claim(duty_worker, "pdf") == []
+    assert claim(duty_worker, "pdf", kinds=["email.send"]) == []
+
+    assert turns(owner, "pdf") == before
+    assert owner.execute("select tenant_id, kind, turn_at, xmin::text as version"
+                         " from app.kind_turns where queue = 'pdf'").fetchall() == kinds_before
+    operator.execute("select * from app.resume_queue('pdf', 'ada')")
+    assert len(claim(duty_worker, None)) == 2
+
+
+# The lost wake-up race, in a named queue --------------------------------------------------
+
+
+def _waiting_for_an_advisory_lock(owner: Conn, pid: int) -> bool:
+    row = owner.execute(
+        "select count(*) as n from pg_locks"
+        " where pid = %s and locktype = 'advisory' and not granted", (pid,)).fetchone()
+    return bool(row and row["n"])
+
+
+def test_a_queues_claim_keeps_the_turn_of_a_tenant_whose_producer_has_not_committed(
+        db: Database, producer: Conn, duty_worker: Conn, owner: Conn) -> None:
+    """Producer first: its job in the queue is invisible to the claim, which finds the
+    tenant idle there; it must not clear the turn the producer relied on."""
+    tenant = new_tenant()
+    (first,) = enqueue(producer, tenant, 1, "reports")
+
+    with db.connect(postgres.PRODUCER) as late, late.transaction():
+        enqueue(late, tenant, 1, "reports", prefix="late-")
+        assert [j["id"] for j in claim(duty_worker, "reports")] == [first["job_id"]]
+        assert turns(owner, "reports")[tenant][0] is not None  # kept: lock not free
+    # The producer has committed: its job is served by the next claim, no repair needed.
+
+    assert [j["tenant_id"] for j in claim(duty_worker, "reports")] == [tenant]
+
+
+def test_a_producer_in_a_queue_waits_for_a_claim_clearing_its_turn_then_restores_it(
+        db: Database, duty_worker: Conn, owner: Conn) -> None:
+    """Claim first: it settled the tenant's turn in the queue and has not committed; the
+    producer must wait for it rather than read the old turn and skip its write."""
+    tenant = new_tenant()
+    with db.connect(postgres.PRODUCER) as conn:
+        enqueue(conn, tenant, 1, "reports")
+    produced: list[BaseException | None] = []
+
+    with db.connect(postgres.DUTY_WORKER) as claimer, \
+            db.connect(postgres.PRODUCER) as late:
+        late_pid = late.info.backend_pid
+
+        def produce() -> None:
+            try:
+                enqueue(late, tenant, 1, "reports", prefix="late-")
+                produced.append(None)
+            except BaseException as exc:  # reported by the assertion below
+                produced.append(exc)
+
+        with claimer.transaction():
+            assert len(claim(claimer, "reports")) == 1  # the tenant has nothing left
+            thread = threading.Thread(target=produce)
+            thread.start()
+            deadline = time.monotonic() + 10
+            while (thread.is_alive() and time.monotonic() < deadline
+                   and not _waiting_for_an_advisory_lock(owner, late_pid)):
+                time.sleep(0.01)
+            assert thread.is_alive()  # it waits for the claim's bucket lock
+        thread.join(timeout=30)
+
+    assert produced == [None]
+    assert [j["tenant_id"] for j in claim(duty_worker, "reports")] == [tenant]
+
+
+def test_a_producer_of_another_queue_does_not_keep_a_claim_from_settling_a_turn(
+        db: Database, producer: Conn, duty_worker: Conn, owner: Conn) -> None:
+    """The bucket lock names the queue: an uncommitted job in 'default' leaves the
+    tenant's bucket in 'reports' free, so reports' claim settles its idle turn."""
+    tenant = new_tenant()
+    while owner.execute("select app.turn_bucket('default', %s) = app.turn_bucket('reports', %s)"
+                        " as same", (tenant, tenant)).fetchone() == {"same": True}:
+        tenant = new_tenant()  # one in 256: the two turns would share a bucket
+    enqueue(producer, tenant, 1, "reports")
+
+    with db.connect(postgres.PRODUCER) as other, other.transaction():
+        enqueue(other, tenant, 1, "default")
+        assert len(claim(duty_worker, "reports")) == 1
+        assert turns(owner, "reports")[tenant][0] is None  # settled: nothing left there
+    assert len(claim(duty_worker, "default")) == 1
+
+
+def _due_turn_scans(conn: Conn) -> int:
+    """Scans of the tenants' due-turn index in this transaction so far."""
+    row = conn.execute("select pg_stat_get_xact_numscans('app.tenant_turns_due_idx'::regclass)"
+                       " as n").fetchone()
+    assert row is not None
+    return int(row["n"])
+
+
+def test_a_queues_claim_walks_its_due_turns_once_per_pick(
+        producer: Conn, duty_worker: Conn, owner: Conn) -> None:
+    """Fewer due tenants than the batch's room: the claim picks the free ones and the
+    others from one read of the due turns (it once read them again for the others), and
+    settling its tenants looks once for tenants left waiting behind them."""
+    tenants = [new_tenant() for _ in range(3)]
+    for tenant in tenants:
+        enqueue(producer, tenant, 5, "reports")
+
+    with duty_worker.transaction():
+        before = _due_turn_scans(duty_worker)
+        claimed = claim(duty_worker, "reports", limit=10)
+        scans = _due_turn_scans(duty_worker) - before
+
+    assert len(claimed) == 10
+    assert scans == 2  # the pick's read, and the settlement's look for others waiting
