@@ -124,7 +124,9 @@ def test_the_queue_registers_its_worker_through_the_leaseq_stacks_migrations_fun
     assert registration["Type"] == RESOURCE_TYPE
     properties = registration["Properties"]
     assert properties["ServiceToken"] == {"Ref": "ServiceToken"}
-    assert properties["WorkerFunction"] == {"Ref": "WorkerFunction"}
+    assert properties["WorkerFunction"] == {"Ref": "FunctionName"}
+    # The worker waits for its registration: a refused budget creates no worker.
+    assert queue_sam["Resources"]["WorkerFunction"]["DependsOn"] == "Registration"
     assert properties["ReservedConcurrency"] == {"Ref": "ReservedConcurrency"}
     assert properties["MaxWorkers"] == {"Ref": "MaxWorkers"}
     # The defaults make a registration the migrations function accepts.
