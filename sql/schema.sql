@@ -241,18 +241,18 @@ GRANT SELECT ON TABLE app.held_jobs TO authenticated;
 CREATE TABLE app.job_events (
     -- Order of the events (app.job_event_sequence): a job's timeline is its events by
     -- sequence.
-    sequence bigint CONSTRAINT job_events_sequence_not_null1 NOT NULL,
-    tenant_id uuid CONSTRAINT job_events_tenant_id_not_null1 NOT NULL,
-    job_id uuid CONSTRAINT job_events_job_id_not_null1 NOT NULL,
+    sequence bigint NOT NULL,
+    tenant_id uuid NOT NULL,
+    job_id uuid NOT NULL,
     -- The transition: created, claimed, retry_scheduled, succeeded, dead, lease_expired,
     -- released, cancelled, cancel_requested or redriven.
-    event_type text CONSTRAINT job_events_event_type_not_null1 NOT NULL,
+    event_type text NOT NULL,
     -- Who made the transition: enqueue, the worker's owner id, watchdog (the reaper), or
     -- the name an operator gave.
-    actor text CONSTRAINT job_events_actor_not_null1 NOT NULL,
+    actor text NOT NULL,
     -- The transition's facts (a JSON object); sql/README.md lists the keys of each type.
-    details jsonb DEFAULT '{}'::jsonb CONSTRAINT job_events_details_not_null1 NOT NULL,
-    created_at timestamp with time zone DEFAULT clock_timestamp() CONSTRAINT job_events_created_at_not_null1 NOT NULL,
+    details jsonb DEFAULT '{}'::jsonb NOT NULL,
+    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     -- The lease the transition happened under (a claim's new one); NULL for enqueue,
     -- cancel and redrive.
     lease_token uuid,

@@ -24,8 +24,11 @@ revoke all on schema app_events from public;
 comment on schema app_events is
   'The partitions of app.job_events (one per UTC day and a DEFAULT one): the owner''s only.';
 
-alter table app.job_events rename to job_events_unpartitioned;
-alter table app.job_events_unpartitioned drop constraint job_events_job_fkey;
+-- The old table waits in app_events while its rows are copied (there its constraints'
+-- names do not take the new table's).
+alter table app.job_events drop constraint job_events_job_fkey;
+alter table app.job_events set schema app_events;
+alter table app_events.job_events rename to job_events_unpartitioned;
 
 create sequence app.job_event_sequence as bigint;
 revoke all on sequence app.job_event_sequence from public;
@@ -83,7 +86,7 @@ begin
     select d::date
     from generate_series(
       least((select min((e.created_at at time zone 'UTC')::date)
-             from app.job_events_unpartitioned e),
+             from app_events.job_events_unpartitioned e),
             (clock_timestamp() at time zone 'UTC')::date),
       (clock_timestamp() at time zone 'UTC')::date + 3,
       interval '1 day') as g(d)
@@ -105,13 +108,13 @@ insert into app.job_events (sequence, tenant_id, job_id, event_type, actor, deta
                             created_at, lease_token)
 select e.sequence, e.tenant_id, e.job_id, e.event_type, e.actor, e.details, e.created_at,
        e.lease_token
-from app.job_events_unpartitioned e;
+from app_events.job_events_unpartitioned e;
 
 select setval('app.job_event_sequence',
-              coalesce((select max(e.sequence) from app.job_events_unpartitioned e), 0) + 1,
+              coalesce((select max(e.sequence) from app_events.job_events_unpartitioned e), 0) + 1,
               false);
 
-drop table app.job_events_unpartitioned;
+drop table app_events.job_events_unpartitioned;
 
 alter table app.job_events enable row level security;
 create policy job_events_tenant_select on app.job_events for select to authenticated
