@@ -76,8 +76,9 @@ begin
       if app.add_event_day(v_day) then
         v_added := v_added + 1;
       end if;
-    exception when lock_not_available or check_violation then
-      null;  -- next pass
+    exception when lock_not_available or check_violation or duplicate_table
+                   or unique_violation then
+      null;  -- next pass (or another reaper made it meanwhile)
     end;
   end loop;
 
@@ -137,6 +138,7 @@ begin
     where d.dropped_at is null and d.closed_at is not null
       and (d.day + 1)::timestamp at time zone 'UTC' <= p_cutoff
     order by d.day
+    for update skip locked  -- a day another prune is dropping is its
   loop
     if exists (select 1 from app.event_holds h where h.day = v_day) then
       v_held := v_held + 1;
