@@ -1,4 +1,4 @@
--- The tables of schema app as the migrations leave them (after 0028_queue_workers).
+-- The tables of schema app as the migrations leave them (after 0029_events_by_day).
 --
 -- Generated from a freshly migrated database by scripts/write-schema: do not edit. After adding
 -- a migration, run scripts/write-schema and commit this file with it;
@@ -11,6 +11,8 @@
 -- Tables:
 --   app.claimable
 --   app.connection_budget
+--   app.event_days
+--   app.event_holds
 --   app.held_jobs
 --   app.job_events
 --   app.jobs
@@ -71,6 +73,14 @@ CREATE TYPE app.claimed_job AS (
 
 -- DOMAIN: job_payload
 CREATE DOMAIN app.job_payload AS jsonb;
+
+-- SEQUENCE: job_event_sequence
+CREATE SEQUENCE app.job_event_sequence
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
 
 -- CHECK CONSTRAINT: job_payload job_payload_is_object
 ALTER DOMAIN app.job_payload
@@ -163,6 +173,54 @@ ALTER TABLE ONLY app.connection_budget
 ALTER TABLE app.connection_budget ENABLE ROW LEVEL SECURITY;
 
 -- ======================================================================================
+-- app.event_days
+-- ======================================================================================
+
+-- TABLE: event_days
+-- One row per day partition of app.job_events made: closed once the day is past, analyzed
+-- (the parent, once a day), dropped by retention.
+CREATE TABLE app.event_days (
+    day date NOT NULL,
+    added_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    closed_at timestamp with time zone,
+    analyzed_at timestamp with time zone,
+    dropped_at timestamp with time zone
+);
+
+-- CONSTRAINT: event_days event_days_pkey
+ALTER TABLE ONLY app.event_days
+    ADD CONSTRAINT event_days_pkey PRIMARY KEY (day);
+
+-- ROW SECURITY: event_days
+ALTER TABLE app.event_days ENABLE ROW LEVEL SECURITY;
+
+-- ======================================================================================
+-- app.event_holds
+-- ======================================================================================
+
+-- TABLE: event_holds
+-- Days of app.job_events retention must keep: a redriven job's events, until the job
+-- itself is pruned.
+CREATE TABLE app.event_holds (
+    day date NOT NULL,
+    tenant_id uuid NOT NULL,
+    job_id uuid NOT NULL,
+    reason text NOT NULL,
+    held_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT event_holds_reason_check CHECK ((reason = 'redriven'::text))
+);
+
+-- CONSTRAINT: event_holds event_holds_pkey
+ALTER TABLE ONLY app.event_holds
+    ADD CONSTRAINT event_holds_pkey PRIMARY KEY (day, tenant_id, job_id);
+
+-- INDEX: event_holds_job_idx
+CREATE INDEX event_holds_job_idx ON app.event_holds USING btree (tenant_id, job_id);
+
+-- ROW SECURITY: event_holds
+ALTER TABLE app.event_holds ENABLE ROW LEVEL SECURITY;
+
+-- ======================================================================================
 -- app.held_jobs
 -- ======================================================================================
 
@@ -205,15 +263,15 @@ GRANT SELECT ON TABLE app.held_jobs TO authenticated;
 
 -- TABLE: job_events
 -- The audit trail: one row per job transition, written in the same statement as the
--- transition; pruned with its job.
+-- transition; partitioned by UTC day (app_events), retention drops whole days.
 CREATE TABLE app.job_events (
-    -- Order of the events (identity): a job's timeline is its events by sequence.
+    -- Order of the events (app.job_event_sequence): a job's timeline is its events by
+    -- sequence.
     sequence bigint NOT NULL,
-    id uuid DEFAULT gen_random_uuid() NOT NULL,
     tenant_id uuid NOT NULL,
     job_id uuid NOT NULL,
     -- The transition: created, claimed, retry_scheduled, succeeded, dead, lease_expired,
-    -- released, cancelled or redriven.
+    -- released, cancelled, cancel_requested or redriven.
     event_type text NOT NULL,
     -- Who made the transition: enqueue, the worker's owner id, watchdog (the reaper), or
     -- the name an operator gave.
@@ -225,31 +283,19 @@ CREATE TABLE app.job_events (
     -- cancel and redrive.
     lease_token uuid,
     CONSTRAINT job_events_actor_shape CHECK (((length(actor) >= 1) AND (length(actor) <= 200))),
-    CONSTRAINT job_events_details_check CHECK ((jsonb_typeof(details) = 'object'::text))
+    CONSTRAINT job_events_details_check CHECK ((jsonb_typeof(details) = 'object'::text)),
+    CONSTRAINT job_events_event_type_check CHECK ((event_type = ANY (ARRAY['created'::text, 'claimed'::text, 'retry_scheduled'::text, 'succeeded'::text, 'dead'::text, 'lease_expired'::text, 'released'::text, 'cancelled'::text, 'redriven'::text, 'cancel_requested'::text])))
 )
-WITH (autovacuum_vacuum_insert_scale_factor='0.05', autovacuum_vacuum_insert_threshold='10000', autovacuum_analyze_scale_factor='0.05');
+PARTITION BY RANGE (created_at);
 
--- SEQUENCE: job_events_sequence_seq
-ALTER TABLE app.job_events ALTER COLUMN sequence ADD GENERATED ALWAYS AS IDENTITY (
-    SEQUENCE NAME app.job_events_sequence_seq
-    START WITH 1
-    INCREMENT BY 1
-    NO MINVALUE
-    NO MAXVALUE
-    CACHE 1
-);
+-- SEQUENCE OWNED BY: job_event_sequence
+ALTER SEQUENCE app.job_event_sequence OWNED BY app.job_events.sequence;
 
--- CONSTRAINT: job_events job_events_pkey
-ALTER TABLE ONLY app.job_events
-    ADD CONSTRAINT job_events_pkey PRIMARY KEY (tenant_id, job_id, sequence);
+-- DEFAULT: job_events sequence
+ALTER TABLE ONLY app.job_events ALTER COLUMN sequence SET DEFAULT nextval('app.job_event_sequence'::regclass);
 
--- CHECK CONSTRAINT: job_events job_events_event_type_check
-ALTER TABLE app.job_events
-    ADD CONSTRAINT job_events_event_type_check CHECK ((event_type = ANY (ARRAY['created'::text, 'claimed'::text, 'retry_scheduled'::text, 'succeeded'::text, 'dead'::text, 'lease_expired'::text, 'released'::text, 'cancelled'::text, 'redriven'::text, 'cancel_requested'::text]))) NOT VALID;
-
--- FK CONSTRAINT: job_events job_events_job_fkey
-ALTER TABLE ONLY app.job_events
-    ADD CONSTRAINT job_events_job_fkey FOREIGN KEY (tenant_id, job_id) REFERENCES app.jobs(tenant_id, id) ON DELETE CASCADE;
+-- INDEX: job_events_job_idx
+CREATE INDEX job_events_job_idx ON ONLY app.job_events USING btree (tenant_id, job_id, sequence);
 
 -- ROW SECURITY: job_events
 ALTER TABLE app.job_events ENABLE ROW LEVEL SECURITY;
@@ -259,7 +305,6 @@ CREATE POLICY job_events_tenant_select ON app.job_events FOR SELECT TO authentic
 
 -- ACL: columns of job_events
 GRANT SELECT(sequence) ON TABLE app.job_events TO authenticated;
-GRANT SELECT(id) ON TABLE app.job_events TO authenticated;
 GRANT SELECT(tenant_id) ON TABLE app.job_events TO authenticated;
 GRANT SELECT(job_id) ON TABLE app.job_events TO authenticated;
 GRANT SELECT(event_type) ON TABLE app.job_events TO authenticated;

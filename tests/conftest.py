@@ -107,7 +107,7 @@ def db(migrated_database: Database) -> Database:
                      " app.worker_pool, app.kind_turns, app.worker_wakes, app.schedules,"
                      " app.queue_events, app.queue_kinds, app.queues,"
                      " app.limits, app.limit_slots, app.limit_starts, app.held_jobs,"
-                     " app.limit_turns")
+                     " app.limit_turns, app.event_holds")
         conn.execute("insert into app.queues (name) values ('default')")
         conn.execute("update app.tenant_turn_sweep"
                      " set next_queue = null, next_tenant_id = null, swept_at = null")

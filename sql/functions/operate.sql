@@ -84,6 +84,13 @@ begin
              'reason', p_reason)),
            v_now
     from redriven r
+  ), holds as (
+    -- The days of a redriven job's events are kept until the job is pruned.
+    insert into app.event_holds (day, tenant_id, job_id, reason)
+    select distinct (e.created_at at time zone 'UTC')::date, e.tenant_id, e.job_id, 'redriven'
+    from app.job_events e
+    join redriven r on e.tenant_id = r.tenant_id and e.job_id = r.id
+    on conflict do nothing
   )
   select array_agg(r.id order by r.id), array_agg(r.tenant_id order by r.id),
          array_agg(r.kind order by r.id), array_agg(r.queue order by r.id)
@@ -366,6 +373,7 @@ set search_path = pg_catalog, pg_temp
 as $$
 declare
   v_cutoff timestamptz;
+  v_day_cut timestamptz;
   v_jobs integer;
   v_events integer;
 begin
@@ -373,6 +381,7 @@ begin
                              interval '3650 days');
   perform app.check_range('p_limit', p_limit, 1, 10000);
   v_cutoff := clock_timestamp() - p_older_than;
+  v_day_cut := (v_cutoff at time zone 'UTC')::date::timestamp at time zone 'UTC';
 
   with victims as materialized (
     select j.id, j.tenant_id
@@ -384,9 +393,16 @@ begin
     for update skip locked
     limit p_limit
   ), gone_events as (
+    -- Events of the days retention drops whole are left to the drop.
     delete from app.job_events e
     using victims v
-    where e.tenant_id = v.tenant_id and e.job_id = v.id
+    where e.tenant_id = v.tenant_id and e.job_id = v.id and e.created_at >= v_day_cut
+    returning 1
+  ), gone_moved as (
+    -- Events moved out of a dropped day are in DEFAULT.
+    delete from app_events.job_events_default e
+    using victims v
+    where e.tenant_id = v.tenant_id and e.job_id = v.id and e.created_at < v_day_cut
     returning 1
   ), gone_jobs as (
     delete from app.jobs j
@@ -394,8 +410,14 @@ begin
     where j.id = v.id
     returning 1
   )
-  select (select count(*) from gone_jobs), (select count(*) from gone_events)
+  select (select count(*) from gone_jobs),
+         (select count(*) from gone_events) + (select count(*) from gone_moved)
   into v_jobs, v_events;
+
+  -- Nothing older is left: drop the days that ended before the cutoff.
+  if v_jobs < p_limit then
+    perform app.drop_event_days(v_cutoff);
+  end if;
 
   jobs_deleted := v_jobs;
   events_deleted := v_events;

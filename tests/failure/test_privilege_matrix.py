@@ -37,6 +37,7 @@ ROLES = {"own": postgres.OWNER, "all": postgres.WORKER, "prod": postgres.PRODUCE
 # x: may execute; .: may not.
 FUNCTIONS = """
 function                                                                                         own all prod tprod work reap oper read out
+app.add_event_day(date)                                                                          x   .   .    .     .    .    .    .    .
 app.admit_held(text,integer)                                                                     x   .   .    .     .    .    .    .    .
 app.admit_held_jobs(integer)                                                                     x   x   .    .     .    x    x    .    .
 app.bucket_room(text)                                                                            x   .   .    .     .    .    .    .    .
@@ -70,6 +71,7 @@ app.current_tenant_id()                                                         
 app.dead_jobs(uuid,text,integer)                                                                 x   x   .    .     .    .    x    .    .
 app.discard_job(uuid,uuid,text,uuid,jsonb)                                                       x   x   .    .     x    .    .    .    .
 app.document_problem(jsonb,text,integer)                                                         x   .   .    .     .    .    .    .    .
+app.drop_event_days(timestamp with time zone)                                                    x   .   .    .     .    .    .    .    .
 app.due_queues(timestamp with time zone)                                                         x   .   .    .     .    .    .    .    .
 app.end_stalled_sessions()                                                                       x   x   .    .     .    x    .    .    .
 app.enqueue_items(uuid[],text[],text[],jsonb[],timestamp with time zone[],integer[],text[],integer[],text[],text[])  x   .   .    .     .    .    .    .    .
@@ -101,8 +103,8 @@ app.limits_on_state_change()                                                    
 app.list_jobs(app.job_state,uuid,text,timestamp with time zone,timestamp with time zone,timestamp with time zone,uuid,integer)  x   x   .    .     .    .    x    .    .
 app.list_limits()                                                                                x   x   .    .     .    .    x    .    .
 app.list_schedules(uuid,integer)                                                                 x   x   .    .     .    .    x    .    .
-app.next_schedule_slot(text,text,timestamp with time zone)                                       x   .   .    .     .    .    .    .    .
 app.next_claimable_at(text,uuid,text)                                                            x   .   .    .     .    .    .    .    .
+app.next_schedule_slot(text,text,timestamp with time zone)                                       x   .   .    .     .    .    .    .    .
 app.next_start_at(text,integer,interval,integer,timestamp with time zone)                        x   .   .    .     .    .    .    .    .
 app.oldest_ready_at()                                                                            x   x   .    .     x    .    x    .    .
 app.pause_queue(text,text,text)                                                                  x   x   .    .     .    .    x    .    .
@@ -146,6 +148,7 @@ app.request_job_cancel(text,uuid[],text)                                        
 app.reserve_worker_places(integer,integer,interval,text)                                         x   x   .    .     x    .    .    .    .
 app.resume_queue(text,text)                                                                      x   x   .    .     .    .    x    .    .
 app.role_duration_setting(oid,text)                                                              x   .   .    .     .    .    .    .    .
+app.roll_event_days(integer)                                                                     x   x   .    .     .    x    .    .    .
 app.route_kinds(text,text[])                                                                     x   .   .    .     .    .    .    .    .
 app.schedule_slots(text,text,timestamp with time zone,timestamp with time zone,integer)          x   .   .    .     .    .    .    .    .
 app.schedule_spec(text)                                                                          x   .   .    .     .    .    .    .    .
@@ -180,6 +183,8 @@ app.claimable         SIUDT  -   -    -     -    -    -    S    -
 app.leases            SIUDT  -   -    -     -    -    -    S    -
 app.kind_turns        SIUDT  -   -    -     -    -    -    -    -
 app.job_events        SIUDT  -   -    -     -    -    -    S    -
+app.event_days        SIUDT  -   -    -     -    -    -    -    -
+app.event_holds       SIUDT  -   -    -     -    -    -    -    -
 app.tenant_readers    SIUDT  -   -    -     -    -    -    S    -
 app.tenant_producers  SIUDT  -   -    -     -    -    -    -    -
 app.settings          SIUDT  -   -    -     -    -    -    -    -
@@ -211,7 +216,7 @@ HIDDEN_COLUMNS = {
 
 SEQUENCES = """
 sequence                      own all prod tprod work reap oper read out
-app.job_events_sequence_seq   x   .   .    .     .    .    .    .    .
+app.job_event_sequence        x   .   .    .     .    .    .    .    .
 """
 
 SCHEMA_USAGE = {role: role != "out" for role in ROLES}

@@ -146,6 +146,30 @@ def test_with_a_retention_a_pass_deletes_jobs_finished_before_it_with_their_even
     assert left == {"jobs": 0, "events": 0}
 
 
+def test_a_pass_makes_the_event_days_ahead_and_closes_a_past_day(
+        client: QueueClient, owner: Conn) -> None:
+    """The reaper's roll: the days ahead exist before their events are written, and a
+    past day is closed so that retention may drop it."""
+    owner.execute("delete from app.event_days where day > (clock_timestamp() at time zone"
+                  " 'UTC')::date + 1 and dropped_at is null")
+    owner.execute("do $$ declare r record; begin for r in select c.relname from pg_class c"
+                  " join pg_inherits i on i.inhrelid = c.oid where i.inhparent ="
+                  " 'app.job_events'::regclass and c.relname <> 'job_events_default'"
+                  " and to_date(right(c.relname, 8), 'YYYYMMDD') > (clock_timestamp()"
+                  " at time zone 'UTC')::date + 1 loop execute format('drop table"
+                  " app_events.%I', r.relname); end loop; end $$")
+    owner.execute("select app.add_event_day((clock_timestamp() at time zone 'UTC')::date"
+                  " - 60)")
+    owner.execute("update app.event_days set closed_at = null where day ="
+                  " (clock_timestamp() at time zone 'UTC')::date - 60")
+
+    report = reap_once(client, FakeDeadline(60))
+
+    assert (report.event_days_added, report.event_days_closed) == (2, 1)
+    assert report.as_dict()["event_days_added"] == 2
+    assert reap_once(client, FakeDeadline(60)).event_days_added == 0
+
+
 def test_without_a_retention_finished_jobs_are_kept(
         client: QueueClient, admin: Conn, owner: Conn) -> None:
     finish_some(client, admin, old=3, recent=0, waiting=0)

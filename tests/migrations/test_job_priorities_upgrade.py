@@ -21,6 +21,10 @@ from tests.conftest import Database
 from tests.sql.calls import WORKER_NAME
 from tests.support import postgres
 
+#: The events' columns before and after 0029_events_by_day (which drops their id).
+EVENTS = ("select sequence, tenant_id, job_id, event_type, actor, details, created_at,"
+          " lease_token from app.job_events order by sequence")
+
 PRIORITIES = next(m.version for m in load_migrations() if m.name == "job_priorities")
 
 #: (operation key, state, available_at relative to now, with a live lease)
@@ -66,7 +70,7 @@ def test_an_upgraded_database_gets_priorities_and_keys_on_every_row(
         before = owner.execute(
             "select id, operation_key, state, attempts, available_at, lease_token"
             " from app.jobs order by operation_key").fetchall()
-        events_before = owner.execute("select * from app.job_events order by sequence").fetchall()
+        events_before = owner.execute(EVENTS).fetchall()
 
     with connect(database.owner_dsn) as conn:
         report = migrate(conn)
@@ -77,8 +81,7 @@ def test_an_upgraded_database_gets_priorities_and_keys_on_every_row(
             "select j.id, operation_key, state, attempts, available_at, l.lease_token, priority,"
             " claim_key from app.jobs j left join app.leases l on l.job_id = j.id"
             " order by operation_key").fetchall()
-        assert owner.execute("select * from app.job_events order by sequence"
-                             ).fetchall() == events_before
+        assert owner.execute(EVENTS).fetchall() == events_before
         step = owner.execute("select priority_step from app.settings").fetchone()
     assert step == {"priority_step": timedelta(minutes=1)}
     assert len(after) == len(JOBS)

@@ -184,8 +184,8 @@ def test_upgrade_keeps_every_event_and_moves_lease_tokens_to_their_column(
         after = admin.execute("select * from app.job_events order by sequence").fetchall()
     assert len(after) == len(reference_database.events_before) == 7
     for before, now in zip(reference_database.events_before, after, strict=True):
-        for column in ("sequence", "id", "tenant_id", "job_id", "event_type", "actor",
-                       "created_at"):
+        for column in ("sequence", "tenant_id", "job_id", "event_type", "actor",
+                       "created_at"):  # the id went with 0029_events_by_day
             assert now[column] == before[column]
         token = before["details"].get("leaseToken")
         assert now["lease_token"] == (None if token is None else uuid.UUID(token))

@@ -86,7 +86,7 @@ def test_each_table_is_read_in_one_place_with_its_comments_keys_indexes_policies
     with migrated_database.connect(postgres.OWNER) as conn:
         tables = [row["relname"] for row in conn.execute(
             "select relname from pg_class where relnamespace = 'app'::regnamespace"
-            " and relkind = 'r' order by 1")]
+            " and relkind in ('r', 'p') order by 1")]
         pieces = conn.execute(
             "select tablename as table, indexname as name from pg_indexes"
             " where schemaname = 'app'"

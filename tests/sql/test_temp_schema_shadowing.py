@@ -250,6 +250,7 @@ def _reap(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
     call("release_all_expired_jobs", "select app.release_all_expired_jobs(10)", ())
     call("prune_retained_jobs", "select * from app.prune_retained_jobs('1 day', 10)", ())
     call("repair_tenant_turns", "select * from app.repair_tenant_turns(10)", ())
+    call("roll_event_days", "select * from app.roll_event_days()", ())
     call("end_stalled_sessions", "select * from app.end_stalled_sessions()", ())
     call("admit_held_jobs", "select app.admit_held_jobs(10)", ())
     call("limit_status", "select * from app.limit_status()", ())

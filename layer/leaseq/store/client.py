@@ -747,6 +747,14 @@ class QueueClient:
                              {"older_than": older_than, "limit": limit})
         return int(row["jobs_deleted"]), int(row["events_deleted"])
 
+    def roll_event_days(self) -> tuple[int, int]:
+        """Make the audit trail's day partitions ahead of time and close the past days,
+        so every event has its day and retention can drop a whole day (the reaper's pass;
+        a day whose lock is busy is made on a later pass). Returns (days added, days
+        closed)."""
+        (row,) = self._query(queries.ROLL_EVENT_DAYS, {})
+        return int(row["days_added"]), int(row["days_closed"])
+
     # Operator (sql/functions/operate.sql): reads and audited changes --------------------
 
     def queue_status(self, tenant_id: UUID | None = None) -> list[dict[str, Any]]:

@@ -184,6 +184,7 @@ class ReaperClient(DutyClient):
     repair_tenant_turns = _call(QueueClient.repair_tenant_turns)
     end_stalled_sessions = _call(QueueClient.end_stalled_sessions)
     prune_retained_jobs = _call(QueueClient.prune_retained_jobs)
+    roll_event_days = _call(QueueClient.roll_event_days)
     tick_schedules = _call(QueueClient.tick_schedules)
     queue_overview = _call(QueueClient.queue_overview)
     admit_held_jobs = _call(QueueClient.admit_held_jobs)

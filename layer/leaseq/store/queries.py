@@ -198,6 +198,10 @@ PRUNE_RETAINED_JOBS: Final[LiteralString] = (
     "select jobs_deleted, events_deleted from app.prune_retained_jobs("
     "%(older_than)s::interval, %(limit)s)"
 )
+# The reaper's upkeep of the audit trail's days (sql/functions/events.sql).
+ROLL_EVENT_DAYS: Final[LiteralString] = (
+    "select days_added, days_closed, analyzed from app.roll_event_days()"
+)
 # The reaper's sweep of sessions past their caps (sql/functions/tenancy.sql).
 END_STALLED_SESSIONS: Final[LiteralString] = (
     "select pid, login, state, stalled_for, outcome from app.end_stalled_sessions()"

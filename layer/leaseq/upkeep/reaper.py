@@ -26,6 +26,10 @@ After the tick, held jobs are admitted wherever a limit has a free slot
 (app.admit_held_jobs: the statement that frees a slot admits the next held job itself;
 this pass catches a race between a hold and a free, a held job whose due time came, a
 limit raised or removed), and each limit's state is read for the metrics.
+The audit trail's days (app.roll_event_days) are made before the prune: today's and the
+next days' partitions of app.job_events, so no event falls into the DEFAULT partition,
+and the past days closed, so the prune may drop them whole once they are older than the
+retention (sql/functions/events.sql).
 The turn check (app.repair_tenant_turns) is the fair claim's safety net: a tenant with
 claimable work but no due turn would never be served, which only a defect or a hand
 edit of app.jobs can cause; each pass checks up to ``turn_pages`` pages of ``limit``
@@ -61,15 +65,17 @@ class ReapReport:
     ``calls`` calls; ``complete`` once a call came back short, so none were left), the
     schedules it ticked and their slots (enqueued as new jobs, already enqueued, enqueued
     later than the grace, skipped: ``slots_missed`` is the last two), the tenants' turns
-    it checked and repaired, the finished jobs and events it deleted, and the seconds left
-    when it ended. The reaper function logs it and turns it into
-    metrics."""
+    it checked and repaired, the finished jobs and events it deleted, the audit trail's
+    days it made ahead and closed, and the seconds left when it ended. The reaper
+    function logs it and turns it into metrics."""
 
     released: int = 0
     calls: int = 0
     complete: bool = False
     pruned_jobs: int = 0
     pruned_events: int = 0
+    event_days_added: int = 0
+    event_days_closed: int = 0
     turns_checked: int = 0
     turns_repaired: int = 0
     sessions_ended: int = 0
@@ -125,8 +131,9 @@ def reap_once(client: ReaperCalls, deadline: Deadline, *, limit: int = REAPER_LI
               schedule_pages: int = 10) -> ReapReport:
     """Release expired leases of every tenant until none are left or time is short;
     then tick up to ``schedule_pages`` pages of due schedules; then check up to
-    ``turn_pages`` pages of tenants' turns; then, with a ``retention``, delete jobs that
-    finished longer ago than that."""
+    ``turn_pages`` pages of tenants' turns; then make the audit trail's days ahead and
+    close the past ones; then, with a ``retention``, delete jobs that finished longer ago
+    than that (and drop the days of events before it)."""
     if not REAPER_LIMIT.allows(limit):
         raise ValueError(f"limit must be between 1 and {MAX_PAGE} (got {limit!r})")
     if turn_pages < 0 or schedule_pages < 0:
@@ -148,6 +155,8 @@ def reap_once(client: ReaperCalls, deadline: Deadline, *, limit: int = REAPER_LI
     if deadline.remaining() > margin:
         _admit_held(client, report, min(limit, MAX_PAGE))
     _repair_turns(client, deadline, report, limit, turn_pages, margin)
+    if deadline.remaining() > margin:
+        report.event_days_added, report.event_days_closed = client.roll_event_days()
     if report.complete and retention is not None:
         _prune(client, deadline, report, retention, limit, max_calls, margin)
     report.time_left = deadline.remaining()
