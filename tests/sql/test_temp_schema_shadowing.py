@@ -167,6 +167,9 @@ def _produce(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
     assert woken["place"] is not None, "the wake gave no ticket"
     call("release_worker_place", "select app.release_worker_place(%s)", (woken["place"],))
     call("wake_worker_place", "select app.wake_worker_place() as place", ())
+    # A queue declared in a stack of its own: its registered worker (none here).
+    assert call("queue_worker_function", "select app.queue_worker_function('reports') as f",
+                ()) == [{"f": None}]
 
 
 def _work(call: Call, tenant: uuid.UUID, admin: Conn) -> None:
