@@ -10,6 +10,7 @@ production role may do, such as moving a lease into the past.
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -45,6 +46,20 @@ def _no_leaseq_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         if key.startswith("LEASEQ_") and not key.startswith("LEASEQ_TEST_"):
             monkeypatch.delenv(key)
     monkeypatch.delenv("DATABASE_URL", raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _library_logger_restored() -> Iterator[None]:
+    """A function's logger setup (leaseq_lambda.telemetry.make_logger) routes the library's
+    ``leaseq`` logger through Powertools, stops it propagating and sets its level from the
+    test's environment (ERROR, say), for the rest of the process: each test gets it back
+    propagating at the level it found, so a later test's caplog still sees the library's
+    records whatever ran before."""
+    library = logging.getLogger("leaseq")
+    propagate, level = library.propagate, library.level
+    yield
+    # (its handlers stay: Powertools configures a logger's handler once per process)
+    library.propagate, library.level = propagate, level
 
 
 @pytest.fixture(scope="session")
