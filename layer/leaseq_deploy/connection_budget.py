@@ -43,6 +43,7 @@ from typing import Any, Final
 
 import psycopg
 from leaseq.base.errors import ConfigurationError
+from leaseq.store.client import queue_connections, set_stack_connections
 
 #: The custom resource property holding the budget's parameters (a map, by parameter name).
 PROPERTY: Final = "ConnectionBudget"
@@ -340,14 +341,9 @@ def registered_queues(conn: Connection) -> tuple[Reservation, ...]:
     """The queues' workers other stacks registered (``app.queue_workers``, through
     ``app.queue_connections``), as reservations; none before the schema has the registry
     (this check runs before migrating)."""
-    present = conn.execute(
-        "select to_regprocedure('app.queue_connections(text)') is not null as present"
-    ).fetchone()
-    if not present or not present["present"]:
-        return ()
-    row = conn.execute("select queues from app.queue_connections(null)").fetchone()
+    state = queue_connections(conn)
     queues = []
-    for entry in (row["queues"] if row else None) or ():
+    for entry in (state["queues"] if state else None) or ():
         name, connections = str(entry).rsplit(" ", 1)
         queues.append(Reservation(f"queue {name}", int(connections), int(connections)))
     return tuple(queues)
@@ -362,5 +358,4 @@ def check_connection_budget(conn: Connection, stack: StackConnections) -> str:
 def record_stack_connections(conn: Connection, stack: StackConnections) -> None:
     """After migrating: keep this stack's own connections and proxy share in the schema
     (``app.connection_budget``), for the queues' registrations to add to."""
-    conn.execute("select app.set_stack_connections(%s, %s)",
-                 (stack.own, stack.proxy_percent))
+    set_stack_connections(conn, stack.own, stack.proxy_percent)

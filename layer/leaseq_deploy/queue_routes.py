@@ -19,7 +19,7 @@ from typing import Any, Final
 
 from leaseq.base.errors import ConfigurationError
 from leaseq.base.limits import queue_name_problem
-from leaseq.store.client import route_kinds, set_queue_limits
+from leaseq.store.client import register_queue_worker, route_kinds, set_queue_limits
 
 #: The custom resource property: a list of queue declarations.
 PROPERTY: Final = "Queues"
@@ -76,8 +76,7 @@ def write_queues(conn: Any, queues: list[QueueDeclaration], stack_id: str) -> st
         limit = (set_queue_limits(conn, queue.name, queue.max_workers)
                  if queue.max_workers is not None else "the owner's")
         if queue.worker_function is not None:
-            conn.execute("select app.register_queue_worker(%s, %s, 0, %s)",
-                         (queue.name, queue.worker_function, stack_id))
+            register_queue_worker(conn, queue.name, queue.worker_function, 0, stack_id)
         done.append(f"{queue.name} ({len(queue.kinds)} kinds routed, {moved} waiting jobs "
                     f"moved, max workers {limit}"
                     + (f", worker {queue.worker_function})" if queue.worker_function else ")"))

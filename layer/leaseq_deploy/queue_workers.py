@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import psycopg
-from leaseq.base.errors import ConfigurationError
+from leaseq.base.errors import ConfigurationError, LeaseqError
 from leaseq.base.limits import queue_name_problem
-from psycopg import errors
+from leaseq.store.client import queue_connections, register_queue_worker, unregister_queue_worker
 
 from leaseq_deploy.connection_budget import Reservation, budget, read_server_limits
 
@@ -83,29 +83,26 @@ def requested_worker(properties: Mapping[str, Any]) -> QueueWorker:
 def register(conn: Connection, worker: QueueWorker, stack_id: str) -> str:
     """Register ``worker`` for ``stack_id`` on the owner's connection, within the
     database's connection budget; a summary for the log and the resource's data."""
-    state = conn.execute("select * from app.queue_connections(%s)", (worker.queue,)).fetchone()
-    assert state is not None
+    state = queue_connections(conn, worker.queue)
+    if state is None:
+        raise ConfigurationError("the schema has no queue registry yet: deploy the leaseq "
+                                 "stack of this release first, then the queue")
     share = budget(read_server_limits(conn), state["proxy_percent"])
     try:
-        total = conn.execute(
-            "select app.register_queue_worker(%s, %s, %s, %s, %s) as total",
-            (worker.queue, worker.function_name, worker.connections, stack_id, share.limit),
-        ).fetchone()
-    except (errors.ConfigurationLimitExceeded, errors.UniqueViolation) as exc:
-        diag = exc.diag
-        raise ConfigurationError(f"{diag.message_primary}; {share.explanation}. "
-                                 f"{diag.message_hint or ''}".strip()) from exc
-    assert total is not None
+        total = register_queue_worker(conn, worker.queue, worker.function_name,
+                                      worker.connections, stack_id, share.limit)
+    except LeaseqError as exc:
+        if exc.sqlstate not in ("53400", "23505"):
+            raise
+        raise ConfigurationError(f"{exc.message}; {share.explanation}") from exc
     stack = ("" if state["stack_connections"] is not None else
              " (the leaseq stack has not recorded its own yet: deploy it first)")
     return (f"queue {worker.queue}: worker {worker.function_name} registered, "
-            f"{worker.connections} connections; the deployment can open {total['total']} of "
+            f"{worker.connections} connections; the deployment can open {total} of "
             f"{share.limit}{stack}")
 
 
 def unregister(conn: Connection, queue: str, stack_id: str) -> str:
     """Remove the registration this stack made (its jobs stay); a summary."""
-    row = conn.execute("select app.unregister_queue_worker(%s, %s) as removed",
-                       (queue, stack_id)).fetchone()
-    removed = bool(row and row["removed"])
+    removed = unregister_queue_worker(conn, queue, stack_id)
     return f"queue {queue}: worker " + ("unregistered" if removed else "was not registered")

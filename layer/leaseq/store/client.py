@@ -164,6 +164,48 @@ def set_queue_limits(conn: psycopg.Connection[Any], queue: str, max_workers: int
     return int(row["max_workers"])
 
 
+def register_queue_worker(conn: psycopg.Connection[Any], queue: str, function_name: str,
+                          connections: int, stack_id: str, limit: int | None = None) -> int:
+    """Register ``queue``'s worker for ``stack_id`` on the schema owner's connection
+    (app.register_queue_worker); returns what the deployment can open with it. Refused
+    with 53400 when that exceeds ``limit``, with 23505 when another stack holds the
+    queue."""
+    with translate_errors(conn), conn.transaction():
+        (row,) = fetch_rows(conn, queries.REGISTER_QUEUE_WORKER, {
+            "queue": queue, "function_name": function_name, "connections": connections,
+            "stack_id": stack_id, "limit": limit})
+    return int(row["total"])
+
+
+def unregister_queue_worker(conn: psycopg.Connection[Any], queue: str, stack_id: str) -> bool:
+    """Remove ``queue``'s registration if ``stack_id`` made it; whether one was removed."""
+    with translate_errors(conn), conn.transaction():
+        (row,) = fetch_rows(conn, queries.UNREGISTER_QUEUE_WORKER,
+                            {"queue": queue, "stack_id": stack_id})
+    return bool(row["removed"])
+
+
+def queue_connections(conn: psycopg.Connection[Any],
+                      except_queue: str | None = None) -> dict[str, Any] | None:
+    """What the connection budget holds (app.queue_connections): the leaseq stack's own
+    figure and proxy share, and the registered queues' but ``except_queue``'s; None
+    before the schema has the registry."""
+    with translate_errors(conn), conn.transaction():
+        (present,) = fetch_rows(conn, queries.QUEUE_REGISTRY_PRESENT, {})
+        if not present["present"]:
+            return None
+        (row,) = fetch_rows(conn, queries.QUEUE_CONNECTIONS, {"except_queue": except_queue})
+    return dict(row)
+
+
+def set_stack_connections(conn: psycopg.Connection[Any], connections: int,
+                          proxy_percent: int | None) -> None:
+    """Keep the leaseq stack's own connections and proxy share (app.set_stack_connections)."""
+    with translate_errors(conn), conn.transaction():
+        fetch_rows(conn, queries.SET_STACK_CONNECTIONS,
+                   {"connections": connections, "proxy_percent": proxy_percent})
+
+
 def release_worker_place(conn: psycopg.Connection[Any], place: UUID) -> None:
     """:meth:`QueueClient.release_worker_place` on the caller's connection: give back
     the ticket a wake took when the invocation it was for could not be started."""

@@ -142,6 +142,25 @@ ROUTE_KINDS: Final[LiteralString] = (
 SET_QUEUE_LIMITS: Final[LiteralString] = (
     "select app.set_queue_limits(%(queue)s, %(max_workers)s::integer) as max_workers"
 )
+# The schema owner's: queues' workers registered by their deploys (0028_queue_workers).
+REGISTER_QUEUE_WORKER: Final[LiteralString] = (
+    "select app.register_queue_worker(%(queue)s, %(function_name)s, %(connections)s::integer,"
+    " %(stack_id)s, %(limit)s::integer) as total"
+)
+UNREGISTER_QUEUE_WORKER: Final[LiteralString] = (
+    "select app.unregister_queue_worker(%(queue)s, %(stack_id)s) as removed"
+)
+QUEUE_CONNECTIONS: Final[LiteralString] = (
+    "select stack_connections, proxy_percent, queue_connections, queues"
+    " from app.queue_connections(%(except_queue)s::text)"
+)
+SET_STACK_CONNECTIONS: Final[LiteralString] = (
+    "select app.set_stack_connections(%(connections)s::integer, %(proxy_percent)s::integer)"
+)
+# Whether the schema has the registry yet (the deploy's budget check runs before migrating).
+QUEUE_REGISTRY_PRESENT: Final[LiteralString] = (
+    "select to_regprocedure('app.queue_connections(text)') is not null as present"
+)
 
 # Operator functions (sql/functions/operate.sql): the command line's and the dashboard's.
 
