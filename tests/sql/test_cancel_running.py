@@ -39,12 +39,6 @@ ACTOR = "leaseq-cli:ada"
 
 
 @pytest.fixture
-def operator(db: Database) -> Iterator[Conn]:
-    with db.connect(postgres.OPERATOR) as conn:
-        yield conn
-
-
-@pytest.fixture
 def dashboard(db: Database) -> Iterator[Conn]:
     with db.connect(postgres.DASHBOARD) as conn:
         yield conn

@@ -25,12 +25,6 @@ def reaper(db: Database) -> Iterator[Conn]:
         yield conn
 
 
-@pytest.fixture
-def operator(db: Database) -> Iterator[Conn]:
-    with db.connect(postgres.OPERATOR) as conn:
-        yield conn
-
-
 def _today() -> date:
     return datetime.now(UTC).date()
 

@@ -5,27 +5,18 @@ the functions as the producer login; the owner only arranges and reads.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from psycopg.types.json import Jsonb
 
-from tests.conftest import Database
 from tests.sql.calls import claim_one, enqueue, new_tenant, raises_sqlstate, snapshot
-from tests.support import postgres
 from tests.support.postgres import Conn
 
 #: The SQL contract's bound on the payloads of one call, written out: the test checks
 #: the number itself, not a name shared with the code it tests.
 CALL_BOUND = 16_777_216
 DOCUMENT_BOUND = 262_144
-
-
-@pytest.fixture
-def producer(db: Database) -> Iterator[Conn]:
-    with db.connect(postgres.PRODUCER) as conn:
-        yield conn
 
 
 def payload_of(size: int) -> dict[str, str]:

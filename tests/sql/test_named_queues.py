@@ -10,14 +10,12 @@ login claims and joins, an operator login pauses, the owner routes kinds.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from psycopg.types.json import Jsonb
 
-from tests.conftest import Database
 from tests.sql.calls import new_tenant, raises_sqlstate
 from tests.support import postgres
 from tests.support.postgres import Conn
@@ -25,24 +23,6 @@ from tests.support.postgres import Conn
 LEASE = timedelta(seconds=30)
 LONG = timedelta(minutes=5)
 HOLD = timedelta(seconds=90)
-
-
-@pytest.fixture
-def producer(db: Database) -> Iterator[Conn]:
-    with db.connect(postgres.PRODUCER) as conn:
-        yield conn
-
-
-@pytest.fixture
-def duty_worker(db: Database) -> Iterator[Conn]:
-    with db.connect(postgres.DUTY_WORKER) as conn:
-        yield conn
-
-
-@pytest.fixture
-def operator(db: Database) -> Iterator[Conn]:
-    with db.connect(postgres.OPERATOR) as conn:
-        yield conn
 
 
 def enqueue(conn: Conn, tenant: uuid.UUID, keys: list[str], queues: list[str | None],

@@ -12,11 +12,9 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
-import pytest
 from psycopg.types.json import Jsonb
 
 from tests.conftest import Database
@@ -25,24 +23,6 @@ from tests.support import postgres
 from tests.support.postgres import Conn
 
 LEASE = timedelta(seconds=30)
-
-
-@pytest.fixture
-def producer(db: Database) -> Iterator[Conn]:
-    with db.connect(postgres.PRODUCER) as conn:
-        yield conn
-
-
-@pytest.fixture
-def duty_worker(db: Database) -> Iterator[Conn]:
-    with db.connect(postgres.DUTY_WORKER) as conn:
-        yield conn
-
-
-@pytest.fixture
-def operator(db: Database) -> Iterator[Conn]:
-    with db.connect(postgres.OPERATOR) as conn:
-        yield conn
 
 
 def enqueue(conn: Conn, tenant: uuid.UUID, count: int, queue: str | None,

@@ -27,12 +27,6 @@ def reaper(db: Database) -> Iterator[Conn]:
         yield conn
 
 
-@pytest.fixture
-def operator(db: Database) -> Iterator[Conn]:
-    with db.connect(postgres.OPERATOR) as conn:
-        yield conn
-
-
 def put(conn: Conn, tenant: uuid.UUID, name: str, expression: str, *, kind: str = "report.build",
         time_zone: str = "UTC", payload: dict[str, Any] | None = None, fill: int = 0,
         max_attempts: int = 6, source: str = "operator") -> dict[str, Any]:

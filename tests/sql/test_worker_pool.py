@@ -44,12 +44,6 @@ def pool_worker(db: Database) -> Iterator[Conn]:
 
 
 @pytest.fixture
-def producer(db: Database) -> Iterator[Conn]:
-    with db.connect(postgres.PRODUCER) as conn:
-        yield conn
-
-
-@pytest.fixture
 def tenant_producer(db: Database) -> Iterator[Conn]:
     with db.connect(postgres.TENANT_PRODUCER) as conn:
         yield conn
