@@ -7,7 +7,8 @@ from __future__ import annotations
 import http.server
 import json
 import threading
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 from psycopg import sql
 
+from tests.conftest import Database
 from tests.support import postgres
 from tests.support.postgres import Cluster
 
@@ -91,6 +93,37 @@ def migrations_app() -> Any:
     import importlib
 
     return importlib.import_module("leaseq_deploy.function")
+
+
+#: user property of the resource -> the duty group its login must belong to (and nothing else)
+GROUP_OF = {
+    "WorkerDbUser": "leaseq_worker",
+    "ReaperDbUser": "leaseq_reaper",
+    "EnqueueDbUser": "leaseq_producer",
+    "OperatorDbUser": "leaseq_operator",
+}
+
+
+def drop_roles(cluster: Cluster, names: list[str]) -> None:
+    """Drop these cluster-wide roles where they exist."""
+    with cluster.connect() as conn:
+        for name in names:
+            conn.execute(sql.SQL("drop role if exists {}").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def logins(cluster: Cluster) -> Iterator[dict[str, str]]:
+    """One login name per function, unique to the test (roles are cluster-wide)."""
+    tag = uuid.uuid4().hex[:8]
+    names = {prop: f"leaseq_{prop[:-6].lower()}_{tag}" for prop in GROUP_OF}
+    yield names
+    drop_roles(cluster, list(names.values()))
+
+
+@pytest.fixture
+def database(fresh_database: Callable[[], Database], duty_groups: tuple[str, ...]) -> Database:
+    """A database of its own, with the duty groups the migrations' logins join."""
+    return fresh_database()
 
 
 @pytest.fixture(scope="session")

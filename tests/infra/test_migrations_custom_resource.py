@@ -36,19 +36,12 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 
 from tests.conftest import Database
-from tests.infra.conftest import DUTY_GROUPS, ResponseEndpoint
+from tests.infra.conftest import DUTY_GROUPS, GROUP_OF, ResponseEndpoint, drop_roles
 from tests.support import postgres
 from tests.support.postgres import Cluster
 
 LATEST = max(m.version for m in load_migrations())
 
-#: user property of the resource -> the duty group its login must belong to (and nothing else)
-GROUP_OF = {
-    "WorkerDbUser": "leaseq_worker",
-    "ReaperDbUser": "leaseq_reaper",
-    "EnqueueDbUser": "leaseq_producer",
-    "OperatorDbUser": "leaseq_operator",
-}
 SECRET_OF = {
     "WorkerDbUser": "WorkerDbSecretArn",
     "ReaperDbUser": "ReaperDbSecretArn",
@@ -146,32 +139,12 @@ def previous_version_request(
     }
 
 
-def drop_roles(cluster: Cluster, names: list[str]) -> None:
-    with cluster.connect() as conn:
-        for name in names:
-            conn.execute(sql.SQL("drop role if exists {}").format(sql.Identifier(name)))
-
-
-@pytest.fixture
-def logins(cluster: Cluster) -> Iterator[dict[str, str]]:
-    """One login name per function, unique to the test (roles are cluster-wide)."""
-    tag = uuid.uuid4().hex[:8]
-    names = {prop: f"leaseq_{prop[:-6].lower()}_{tag}" for prop in GROUP_OF}
-    yield names
-    drop_roles(cluster, list(names.values()))
-
-
 @pytest.fixture
 def runtime_role(cluster: Cluster) -> Iterator[str]:
     """A previous version's single runtime login name, unique to the test."""
     name = f"leaseq_rt_{uuid.uuid4().hex[:10]}"
     yield name
     drop_roles(cluster, [name])
-
-
-@pytest.fixture
-def database(fresh_database: Callable[[], Database], duty_groups: tuple[str, ...]) -> Database:
-    return fresh_database()
 
 
 def memberships(db: Database, role: str) -> set[str]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -18,7 +18,6 @@ from psycopg import sql
 from tests.conftest import Database
 from tests.infra.conftest import ResponseEndpoint
 from tests.infra.test_migrations_custom_resource import (
-    GROUP_OF,
     applied_versions,
     drop_roles,
     memberships,
@@ -32,20 +31,6 @@ from tests.support import postgres
 from tests.support.postgres import Cluster
 
 DASHBOARD_BUDGET = {"DashboardReservedConcurrency": "1", "DashboardReaderConnections": "1"}
-
-
-@pytest.fixture
-def logins(cluster: Cluster) -> Iterator[dict[str, str]]:
-    """One login name per function, unique to the test (roles are cluster-wide)."""
-    tag = uuid.uuid4().hex[:8]
-    names = {prop: f"leaseq_{prop[:-6].lower()}_{tag}" for prop in GROUP_OF}
-    yield names
-    drop_roles(cluster, list(names.values()))
-
-
-@pytest.fixture
-def database(fresh_database: Callable[[], Database], duty_groups: tuple[str, ...]) -> Database:
-    return fresh_database()
 
 
 @pytest.fixture

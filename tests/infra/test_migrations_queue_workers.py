@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -21,31 +20,14 @@ import pytest
 from tests.conftest import Database
 from tests.infra.conftest import ResponseEndpoint
 from tests.infra.test_migrations_custom_resource import (
-    GROUP_OF,
-    drop_roles,
     no_connection,
     request,
     server_limits,
 )
 from tests.support import postgres
-from tests.support.postgres import Cluster
 
 QUEUE_STACK = "arn:aws:cloudformation:us-east-1:123456789012:stack/leaseq-dev-Reports-1/9a8b"
 OTHER_STACK = "arn:aws:cloudformation:us-east-1:123456789012:stack/other-Reports-7/1c2d"
-
-
-@pytest.fixture
-def logins(cluster: Cluster) -> Iterator[dict[str, str]]:
-    """One login name per function of the leaseq stack, unique to the test."""
-    tag = uuid.uuid4().hex[:8]
-    names = {prop: f"leaseq_{prop[:-6].lower()}_{tag}" for prop in GROUP_OF}
-    yield names
-    drop_roles(cluster, list(names.values()))
-
-
-@pytest.fixture
-def database(fresh_database: Callable[[], Database], duty_groups: tuple[str, ...]) -> Database:
-    return fresh_database()
 
 
 def registration(request_type: str, endpoint: ResponseEndpoint, *, queue: str = "reports",
