@@ -1,4 +1,4 @@
--- The tables of schema app as the migrations leave them (after 0029_events_by_day).
+-- The tables of schema app as the migrations leave them (after 0030_claim_key_after_update).
 --
 -- Generated from a freshly migrated database by scripts/write-schema: do not edit. After adding
 -- a migration, run scripts/write-schema and commit this file with it;
@@ -420,7 +420,7 @@ CREATE TRIGGER jobs_fill_claim_key BEFORE INSERT ON app.jobs FOR EACH ROW WHEN (
 CREATE TRIGGER jobs_limits_state AFTER UPDATE OF state ON app.jobs FOR EACH ROW WHEN (((old.limit_buckets IS NOT NULL) AND (old.state IS DISTINCT FROM new.state) AND ((new.state = ANY (ARRAY['succeeded'::app.job_state, 'dead'::app.job_state, 'cancelled'::app.job_state])) OR ((old.state = ANY (ARRAY['succeeded'::app.job_state, 'dead'::app.job_state, 'cancelled'::app.job_state])) AND (new.state = 'pending'::app.job_state))))) EXECUTE FUNCTION app.limits_on_state_change();
 
 -- TRIGGER: jobs jobs_refresh_claim_key
-CREATE TRIGGER jobs_refresh_claim_key BEFORE UPDATE OF available_at, priority ON app.jobs FOR EACH ROW WHEN (((NOT (new.claim_key IS DISTINCT FROM old.claim_key)) AND ((new.available_at IS DISTINCT FROM old.available_at) OR (new.priority IS DISTINCT FROM old.priority)))) EXECUTE FUNCTION app.fill_claim_key();
+CREATE TRIGGER jobs_refresh_claim_key AFTER UPDATE OF available_at, priority ON app.jobs FOR EACH ROW WHEN (((NOT (new.claim_key IS DISTINCT FROM old.claim_key)) AND ((new.available_at IS DISTINCT FROM old.available_at) OR (new.priority IS DISTINCT FROM old.priority)))) EXECUTE FUNCTION app.refresh_claim_key();
 
 -- ROW SECURITY: jobs
 ALTER TABLE app.jobs ENABLE ROW LEVEL SECURITY;

@@ -99,13 +99,9 @@ end;
 $$;
 revoke all on function app.set_priority_step(interval) from public;
 
--- A row written without a key (inserted by hand, or by a tool that writes the table),
--- or whose available_at or priority is changed by hand without its key, gets the key
--- they give it. The functions write the key themselves, so the triggers' function never
--- runs on their paths: a claim's UPDATE names neither column, and a finish that names
--- available_at either keeps it or writes the key too (the WHEN test is all it costs).
--- The triggers jobs_fill_claim_key and jobs_refresh_claim_key are the migration's
--- (0021_job_priorities).
+-- A row inserted without a key (by hand, or by a tool that writes the table) gets the key
+-- its available_at and priority give it (trigger jobs_fill_claim_key, 0021). The
+-- functions write the key themselves, so this never runs on their paths.
 create or replace function app.fill_claim_key()
 returns trigger
 language plpgsql
@@ -117,6 +113,28 @@ begin
 end;
 $$;
 revoke all on function app.fill_claim_key() from public;
+
+-- A row whose available_at or priority is changed by hand without its key gets the key
+-- they give it, in a second update of the row (trigger jobs_refresh_claim_key, 0030). It
+-- is an AFTER trigger because a BEFORE row trigger on UPDATE makes PostgreSQL lock every
+-- row an update touches, trigger or not: a WAL record per claim and per outcome. The
+-- functions never change one column without the key (a claim names neither, a finish
+-- keeps available_at or writes the key too), so on their paths the WHEN test is all it
+-- costs.
+create or replace function app.refresh_claim_key()
+returns trigger
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+  update app.jobs j
+  set claim_key = new.available_at - (new.priority - 1) * app.priority_step()
+  where j.id = new.id and j.tenant_id = new.tenant_id
+    and j.claim_key is not distinct from new.claim_key;
+  return null;
+end;
+$$;
+revoke all on function app.refresh_claim_key() from public;
 
 
 -- Set-based enqueue of up to 1000 jobs. Each input position gets one output row:

@@ -291,3 +291,38 @@ def test_only_the_owner_sets_the_priority_step_within_its_range(
             conn.execute("select app.set_priority_step(interval '1 hour')")
         with db.connect(role) as conn, raises_sqlstate("42501"):
             conn.execute("update app.settings set priority_step = interval '1 hour'")
+
+
+def test_a_hand_edit_of_available_at_or_priority_moves_the_key_and_the_claimable_entry(
+    worker: Conn, owner: Conn
+) -> None:
+    tenant = new_tenant()
+    row = enqueue_at(worker, tenant, "edited")
+    owner.execute("update app.jobs set available_at = available_at + interval '1 hour'"
+                  " where id = %s", (row["id"],))
+    owner.execute("update app.jobs set priority = 9 where id = %s", (row["id"],))
+    stored = job(owner, row["id"])
+    assert stored["claim_key"] == stored["available_at"] - 8 * STEP
+    entry = owner.execute("select claim_key, available_at, priority from app.claimable"
+                          " where job_id = %s", (row["id"],)).fetchone()
+    assert entry == {"claim_key": stored["claim_key"], "available_at": stored["available_at"],
+                     "priority": 9}
+    # An edit that writes the key as well keeps the key it wrote.
+    owner.execute("update app.jobs set priority = 1, claim_key = available_at where id = %s",
+                  (row["id"],))
+    kept = job(owner, row["id"])
+    assert kept["claim_key"] == kept["available_at"]
+
+
+def test_no_before_update_row_trigger_locks_the_rows_of_the_hot_tables(owner: Conn) -> None:
+    """A BEFORE UPDATE row trigger makes PostgreSQL lock each row before its update
+    (a WAL record per claim and per outcome), whatever the trigger's WHEN test says."""
+    rows = owner.execute(
+        "select t.tgrelid::regclass::text as relation, t.tgname from pg_trigger t"
+        " where t.tgrelid = any (array['app.jobs', 'app.claimable', 'app.leases']::regclass[])"
+        "   and not t.tgisinternal"
+        "   and t.tgtype & 1 = 1 and t.tgtype & 2 = 2 and t.tgtype & 16 = 16").fetchall()
+    assert rows == []
+    refresh = owner.execute("select t.tgtype & 2 = 0 as after from pg_trigger t"
+                            " where t.tgname = 'jobs_refresh_claim_key'").fetchone()
+    assert refresh == {"after": True}
