@@ -133,6 +133,7 @@ app.reader_queue_depth(uuid,text,integer)                                       
 app.ready_tenants(integer)                                                                       x   x   .    .     x    .    .    .    .
 app.redrive_jobs(text,uuid,uuid[],text,integer,text)                                             x   x   .    .     .    .    x    .    .
 app.redrive_jobs_by_id(text,uuid[],text)                                                         x   x   .    .     .    .    x    .    .
+app.refresh_claim_key()                                                                          x   .   .    .     .    .    .    .    .
 app.register_queue_worker(text,text,integer,text,integer)                                        x   .   .    .     .    .    .    .    .
 app.release_all_expired_jobs(integer)                                                            x   x   .    .     .    x    .    .    .
 app.release_expired(uuid,integer)                                                                x   .   .    .     .    .    .    .    .
