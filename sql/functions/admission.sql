@@ -507,8 +507,14 @@ declare
   v_step interval;
   v_bucket text;
 begin
-  if not exists (select 1 from app.jobs j
-                 where j.id = any (p_ids) and j.limit_buckets is not null) then
+  -- One primary-key probe per job (the LIMIT keeps each probe a probe): written as
+  -- `j.id = any (p_ids)` under EXISTS, the planner expected an early match and scanned
+  -- the whole job table instead, on every claim of jobs under no limit.
+  if not exists (select 1
+                 from unnest(p_ids) as u(id)
+                 cross join lateral (select j.limit_buckets from app.jobs j
+                                     where j.id = u.id limit 1) j
+                 where j.limit_buckets is not null) then
     return p_ids;
   end if;
   v_step := app.priority_step();
@@ -517,7 +523,9 @@ begin
   for v_job in
     select j.id, j.tenant_id, j.kind, j.limit_key, j.priority, j.queue
     from unnest(p_ids) with ordinality as u(id, n)
-    join app.jobs j on j.id = u.id
+    cross join lateral (select j.id, j.tenant_id, j.kind, j.limit_key, j.priority, j.queue,
+                               j.limit_buckets
+                        from app.jobs j where j.id = u.id limit 1) j
     where j.limit_buckets is not null
     order by u.n
   loop

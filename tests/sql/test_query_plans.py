@@ -362,6 +362,25 @@ def test_claims_read_jobs_through_the_claimable_index_and_sort_only_a_batch(
     assert "claimable_ready_idx" not in indexes_used(plans)  # all tenants' ready jobs
 
 
+def test_a_claim_reads_its_jobs_limits_by_primary_key_even_without_statistics(
+    capture: PlanCapture,
+) -> None:
+    """The claim's limits hook (app.start_limited_jobs) probes the jobs it claims by their
+    key, whatever the statistics say: written as EXISTS over `id = any (ids)`, a table
+    without statistics (new, or growing faster than autovacuum analyses it) got a scan of
+    every job on every claim, the planner expecting to meet a limited job early."""
+    capture.conn.execute("delete from pg_statistic where starelid = 'app.jobs'::regclass")
+    plans: list[Plan] = []
+    for _ in range(CALLS):
+        rows, captured = capture.run("select id from app.claim_ready_jobs('plan-check', 10)")
+        assert len(rows) == 10
+        plans += [p for p in captured if "limit_buckets" in p.query]
+
+    assert plans, "auto_explain captured no limits probe"
+    assert seq_scans_of_jobs(plans) == []
+    assert indexes_used(plans) == {"jobs_pkey"}
+
+
 @pytest.mark.parametrize("kinds", list(FILTERS.values()), ids=list(FILTERS))
 def test_a_filtered_fair_claim_reads_its_kinds_due_turns_and_jobs_and_nothing_else(
     capture: PlanCapture, kinds: tuple[list[str] | None, list[str] | None],
