@@ -143,10 +143,16 @@ revoke all on function app.turn_bucket(text, uuid) from public;
 -- list reads. Internal.
 create or replace function app.due_queues(p_now timestamptz)
 returns text[]
-language sql
+language plpgsql
 stable
 set search_path = pg_catalog, pg_temp
 as $$
+-- PL/pgSQL, not SQL: a SQL function with a SET clause is never inlined, and is parsed and
+-- planned again on every call (about 0.3 ms of this recursive query, once per claim);
+-- PL/pgSQL keeps the plan for the session.
+declare
+  v_queues text[];
+begin
   with recursive queues as (
     (select t.queue, t.turn_at
      from app.tenant_turns t
@@ -165,8 +171,11 @@ as $$
     ) n
   )
   select coalesce(array_agg(q.queue order by q.turn_at, q.queue), '{}')
+  into v_queues
   from queues q
-  where q.turn_at <= p_now
+  where q.turn_at <= p_now;
+  return v_queues;
+end;
 $$;
 revoke all on function app.due_queues(timestamptz) from public;
 
