@@ -1,4 +1,4 @@
--- The tables of schema app as the migrations leave them (after 0030_claim_key_after_update).
+-- The tables of schema app as the migrations leave them (after 0031_events_by_job).
 --
 -- Generated from a freshly migrated database by scripts/write-schema: do not edit. After adding
 -- a migration, run scripts/write-schema and commit this file with it;
@@ -294,8 +294,8 @@ ALTER SEQUENCE app.job_event_sequence OWNED BY app.job_events.sequence;
 -- DEFAULT: job_events sequence
 ALTER TABLE ONLY app.job_events ALTER COLUMN sequence SET DEFAULT nextval('app.job_event_sequence'::regclass);
 
--- INDEX: job_events_job_idx
-CREATE INDEX job_events_job_idx ON ONLY app.job_events USING btree (tenant_id, job_id, sequence);
+-- INDEX: job_events_job_id_idx
+CREATE INDEX job_events_job_id_idx ON ONLY app.job_events USING btree (job_id);
 
 -- ROW SECURITY: job_events
 ALTER TABLE app.job_events ENABLE ROW LEVEL SECURITY;
