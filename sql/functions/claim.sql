@@ -48,12 +48,9 @@ as $$
 begin
   -- Limits hook (functions/admission.sql): a job under a rate limit starts only with a
   -- start slot; one without is scheduled again (its entry moves, so the delete below
-  -- does not take it) and is not claimed. With no rate limit set at all (app.limits is
-  -- the owner's small table) no job needs a start slot, and the jobs are not read.
-  if exists (select 1 from app.limits l where l.rate_count is not null) then
-    perform app.start_limited_jobs(
-      array(select c.job_id from app.claimable c where c.ctid = any (p_tids)), p_now);
-  end if;
+  -- does not take it) and is not claimed.
+  perform app.start_limited_jobs(
+    array(select c.job_id from app.claimable c where c.ctid = any (p_tids)), p_now);
   return query
   with taken as (
     delete from app.claimable c

@@ -369,9 +369,6 @@ def test_a_claim_reads_its_jobs_limits_by_primary_key_even_without_statistics(
     key, whatever the statistics say: written as EXISTS over `id = any (ids)`, a table
     without statistics (new, or growing faster than autovacuum analyses it) got a scan of
     every job on every claim, the planner expecting to meet a limited job early."""
-    # A rate limit of a kind the claims do not take: the hook then reads the claimed jobs.
-    capture.conn.execute("select app.set_limit('plan-check', 'kind', 'plan.other', null, null,"
-                         " null, 10, interval '1 second')")
     capture.conn.execute("delete from pg_statistic where starelid = 'app.jobs'::regclass")
     plans: list[Plan] = []
     for _ in range(CALLS):
