@@ -28,6 +28,7 @@ import argparse
 import sys
 import time
 import uuid
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -39,17 +40,12 @@ from psycopg.types.json import Jsonb
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "layer"))
 
 from leaseq.store.migrate import migrate
+from leaseq.store.queries import CLAIM_READY_JOBS, ENQUEUE_JOBS, FINISH_AND_CLAIM_JOBS
 
 Conn = psycopg.Connection[dict[str, Any]]
 BATCH = 10
-ENQUEUE = ("select count(*) as n from app.enqueue_jobs(%s::uuid[], %s::text[], %s::text[],"
-           " %s::jsonb[])")
-CLAIM = ("select id, tenant_id, lease_token from app.claim_ready_jobs('profile', %s,"
-         " '5 minutes'::interval)")
-FINISH_AND_CLAIM = (
-    "select claimed, id, tenant_id, lease_token from app.finish_and_claim_jobs('profile',"
-    " %s::uuid[], %s::uuid[], %s::uuid[], %s::text[], %s::jsonb[], %s::interval[], %s,"
-    " '5 minutes'::interval)")
+OWNER = "profile"
+LEASE = timedelta(minutes=5)
 PROFILE = """
 select f.funcname as function, f.calls, f.self_time, f.total_time
 from pg_stat_user_functions f
@@ -65,23 +61,30 @@ def connect(dsn: str) -> Conn:
 def enqueue(conn: Conn, jobs: int, tenants: list[uuid.UUID]) -> None:
     for start in range(0, jobs, 1000):
         n = min(1000, jobs - start)
-        conn.execute(ENQUEUE, ([tenants[(start + i) % len(tenants)] for i in range(n)],
-                               [f"profile-{start + i}" for i in range(n)], ["noop"] * n,
-                               [Jsonb({"i": start + i}) for i in range(n)]))
+        conn.execute(ENQUEUE_JOBS, {
+            "tenant_ids": [tenants[(start + i) % len(tenants)] for i in range(n)],
+            "operation_keys": [f"profile-{start + i}" for i in range(n)],
+            "kinds": ["noop"] * n, "payloads": [Jsonb({"i": start + i}) for i in range(n)],
+            "available_ats": None, "max_attempts": None, "correlation_ids": None,
+            "priorities": None, "queues": None, "limit_keys": None})
 
 
 def drain(conn: Conn) -> tuple[int, int, float]:
     """Jobs finished, batches, seconds: claim, then finish each batch and claim the next
-    in one call, as the library's drain does."""
+    in one call, with the library's own statements (leaseq.store.queries), every kind and
+    every queue, as a worker with the default settings does."""
+    claim = {"owner": OWNER, "limit": BATCH, "lease": LEASE, "kinds": None,
+             "exclude_kinds": None, "queue": None}
     started = time.perf_counter()
-    rows = conn.execute(CLAIM, (BATCH,)).fetchall()
+    rows = conn.execute(CLAIM_READY_JOBS, claim).fetchall()
     done = batches = 0
     while rows:
         n = len(rows)
-        claimed = conn.execute(FINISH_AND_CLAIM, (
-            [r["tenant_id"] for r in rows], [r["id"] for r in rows],
-            [r["lease_token"] for r in rows], ["succeeded"] * n, [None] * n, [None] * n,
-            BATCH)).fetchall()
+        claimed = conn.execute(FINISH_AND_CLAIM_JOBS, {
+            **claim, "tenant_ids": [r["tenant_id"] for r in rows],
+            "job_ids": [r["id"] for r in rows], "tokens": [r["lease_token"] for r in rows],
+            "outcomes": ["succeeded"] * n, "details": [Jsonb(None)] * n,
+            "retry_delays": [None] * n}).fetchall()
         done += n
         batches += 1
         rows = [r for r in claimed if r["claimed"]]
