@@ -1,4 +1,4 @@
--- The tables of schema app as the migrations leave them (after 0031_events_by_job).
+-- The tables of schema app as the migrations leave them (after 0032_outcome_in_place).
 --
 -- Generated from a freshly migrated database by scripts/write-schema: do not edit. After adding
 -- a migration, run scripts/write-schema and commit this file with it;
@@ -297,6 +297,9 @@ ALTER TABLE ONLY app.job_events ALTER COLUMN sequence SET DEFAULT nextval('app.j
 -- INDEX: job_events_job_id_idx
 CREATE INDEX job_events_job_id_idx ON ONLY app.job_events USING btree (job_id);
 
+-- INDEX: job_events_succeeded_idx
+CREATE INDEX job_events_succeeded_idx ON ONLY app.job_events USING btree (created_at) INCLUDE (tenant_id, job_id) WHERE (event_type = 'succeeded'::text);
+
 -- ROW SECURITY: job_events
 ALTER TABLE app.job_events ENABLE ROW LEVEL SECURITY;
 
@@ -357,8 +360,8 @@ CREATE TABLE app.jobs (
     cancel_requested_by text,
     priority smallint DEFAULT 5 NOT NULL,
     claim_key timestamp with time zone NOT NULL,
-    -- The final state once the job has one (succeeded, dead, cancelled), NULL before: the
-    -- finished lists index it, so the transitions before the outcome stay HOT updates.
+    -- The final state once the job has one (succeeded, dead, cancelled), NULL before. No
+    -- index names it (0032), so the outcome that sets it is a HOT update.
     outcome app.job_state GENERATED ALWAYS AS (
 CASE
     WHEN (state = ANY (ARRAY['succeeded'::app.job_state, 'dead'::app.job_state, 'cancelled'::app.job_state])) THEN state
@@ -370,6 +373,19 @@ END) STORED,
     limit_buckets text[],
     -- The named queue whose workers claim the job; 'default' unless routed or named.
     queue text DEFAULT 'default'::text NOT NULL,
+    -- dead or cancelled once the job ended so, else NULL: the unsuccessful lists index it,
+    -- and it stays NULL when a job succeeds, so that outcome is a HOT update.
+    unsuccessful app.job_state GENERATED ALWAYS AS (
+CASE
+    WHEN (state = ANY (ARRAY['dead'::app.job_state, 'cancelled'::app.job_state])) THEN state
+    ELSE NULL::app.job_state
+END) STORED,
+    -- completed_at of a dead or cancelled job, else NULL (indexed with unsuccessful).
+    unsuccessful_at timestamp with time zone GENERATED ALWAYS AS (
+CASE
+    WHEN (state = ANY (ARRAY['dead'::app.job_state, 'cancelled'::app.job_state])) THEN completed_at
+    ELSE NULL::timestamp with time zone
+END) STORED,
     CONSTRAINT jobs_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT jobs_available_at_finite CHECK (isfinite(available_at)),
     CONSTRAINT jobs_correlation_id_shape CHECK (((correlation_id IS NULL) OR ((length(correlation_id) >= 1) AND (length(correlation_id) <= 200)))),
@@ -398,14 +414,11 @@ ALTER TABLE app.jobs
 ALTER TABLE app.jobs
     ADD CONSTRAINT jobs_queue_name CHECK ((queue ~ '^[a-z][a-z0-9_-]{0,39}$'::text)) NOT VALID;
 
--- INDEX: jobs_completed_idx
-CREATE INDEX jobs_completed_idx ON app.jobs USING btree (completed_at) WHERE (completed_at IS NOT NULL);
-
 -- INDEX: jobs_dead_tenant_idx
-CREATE INDEX jobs_dead_tenant_idx ON app.jobs USING btree (tenant_id, completed_at, id) INCLUDE (kind) WHERE (outcome = 'dead'::app.job_state);
+CREATE INDEX jobs_dead_tenant_idx ON app.jobs USING btree (tenant_id, unsuccessful_at, id) INCLUDE (kind) WHERE (unsuccessful = 'dead'::app.job_state);
 
 -- INDEX: jobs_unsuccessful_idx
-CREATE INDEX jobs_unsuccessful_idx ON app.jobs USING btree (outcome, completed_at, id) INCLUDE (tenant_id, kind) WHERE (outcome = ANY (ARRAY['dead'::app.job_state, 'cancelled'::app.job_state]));
+CREATE INDEX jobs_unsuccessful_idx ON app.jobs USING btree (unsuccessful, unsuccessful_at, id) INCLUDE (tenant_id, kind) WHERE (unsuccessful IS NOT NULL);
 
 -- TRIGGER: jobs jobs_claimable_on_insert
 CREATE TRIGGER jobs_claimable_on_insert AFTER INSERT ON app.jobs REFERENCING NEW TABLE AS added FOR EACH STATEMENT EXECUTE FUNCTION app.claimable_added();
@@ -421,6 +434,9 @@ CREATE TRIGGER jobs_limits_state AFTER UPDATE OF state ON app.jobs FOR EACH ROW 
 
 -- TRIGGER: jobs jobs_refresh_claim_key
 CREATE TRIGGER jobs_refresh_claim_key AFTER UPDATE OF available_at, priority ON app.jobs FOR EACH ROW WHEN (((NOT (new.claim_key IS DISTINCT FROM old.claim_key)) AND ((new.available_at IS DISTINCT FROM old.available_at) OR (new.priority IS DISTINCT FROM old.priority)))) EXECUTE FUNCTION app.refresh_claim_key();
+
+-- TRIGGER: jobs jobs_succeeded_event_follows
+CREATE TRIGGER jobs_succeeded_event_follows AFTER UPDATE OF completed_at ON app.jobs FOR EACH ROW WHEN (((old.state = 'succeeded'::app.job_state) AND (new.state = 'succeeded'::app.job_state) AND (new.completed_at IS DISTINCT FROM old.completed_at) AND (new.completed_at IS NOT NULL))) EXECUTE FUNCTION app.move_succeeded_event();
 
 -- ROW SECURITY: jobs
 ALTER TABLE app.jobs ENABLE ROW LEVEL SECURITY;
@@ -453,6 +469,8 @@ GRANT SELECT(outcome) ON TABLE app.jobs TO authenticated;
 GRANT SELECT(limit_key) ON TABLE app.jobs TO authenticated;
 GRANT SELECT(limit_buckets) ON TABLE app.jobs TO authenticated;
 GRANT SELECT(queue) ON TABLE app.jobs TO authenticated;
+GRANT SELECT(unsuccessful) ON TABLE app.jobs TO authenticated;
+GRANT SELECT(unsuccessful_at) ON TABLE app.jobs TO authenticated;
 
 -- ======================================================================================
 -- app.kind_turns

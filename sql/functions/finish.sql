@@ -512,3 +512,23 @@ end;
 $$;
 revoke all on function app.finish_and_claim_jobs(text, uuid[], uuid[], uuid[], text[], jsonb[], interval[], integer, interval, text[], text[], text) from public;
 grant execute on function app.finish_and_claim_jobs(text, uuid[], uuid[], uuid[], text[], jsonb[], interval[], integer, interval, text[], text[], text) to leaseq_worker;
+
+-- A hand edit of a succeeded job's completed_at moves its 'succeeded' event to the same
+-- time (trigger jobs_succeeded_event_follows, 0032): retention, the succeeded list and
+-- the activity counts find succeeded jobs by that event (job_events_succeeded_idx), so
+-- the two must agree. The functions never move a succeeded job's completion time, so
+-- this never runs on their paths.
+create or replace function app.move_succeeded_event()
+returns trigger
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+  update app.job_events e
+  set created_at = new.completed_at
+  where e.job_id = new.id and e.tenant_id = new.tenant_id
+    and e.event_type = 'succeeded' and e.created_at = old.completed_at;
+  return null;
+end;
+$$;
+revoke all on function app.move_succeeded_event() from public;

@@ -58,11 +58,11 @@ begin
   with victims as materialized (
     select j.id, j.attempts as previous_attempts
     from app.jobs j
-    where j.outcome = 'dead'
+    where j.unsuccessful = 'dead'
       and (p_tenant_id is null or j.tenant_id = p_tenant_id)
       and (p_job_ids is null or j.id = any (p_job_ids))
       and (p_kind is null or j.kind = p_kind)
-    order by j.completed_at, j.id
+    order by j.unsuccessful_at, j.id
     for update skip locked
     limit p_limit
   ), redriven as (
@@ -383,15 +383,39 @@ begin
   v_cutoff := clock_timestamp() - p_older_than;
   v_day_cut := (v_cutoff at time zone 'UTC')::date::timestamp at time zone 'UTC';
 
-  with victims as materialized (
-    select j.id, j.tenant_id
-    from app.jobs j
-    where j.completed_at is not null
-      and j.completed_at < v_cutoff
+  with found as (
+    -- The oldest finished jobs: succeeded ones by their 'succeeded' event
+    -- (job_events_succeeded_idx), dead and cancelled ones by jobs_unsuccessful_idx.
+    (select j.id, j.tenant_id, e.created_at as finished_at, e.created_at as event_at
+     from app.job_events e
+     join app.jobs j on j.id = e.job_id and j.tenant_id = e.tenant_id
+     where e.event_type = 'succeeded' and e.created_at < v_cutoff
+       and j.state = 'succeeded'
+     order by e.created_at
+     limit p_limit)
+    union all
+    (select j.id, j.tenant_id, j.unsuccessful_at, null::timestamptz
+     from app.jobs j
+     where j.unsuccessful in ('dead', 'cancelled') and j.unsuccessful_at < v_cutoff
+     order by j.unsuccessful_at
+     limit p_limit)
+  ), victims as materialized (
+    select j.id, j.tenant_id, f.event_at
+    from found f
+    join app.jobs j on j.id = f.id and j.tenant_id = f.tenant_id
+    where j.completed_at < v_cutoff
       and j.state in ('succeeded', 'dead', 'cancelled')
-    order by j.completed_at
-    for update skip locked
+    order by f.finished_at
+    for update of j skip locked
     limit p_limit
+  ), gone_succeeded as (
+    -- A succeeded job's event is what finds it here, so it goes with the job even in a
+    -- day the drop would take whole: the next batch must not meet it again.
+    delete from app.job_events e
+    using victims v
+    where e.created_at = v.event_at and e.created_at < v_day_cut
+      and e.event_type = 'succeeded' and e.tenant_id = v.tenant_id and e.job_id = v.id
+    returning 1
   ), gone_events as (
     -- Events of the days retention drops whole are left to the drop.
     delete from app.job_events e
@@ -403,6 +427,7 @@ begin
     delete from app_events.job_events_default e
     using victims v
     where e.tenant_id = v.tenant_id and e.job_id = v.id and e.created_at < v_day_cut
+      and (e.created_at, e.event_type) is distinct from (v.event_at, 'succeeded')
     returning 1
   ), gone_jobs as (
     delete from app.jobs j
@@ -412,6 +437,7 @@ begin
   )
   select (select count(*) from gone_jobs),
          (select count(*) from gone_events) + (select count(*) from gone_moved)
+           + (select count(*) from gone_succeeded)
   into v_jobs, v_events;
 
   -- Nothing older is left: drop the days that ended before the cutoff.

@@ -174,7 +174,7 @@ begin
   ), dead as (
     select j.queue, count(*) as dead
     from app.jobs j
-    where j.outcome = 'dead' and (p_queue is null or j.queue = p_queue)
+    where j.unsuccessful = 'dead' and (p_queue is null or j.queue = p_queue)
     group by j.queue
   ), pool as (
     select p.queue,

@@ -166,11 +166,10 @@ begin
     order by e.sequence desc
     limit 1
   ) d on true
-  where j.completed_at is not null
-    and j.outcome = 'dead'
+  where j.unsuccessful = 'dead'
     and (p_tenant_id is null or j.tenant_id = p_tenant_id)
     and (p_kind is null or j.kind = p_kind)
-  order by j.completed_at desc, j.id
+  order by j.unsuccessful_at desc, j.id
   limit p_limit;
 end;
 $$;
@@ -252,7 +251,7 @@ begin
     union all
     select j.tenant_id, j.kind, 'dead'::app.job_state, null::timestamptz, null::timestamptz
     from app.jobs j
-    where j.outcome = 'dead'
+    where j.unsuccessful = 'dead'
       and (p_tenant_id is null or j.tenant_id = p_tenant_id)
       and (p_kind is null or j.kind = p_kind)
   ), grouped as (
@@ -330,12 +329,12 @@ grant execute on function app.queue_depth(uuid, text, integer) to leaseq_operato
 -- scheduled for later is not counted as waiting before its time). Buckets without jobs
 -- come back with zeros.
 --
--- Without a tenant or kind filter the counts are index-only scans: all finished jobs from
--- jobs_completed_idx, dead and cancelled from jobs_unsuccessful_idx, succeeded the
--- difference (completed_at is set exactly for the finished states). With a filter they
--- read the matching jobs' rows, found by the filter's own index when it has one (a
+-- Without a tenant or kind filter the counts are index-only scans: succeeded jobs from
+-- their 'succeeded' events (job_events_succeeded_idx: a succeeded job has exactly one, at
+-- its completed_at), dead and cancelled ones from jobs_unsuccessful_idx. With a filter
+-- they read the matching jobs' rows, found by the filter's own index when it has one (a
 -- tenant's jobs through jobs_operation_key_unique). The samples read at most p_samples x
--- p_buckets jobs and their first events, by primary key.
+-- p_buckets jobs of each of the two sources and their first events, by primary key.
 create or replace function app.reader_job_activity(
   p_tenant_id uuid default null,
   p_kind text default null,
@@ -400,21 +399,21 @@ begin
       select a.i, sum(a.finished) as finished, sum(a.dead) as dead,
              sum(a.cancelled) as cancelled
       from (
-        select least(width_bucket(extract(epoch from j.completed_at),
+        select least(width_bucket(extract(epoch from e.created_at),
                                   extract(epoch from v_start), extract(epoch from v_now),
                                   p_buckets), p_buckets) - 1 as i,
                count(*) as finished, 0 as dead, 0 as cancelled
-        from app.jobs j
-        where j.completed_at is not null and j.completed_at >= v_start
+        from app.job_events e
+        where e.event_type = 'succeeded' and e.created_at >= v_start
         group by 1
         union all
-        select least(width_bucket(extract(epoch from j.completed_at),
+        select least(width_bucket(extract(epoch from j.unsuccessful_at),
                                   extract(epoch from v_start), extract(epoch from v_now),
                                   p_buckets), p_buckets) - 1,
-               0, count(*) filter (where j.outcome = 'dead'),
-               count(*) filter (where j.outcome = 'cancelled')
+               count(*), count(*) filter (where j.unsuccessful = 'dead'),
+               count(*) filter (where j.unsuccessful = 'cancelled')
         from app.jobs j
-        where j.outcome in ('dead', 'cancelled') and j.completed_at >= v_start
+        where j.unsuccessful in ('dead', 'cancelled') and j.unsuccessful_at >= v_start
         group by 1
       ) a
       group by a.i
@@ -448,13 +447,30 @@ begin
                     interval '0') as wait
     from buckets b
     cross join lateral (
-      select j.id, j.tenant_id, j.created_at, j.attempts
-      from app.jobs j
-      where j.completed_at is not null
-        and j.completed_at >= b.lo and j.completed_at < b.hi
-        and (p_tenant_id is null or j.tenant_id = p_tenant_id)
-        and (p_kind is null or j.kind = p_kind)
-      order by j.completed_at desc
+      -- The latest finished jobs of the bucket: the succeeded ones by their events, the
+      -- dead and cancelled ones by jobs_unsuccessful_idx, merged.
+      select f.id, f.tenant_id, f.created_at, f.attempts
+      from (
+        (select j.id, j.tenant_id, j.created_at, j.attempts, e.created_at as finished_at
+         from app.job_events e
+         join app.jobs j on j.id = e.job_id and j.tenant_id = e.tenant_id
+         where e.event_type = 'succeeded'
+           and e.created_at >= b.lo and e.created_at < b.hi
+           and (p_tenant_id is null or e.tenant_id = p_tenant_id)
+           and (p_kind is null or j.kind = p_kind)
+         order by e.created_at desc
+         limit p_samples)
+        union all
+        (select j.id, j.tenant_id, j.created_at, j.attempts, j.unsuccessful_at
+         from app.jobs j
+         where j.unsuccessful in ('dead', 'cancelled')
+           and j.unsuccessful_at >= b.lo and j.unsuccessful_at < b.hi
+           and (p_tenant_id is null or j.tenant_id = p_tenant_id)
+           and (p_kind is null or j.kind = p_kind)
+         order by j.unsuccessful_at desc
+         limit p_samples)
+      ) f
+      order by f.finished_at desc
       limit p_samples
     ) s
     cross join lateral (
@@ -595,7 +611,8 @@ begin
                 when 'running' then 'lease_expires_at'
                 when 'pending' then 'available_at'
                 when 'retry_wait' then 'available_at'
-                else 'completed_at' end;
+                when 'succeeded' then 'succeeded_at'
+                else 'unsuccessful_at' end;
   v_descending := p_state in ('succeeded', 'dead', 'cancelled');
 
   v_sql := format(
@@ -605,7 +622,8 @@ begin
     ' j.created_at, j.completed_at, j.%1$I'
     ' from %3$s j where j.state = %2$L::app.job_state', v_column, p_state,
     -- Running jobs through their leases, waiting ones through their claimable entries
-    -- (small tables), finished ones through the outcome's indexes.
+    -- (small tables), succeeded ones through their 'succeeded' events
+    -- (job_events_succeeded_idx), dead and cancelled ones through jobs_unsuccessful_idx.
     case p_state
       when 'running' then '(select jj.*, l.expires_at as lease_expires_at'
         ' from app.leases l join app.jobs jj on jj.id = l.job_id and jj.tenant_id = l.tenant_id)'
@@ -615,10 +633,13 @@ begin
       when 'retry_wait' then '(select jj.*, null::timestamptz as lease_expires_at'
         ' from app.claimable c join app.jobs jj on jj.id = c.job_id and jj.tenant_id = c.tenant_id'
         ' where c.state = ''retry_wait'')'
+      when 'succeeded' then '(select jj.*, null::timestamptz as lease_expires_at,'
+        ' e.created_at as succeeded_at from app.job_events e'
+        ' join app.jobs jj on jj.id = e.job_id and jj.tenant_id = e.tenant_id'
+        ' where e.event_type = ''succeeded'')'
       else '(select jj.*, null::timestamptz as lease_expires_at from app.jobs jj)' end);
-  if v_descending then
-    v_sql := v_sql || format(' and j.completed_at is not null and j.outcome = %L::app.job_state',
-                             p_state);
+  if p_state in ('dead', 'cancelled') then
+    v_sql := v_sql || format(' and j.unsuccessful = %L::app.job_state', p_state);
   end if;
   if p_tenant_id is not null then
     v_sql := v_sql || ' and j.tenant_id = $1';

@@ -210,15 +210,6 @@ def test_prune_works_in_bounded_batches(worker: Conn, admin: Conn) -> None:
     assert batches == [2, 2, 1, 0]
 
 
-def test_prune_uses_the_completion_index_not_a_scan_of_the_backlog(owner: Conn) -> None:
-    owner.execute("set enable_seqscan = off")
-    plan = owner.execute(
-        "explain select id from app.jobs where completed_at is not null"
-        " and completed_at < now() - interval '1 day' order by completed_at limit 10"
-    ).fetchall()
-    assert any("jobs_completed_idx" in row["QUERY PLAN"] for row in plan), plan
-
-
 # Reads ----------------------------------------------------------------------------------
 
 

@@ -103,6 +103,7 @@ app.limits_on_state_change()                                                    
 app.list_jobs(app.job_state,uuid,text,timestamp with time zone,timestamp with time zone,timestamp with time zone,uuid,integer)  x   x   .    .     .    .    x    .    .
 app.list_limits()                                                                                x   x   .    .     .    .    x    .    .
 app.list_schedules(uuid,integer)                                                                 x   x   .    .     .    .    x    .    .
+app.move_succeeded_event()                                                                       x   .   .    .     .    .    .    .    .
 app.next_claimable_at(text,uuid,text)                                                            x   .   .    .     .    .    .    .    .
 app.next_schedule_slot(text,text,timestamp with time zone)                                       x   .   .    .     .    .    .    .    .
 app.next_start_at(text,integer,interval,integer,timestamp with time zone)                        x   .   .    .     .    .    .    .    .

@@ -73,15 +73,21 @@ def test_the_tick_deletes_jobs_finished_longer_ago_than_the_retention(
     abandon_jobs(db, admin, 8)
     reaper_app.lambda_handler(load_event("reaper_schedule"), FakeLambdaContext())
     # Four jobs per tenant wait for a retry; k0 finished two days ago, k1 just now.
-    admin.execute("update app.jobs set state = 'succeeded', completed_at = clock_timestamp()"
+    # Ended by hand, so the 'succeeded' event a worker's outcome writes is written too:
+    # retention finds succeeded jobs by it.
+    admin.execute("with ended as (update app.jobs set state = 'succeeded',"
+                  " completed_at = clock_timestamp()"
                   " - case when operation_key = 'k0' then interval '2 days' else '0 s' end,"
-                  " available_at = clock_timestamp() where operation_key in ('k0', 'k1')")
+                  " available_at = clock_timestamp() where operation_key in ('k0', 'k1')"
+                  " returning tenant_id, id, completed_at)"
+                  " insert into app.job_events (tenant_id, job_id, event_type, actor, created_at)"
+                  " select tenant_id, id, 'succeeded', 'test', completed_at from ended")
     read_output()
 
     summary = reaper_app.lambda_handler(load_event("reaper_schedule"), FakeLambdaContext())
 
     assert (summary["status"], summary["pruned_jobs"]) == ("ok", 2)  # k0 of both tenants
-    assert summary["pruned_events"] == 6  # created, claimed, lease_expired of each
+    assert summary["pruned_events"] == 8  # created, claimed, lease_expired, succeeded
     assert states(owner) == {"succeeded": 2, "retry_wait": 4}
     assert read_output().metric("JobsPruned") == [2]
 

@@ -61,10 +61,11 @@ def test_an_upgraded_database_keeps_its_jobs_and_events_and_reads_them_through_t
         assert owner.execute(
             f"select {EVENT_COLUMNS} from app.job_events order by sequence"
         ).fetchall() == events_before
-        indexes = owner.execute(
+        indexes = {r["name"] for r in owner.execute(
             "select indexrelid::regclass::text as name from pg_index"
-            " where indrelid = 'app.job_events'::regclass").fetchall()
-        assert indexes == [{"name": "app.job_events_job_id_idx"}]
+            " where indrelid = 'app.job_events'::regclass").fetchall()}
+        assert "app.job_events_job_id_idx" in indexes
+        assert "app.job_events_job_idx" not in indexes
 
         pending = next(j for j in jobs_before if j["state"] == "pending")
         owner.execute("update app.jobs set available_at = available_at + interval '1 hour'"
