@@ -298,7 +298,7 @@ ALTER TABLE ONLY app.job_events ALTER COLUMN sequence SET DEFAULT nextval('app.j
 CREATE INDEX job_events_job_id_idx ON ONLY app.job_events USING btree (job_id);
 
 -- INDEX: job_events_succeeded_idx
-CREATE INDEX job_events_succeeded_idx ON ONLY app.job_events USING btree (created_at) INCLUDE (tenant_id, job_id) WHERE (event_type = 'succeeded'::text);
+CREATE INDEX job_events_succeeded_idx ON ONLY app.job_events USING btree (created_at) WHERE (event_type = 'succeeded'::text);
 
 -- ROW SECURITY: job_events
 ALTER TABLE app.job_events ENABLE ROW LEVEL SECURITY;

@@ -13,8 +13,9 @@
 --     update HOT. jobs_dead_tenant_idx and jobs_unsuccessful_idx are rebuilt on them.
 --   * Succeeded jobs are found through their 'succeeded' event, which the outcome writes
 --     anyway: job_events_succeeded_idx (created_at, the job's completed_at) holds one
---     entry per succeeded job, on an append-only table whose newest page is the one
---     written. A succeeded job never leaves that state, so its event is its entry for
+--     16-byte entry per succeeded job, on an append-only table whose newest page is the
+--     one written; the counts read it alone, the lists and retention the event rows it
+--     points to for the job's id. A succeeded job never leaves that state, so its event is its entry for
 --     as long as the job is kept; app.prune_jobs deletes the event with the job.
 --   * jobs_completed_idx is dropped: its readers (retention, the activity histogram, the
 --     succeeded list) read the two above.
@@ -53,7 +54,7 @@ create index jobs_unsuccessful_idx on app.jobs (unsuccessful, unsuccessful_at, i
   include (tenant_id, kind) where unsuccessful is not null;
 
 create index job_events_succeeded_idx on app.job_events (created_at)
-  include (tenant_id, job_id) where event_type = 'succeeded';
+  where event_type = 'succeeded';
 
 comment on column app.jobs.outcome is
   'The final state once the job has one (succeeded, dead, cancelled), NULL before. No '
