@@ -388,9 +388,13 @@ begin
     -- (job_events_succeeded_idx), dead and cancelled ones by jobs_unsuccessful_idx.
     (select j.id, j.tenant_id, e.created_at as finished_at, e.created_at as event_at
      from app.job_events e
-     join app.jobs j on j.id = e.job_id and j.tenant_id = e.tenant_id
+     -- One probe per event, in the index's order (LIMIT 1 keeps it from being flattened
+     -- into a join whose size the planner underestimates and hashes whole).
+     cross join lateral (
+       select x.id, x.tenant_id from app.jobs x
+       where x.id = e.job_id and x.tenant_id = e.tenant_id and x.state = 'succeeded'
+       limit 1) j
      where e.event_type = 'succeeded' and e.created_at < v_cutoff
-       and j.state = 'succeeded'
      order by e.created_at
      limit p_limit)
     union all

@@ -331,10 +331,11 @@ grant execute on function app.queue_depth(uuid, text, integer) to leaseq_operato
 --
 -- Without a tenant or kind filter the counts are index-only scans: succeeded jobs from
 -- their 'succeeded' events (job_events_succeeded_idx: a succeeded job has exactly one, at
--- its completed_at), dead and cancelled ones from jobs_unsuccessful_idx. With a filter
--- they read the matching jobs' rows, found by the filter's own index when it has one (a
--- tenant's jobs through jobs_operation_key_unique). The samples read at most p_samples x
--- p_buckets jobs of each of the two sources and their first events, by primary key.
+-- its completed_at), dead and cancelled ones from jobs_unsuccessful_idx. With a kind
+-- they read the same two, each succeeded event's job probed for its kind; with a tenant
+-- (given, or a tenant reader's own) that tenant's jobs through
+-- jobs_operation_key_unique. The samples read at most p_samples x p_buckets jobs of
+-- each source and their first events, by primary key.
 create or replace function app.reader_job_activity(
   p_tenant_id uuid default null,
   p_kind text default null,
@@ -388,6 +389,9 @@ begin
   end if;
   v_start := v_now - p_window;
   v_width := p_window / p_buckets;
+  -- A tenant reader's rows are one tenant's (row-level security): naming it lets the
+  -- reads below take that tenant's index instead of filtering everyone's rows.
+  p_tenant_id := coalesce(p_tenant_id, app.current_tenant_id());
 
   -- Counts per bucket as {"i": [finished, dead, cancelled]}; bucket i covers
   -- [v_start + i * v_width, v_start + (i + 1) * v_width).
@@ -418,18 +422,49 @@ begin
       ) a
       group by a.i
     ) c;
+  elsif p_tenant_id is null then
+    -- One kind of every tenant: the same two indexes, each succeeded event's job probed
+    -- for its kind.
+    select coalesce(jsonb_object_agg(c.i, jsonb_build_array(c.finished, c.dead, c.cancelled)),
+                    '{}')
+    into v_counts
+    from (
+      select a.i, sum(a.finished) as finished, sum(a.dead) as dead,
+             sum(a.cancelled) as cancelled
+      from (
+        select least(width_bucket(extract(epoch from e.created_at),
+                                  extract(epoch from v_start), extract(epoch from v_now),
+                                  p_buckets), p_buckets) - 1 as i,
+               count(*) as finished, 0 as dead, 0 as cancelled
+        from app.job_events e
+        where e.event_type = 'succeeded' and e.created_at >= v_start
+          and exists (select 1 from app.jobs x
+                      where x.id = e.job_id and x.tenant_id = e.tenant_id
+                        and x.kind = p_kind)
+        group by 1
+        union all
+        select least(width_bucket(extract(epoch from j.unsuccessful_at),
+                                  extract(epoch from v_start), extract(epoch from v_now),
+                                  p_buckets), p_buckets) - 1,
+               count(*), count(*) filter (where j.unsuccessful = 'dead'),
+               count(*) filter (where j.unsuccessful = 'cancelled')
+        from app.jobs j
+        where j.unsuccessful in ('dead', 'cancelled') and j.unsuccessful_at >= v_start
+          and j.kind = p_kind
+        group by 1
+      ) a
+      group by a.i
+    ) c;
   else
-    -- Built from fixed fragments for the filters given (values bound), so it is planned
-    -- for them: a tenant's jobs by its index, not a walk of the whole window.
+    -- One tenant's jobs, by its index (jobs_operation_key_unique): built from fixed
+    -- fragments for the filters given (values bound), so it is planned for them.
     v_sql := 'select coalesce(jsonb_object_agg(c.i, jsonb_build_array(c.finished, c.dead,'
       || ' c.cancelled)), ''{}'') from (select least(width_bucket(extract(epoch from'
       || ' j.completed_at), extract(epoch from $3), extract(epoch from $4), $5), $5) - 1'
       || ' as i, count(*) as finished, count(*) filter (where j.state = ''dead'') as dead,'
       || ' count(*) filter (where j.state = ''cancelled'') as cancelled from app.jobs j'
       || ' where j.completed_at is not null and j.completed_at >= $3';
-    if p_tenant_id is not null then
-      v_sql := v_sql || ' and j.tenant_id = $1';
-    end if;
+    v_sql := v_sql || ' and j.tenant_id = $1';
     if p_kind is not null then
       v_sql := v_sql || ' and j.kind = $2';
     end if;
@@ -447,27 +482,41 @@ begin
                     interval '0') as wait
     from buckets b
     cross join lateral (
-      -- The latest finished jobs of the bucket: the succeeded ones by their events, the
-      -- dead and cancelled ones by jobs_unsuccessful_idx, merged.
+      -- The latest finished jobs of the bucket: of every tenant, the succeeded ones by
+      -- their events and the dead and cancelled ones by jobs_unsuccessful_idx, merged;
+      -- of one tenant, its jobs by its index.
       select f.id, f.tenant_id, f.created_at, f.attempts
       from (
         (select j.id, j.tenant_id, j.created_at, j.attempts, e.created_at as finished_at
          from app.job_events e
-         join app.jobs j on j.id = e.job_id and j.tenant_id = e.tenant_id
-         where e.event_type = 'succeeded'
+         -- A probe per event (LIMIT 1 keeps it one): as a plain join the planner
+         -- multiplies the two key columns' selectivities, expects a handful of rows
+         -- and hashes the whole window instead of walking the index in order.
+         cross join lateral (
+           select x.id, x.tenant_id, x.created_at, x.attempts
+           from app.jobs x
+           where x.id = e.job_id and x.tenant_id = e.tenant_id
+             and (p_kind is null or x.kind = p_kind)
+           limit 1) j
+         where p_tenant_id is null and e.event_type = 'succeeded'
            and e.created_at >= b.lo and e.created_at < b.hi
-           and (p_tenant_id is null or e.tenant_id = p_tenant_id)
-           and (p_kind is null or j.kind = p_kind)
          order by e.created_at desc
          limit p_samples)
         union all
         (select j.id, j.tenant_id, j.created_at, j.attempts, j.unsuccessful_at
          from app.jobs j
-         where j.unsuccessful in ('dead', 'cancelled')
+         where p_tenant_id is null and j.unsuccessful in ('dead', 'cancelled')
            and j.unsuccessful_at >= b.lo and j.unsuccessful_at < b.hi
-           and (p_tenant_id is null or j.tenant_id = p_tenant_id)
            and (p_kind is null or j.kind = p_kind)
          order by j.unsuccessful_at desc
+         limit p_samples)
+        union all
+        (select j.id, j.tenant_id, j.created_at, j.attempts, j.completed_at
+         from app.jobs j
+         where j.tenant_id = p_tenant_id
+           and j.completed_at >= b.lo and j.completed_at < b.hi
+           and (p_kind is null or j.kind = p_kind)
+         order by j.completed_at desc
          limit p_samples)
       ) f
       order by f.finished_at desc
@@ -607,6 +656,10 @@ begin
       message = format('p_from must not be after p_to (got %s > %s)', p_from, p_to);
   end if;
 
+  -- A tenant reader's rows are one tenant's (row-level security): naming it lets the
+  -- list take that tenant's index instead of filtering everyone's rows.
+  p_tenant_id := coalesce(p_tenant_id, app.current_tenant_id());
+
   v_column := case p_state
                 when 'running' then 'lease_expires_at'
                 when 'pending' then 'available_at'
@@ -620,7 +673,7 @@ begin
     ' j.lease_owner, j.lease_expires_at,'
     ' left(coalesce(j.last_error ->> ''message'', j.last_error::text), 300),'
     ' j.created_at, j.completed_at, j.%1$I'
-    ' from %3$s j where j.state = %2$L::app.job_state', v_column, p_state,
+    ' from %3$s j where j.%4$I = %2$L::app.job_state', v_column, p_state,
     -- Running jobs through their leases, waiting ones through their claimable entries
     -- (small tables), succeeded ones through their 'succeeded' events
     -- (job_events_succeeded_idx), dead and cancelled ones through jobs_unsuccessful_idx.
@@ -633,14 +686,21 @@ begin
       when 'retry_wait' then '(select jj.*, null::timestamptz as lease_expires_at'
         ' from app.claimable c join app.jobs jj on jj.id = c.job_id and jj.tenant_id = c.tenant_id'
         ' where c.state = ''retry_wait'')'
-      when 'succeeded' then '(select jj.*, null::timestamptz as lease_expires_at,'
-        ' e.created_at as succeeded_at from app.job_events e'
-        ' join app.jobs jj on jj.id = e.job_id and jj.tenant_id = e.tenant_id'
-        ' where e.event_type = ''succeeded'')'
-      else '(select jj.*, null::timestamptz as lease_expires_at from app.jobs jj)' end);
-  if p_state in ('dead', 'cancelled') then
-    v_sql := v_sql || format(' and j.unsuccessful = %L::app.job_state', p_state);
-  end if;
+      -- Of every tenant: one probe per event, in the index's order (LIMIT 1 keeps the
+      -- planner from flattening it into a join it would misestimate and hash whole). Of
+      -- one tenant: its jobs, by its index (the event's time is the row's completed_at).
+      when 'succeeded' then case when p_tenant_id is null
+        then '(select jj.*, null::timestamptz as lease_expires_at,'
+          ' e.created_at as succeeded_at from app.job_events e'
+          ' cross join lateral (select x.* from app.jobs x'
+          ' where x.id = e.job_id and x.tenant_id = e.tenant_id limit 1) jj'
+          ' where e.event_type = ''succeeded'')'
+        else '(select jj.*, null::timestamptz as lease_expires_at,'
+          ' jj.completed_at as succeeded_at from app.jobs jj)' end
+      else '(select jj.*, null::timestamptz as lease_expires_at from app.jobs jj)' end,
+    -- Dead and cancelled jobs by unsuccessful alone: naming state as well would make the
+    -- planner multiply two selectivities that are one and sort the whole list.
+    case when p_state in ('dead', 'cancelled') then 'unsuccessful' else 'state' end);
   if p_tenant_id is not null then
     v_sql := v_sql || ' and j.tenant_id = $1';
   end if;
