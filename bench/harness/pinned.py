@@ -81,6 +81,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--nice", type=int, default=-10,
                    help="scheduling priority of this process and its server sessions "
                         "(needs root; 0 leaves priorities alone; default %(default)s)")
+    p.add_argument("--explain", action="store_true",
+                   help="leaseq: at the end of each mode, before the pin is let go, run "
+                        "three claims of 50 fresh jobs under auto_explain and report the "
+                        "scans that read the most buffers (where a claim's time goes)")
     p.add_argument("--keep-databases", action="store_true")
     p.add_argument("--out", type=Path, default=None,
                    help="JSON results file (default bench/results/pinned-<time>.json)")
@@ -334,6 +338,54 @@ def _end_state(dsn: str, system: str) -> dict[str, Any]:
             for t in tables if t in stats or t in sizes}
 
 
+EXPLAIN_SETTINGS = (("log_min_duration", "0"), ("log_nested_statements", "on"),
+                    ("log_level", "notice"), ("log_format", "json"), ("log_analyze", "on"),
+                    ("log_buffers", "on"), ("log_timing", "on"))
+
+
+def _explain_claims(dsn: str, tenants: int) -> list[dict[str, Any]]:
+    """The scans of three leaseq claims (each of a fresh job per tenant and more), the
+    most buffers first: which index a claim walked and how much of it, with the dead
+    rows the mode left in place. auto_explain sees the statements inside the SQL
+    functions, which an EXPLAIN of the call would not."""
+    from leaseq.store.queries import CLAIM_READY_JOBS
+
+    ids = tenant_ids(tenants)
+    scans: list[dict[str, Any]] = []
+    with connect(dsn) as conn:
+        conn.execute(
+            "select count(*) from app.enqueue_jobs(%s::uuid[], %s::text[], %s::text[],"
+            " %s::jsonb[])",
+            ([ids[n % tenants] for n in range(50)], [f"explain-{n}" for n in range(50)],
+             ["noop"] * 50, [json.dumps(payload(n, n % tenants, 0)) for n in range(50)]))
+        conn.execute("load 'auto_explain'")
+        for name, value in EXPLAIN_SETTINGS:
+            conn.execute("select set_config(%s, %s, false)", (f"auto_explain.{name}", value))
+        messages: list[str] = []
+        conn.add_notice_handler(lambda d: messages.append(d.message_primary or ""))
+        claim = {"owner": "bench-explain", "limit": BATCH, "lease": timedelta(seconds=30),
+                 "kinds": None, "exclude_kinds": None, "queue": None}
+        for _ in range(3):
+            conn.execute(CLAIM_READY_JOBS, claim).fetchall()
+
+    def walk(node: dict[str, Any], query: str) -> None:
+        if "Scan" in node["Node Type"] and node.get("Relation Name"):
+            scans.append({
+                "query": " ".join(query.split())[:80], "node": node["Node Type"],
+                "relation": node["Relation Name"], "index": node.get("Index Name"),
+                "buffers": node.get("Shared Hit Blocks", 0) + node.get("Shared Read Blocks", 0),
+                "ms": round(node.get("Actual Total Time", 0) * node.get("Actual Loops", 1), 3),
+                "rows": node.get("Actual Rows"), "loops": node.get("Actual Loops")})
+        for child in node.get("Plans", []):
+            walk(child, query)
+
+    for message in messages:
+        if "plan:" in message:
+            plan = json.loads(message.split("plan:", 1)[1])
+            walk(plan["Plan"], plan["Query Text"])
+    return sorted(scans, key=lambda s: -s["buffers"])[:8]
+
+
 def run_mode(server: Server, system: str, pinned: bool, args: argparse.Namespace) -> dict[str, Any]:
     dbname = run_database(f"{system}_bench_pinned_{'on' if pinned else 'off'}")
     with server.database(dbname, keep=args.keep_databases) as dsn:
@@ -364,6 +416,8 @@ def run_mode(server: Server, system: str, pinned: bool, args: argparse.Namespace
             finally:
                 vacuums.stop()
             elapsed = time.monotonic() - t0
+            explained = (_explain_claims(dsn, args.tenants)
+                         if args.explain and system == "leaseq" else None)
         finally:
             if holder is not None:
                 holder.execute("rollback")
@@ -371,6 +425,8 @@ def run_mode(server: Server, system: str, pinned: bool, args: argparse.Namespace
         out = {"system": system, "pinned": pinned, "held_xmin": xmin,
                "vacuums": vacuums.count, "vacuum_seconds": vacuums.seconds,
                **flow.summary(elapsed), "tables": _end_state(dsn, system)}
+        if explained is not None:
+            out["explain"] = explained
     claims = out["claims"]
     print(f"  {system:<9} {'pinned' if pinned else 'not pinned':<11} "
           f"{out['finished']:>7,} jobs ({out['jobs_per_s']:,.0f}/s)  claim p50 "
@@ -403,6 +459,15 @@ def render(result: dict[str, Any]) -> str:
                     "| | | | | | | ")
             lines.append(f"{head}| {table} | {t.get('n_dead_tup', 0):,} "
                          f"| {t['total_bytes'] / 1e6:,.1f} |")
+    for r in result["modes"]:
+        if r.get("explain"):
+            lines += ["", f"Scans of three claims at the end, {r['system']} "
+                      f"{'pinned' if r['pinned'] else 'not pinned'}, most buffers first:", "",
+                      "| relation | index | node | buffers | ms | rows | loops | statement |",
+                      "|---|---|---|--:|--:|--:|--:|---|"]
+            lines += [f"| {s['relation']} | {s['index'] or '–'} | {s['node']} | {s['buffers']:,}"
+                      f" | {s['ms']:.2f} | {s['rows']} | {s['loops']} | `{s['query']}` |"
+                      for s in r["explain"]]
     return "\n".join(lines)
 
 
