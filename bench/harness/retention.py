@@ -1,7 +1,8 @@
 """``bench/run.py retention``: what deleting a day of finished jobs costs today.
 
 One database holds ``--finished`` succeeded jobs that completed two days ago, each with
-the events a job leaves (created, claimed, succeeded), written set-based. The reaper's
+the events a job leaves (created, claimed, succeeded), written set-based into the
+partitions of their UTC days (made first, as the reaper makes them ahead). The reaper's
 retention then deletes them as it does in production: ``app.prune_retained_jobs``
 pages of ``--page`` jobs (each its own short transaction, through the same
 ``prune_in_pages`` loop and ``QueueClient`` the reaper uses) until a page comes back
@@ -38,6 +39,14 @@ select (%(tenants)s::uuid[])[1 + g %% cardinality(%(tenants)s::uuid[])],
        now() - interval '2 days', now() - interval '2 days',
        now() - interval '2 days' + g * interval '1 millisecond' * 86400000 / %(count)s
 from generate_series(1, %(count)s) g
+"""
+
+# The days the jobs finished in get their partitions first, as the reaper's roll makes
+# them ahead of time in production: the events land in their day, not in DEFAULT.
+_ADD_DAYS = """
+select app.add_event_day(d::date)
+from generate_series((now() - interval '2 days') at time zone 'UTC',
+                     (now() - interval '1 day') at time zone 'UTC', interval '1 day') d
 """
 
 _FILL_EVENTS = """
@@ -145,6 +154,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         with connect(dsn) as conn:
             conn.execute(_FILL_JOBS, {"tenants": tenant_ids(args.tenants),
                                       "count": args.finished})
+            conn.execute(_ADD_DAYS)
             conn.execute(_FILL_EVENTS)
             conn.execute("vacuum (analyze) app.jobs")
             conn.execute("vacuum (analyze) app.job_events")

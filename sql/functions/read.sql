@@ -424,7 +424,7 @@ begin
     ) c;
   elsif p_tenant_id is null then
     -- One kind of every tenant: the same two indexes, each succeeded event's job probed
-    -- for its kind.
+    -- for its kind (a statement of its own, so that the count above stays index-only).
     select coalesce(jsonb_object_agg(c.i, jsonb_build_array(c.finished, c.dead, c.cancelled)),
                     '{}')
     into v_counts
