@@ -367,6 +367,10 @@ declare
   v_width interval;
   v_counts jsonb;
   v_sql text;
+  -- The bucket (0 .. p_buckets - 1) of a time in the window: $3 its start, $4 its end,
+  -- $5 the buckets, as the statements below bind them.
+  v_bucket constant text := 'least(width_bucket(extract(epoch from %s), extract(epoch from'
+    ' $3), extract(epoch from $4), $5), $5) - 1';
 begin
   if p_kind is not null and (p_kind ~ '^\s*$' or length(p_kind) > 128) then
     raise exception using errcode = '22023',
@@ -394,83 +398,37 @@ begin
   p_tenant_id := coalesce(p_tenant_id, app.current_tenant_id());
 
   -- Counts per bucket as {"i": [finished, dead, cancelled]}; bucket i covers
-  -- [v_start + i * v_width, v_start + (i + 1) * v_width).
-  if p_tenant_id is null and p_kind is null then
-    select coalesce(jsonb_object_agg(c.i, jsonb_build_array(c.finished, c.dead, c.cancelled)),
-                    '{}')
-    into v_counts
-    from (
-      select a.i, sum(a.finished) as finished, sum(a.dead) as dead,
-             sum(a.cancelled) as cancelled
-      from (
-        select least(width_bucket(extract(epoch from e.created_at),
-                                  extract(epoch from v_start), extract(epoch from v_now),
-                                  p_buckets), p_buckets) - 1 as i,
-               count(*) as finished, 0 as dead, 0 as cancelled
-        from app.job_events e
-        where e.event_type = 'succeeded' and e.created_at >= v_start
-        group by 1
-        union all
-        select least(width_bucket(extract(epoch from j.unsuccessful_at),
-                                  extract(epoch from v_start), extract(epoch from v_now),
-                                  p_buckets), p_buckets) - 1,
-               count(*), count(*) filter (where j.unsuccessful = 'dead'),
-               count(*) filter (where j.unsuccessful = 'cancelled')
-        from app.jobs j
-        where j.unsuccessful in ('dead', 'cancelled') and j.unsuccessful_at >= v_start
-        group by 1
-      ) a
-      group by a.i
-    ) c;
-  elsif p_tenant_id is null then
-    -- One kind of every tenant: the same two indexes, each succeeded event's job probed
-    -- for its kind (a statement of its own, so that the count above stays index-only).
-    select coalesce(jsonb_object_agg(c.i, jsonb_build_array(c.finished, c.dead, c.cancelled)),
-                    '{}')
-    into v_counts
-    from (
-      select a.i, sum(a.finished) as finished, sum(a.dead) as dead,
-             sum(a.cancelled) as cancelled
-      from (
-        select least(width_bucket(extract(epoch from e.created_at),
-                                  extract(epoch from v_start), extract(epoch from v_now),
-                                  p_buckets), p_buckets) - 1 as i,
-               count(*) as finished, 0 as dead, 0 as cancelled
-        from app.job_events e
-        where e.event_type = 'succeeded' and e.created_at >= v_start
-          and exists (select 1 from app.jobs x
-                      where x.id = e.job_id and x.tenant_id = e.tenant_id
-                        and x.kind = p_kind)
-        group by 1
-        union all
-        select least(width_bucket(extract(epoch from j.unsuccessful_at),
-                                  extract(epoch from v_start), extract(epoch from v_now),
-                                  p_buckets), p_buckets) - 1,
-               count(*), count(*) filter (where j.unsuccessful = 'dead'),
-               count(*) filter (where j.unsuccessful = 'cancelled')
-        from app.jobs j
-        where j.unsuccessful in ('dead', 'cancelled') and j.unsuccessful_at >= v_start
-          and j.kind = p_kind
-        group by 1
-      ) a
-      group by a.i
-    ) c;
+  -- [v_start + i * v_width, v_start + (i + 1) * v_width). Built from fixed fragments for
+  -- the filters given (values bound), so that each form is planned for what it reads:
+  --   * every tenant: succeeded jobs by their events, dead and cancelled ones by
+  --     jobs_unsuccessful_idx, both index-only; with a kind, each succeeded event's job
+  --     probed for it, and the dead and cancelled ones filtered on the included kind;
+  --   * one tenant: its jobs, by its index (jobs_operation_key_unique).
+  if p_tenant_id is null then
+    v_sql := 'select ' || format(v_bucket, 'e.created_at') || ' as i, count(*) as finished,'
+      || ' 0 as dead, 0 as cancelled from app.job_events e'
+      || ' where e.event_type = ''succeeded'' and e.created_at >= $3'
+      || case when p_kind is null then '' else ' and exists (select 1 from app.jobs x'
+           || ' where x.id = e.job_id and x.tenant_id = e.tenant_id and x.kind = $2)' end
+      || ' group by 1 union all select ' || format(v_bucket, 'j.unsuccessful_at')
+      || ', count(*), count(*) filter (where j.unsuccessful = ''dead''),'
+      || ' count(*) filter (where j.unsuccessful = ''cancelled'') from app.jobs j'
+      || ' where j.unsuccessful in (''dead'', ''cancelled'') and j.unsuccessful_at >= $3'
+      || case when p_kind is null then '' else ' and j.kind = $2' end
+      || ' group by 1';
   else
-    -- One tenant's jobs, by its index (jobs_operation_key_unique): built from fixed
-    -- fragments for the filters given (values bound), so it is planned for them.
-    v_sql := 'select coalesce(jsonb_object_agg(c.i, jsonb_build_array(c.finished, c.dead,'
-      || ' c.cancelled)), ''{}'') from (select least(width_bucket(extract(epoch from'
-      || ' j.completed_at), extract(epoch from $3), extract(epoch from $4), $5), $5) - 1'
-      || ' as i, count(*) as finished, count(*) filter (where j.state = ''dead'') as dead,'
+    v_sql := 'select ' || format(v_bucket, 'j.completed_at') || ' as i, count(*) as finished,'
+      || ' count(*) filter (where j.state = ''dead'') as dead,'
       || ' count(*) filter (where j.state = ''cancelled'') as cancelled from app.jobs j'
-      || ' where j.completed_at is not null and j.completed_at >= $3';
-    v_sql := v_sql || ' and j.tenant_id = $1';
-    if p_kind is not null then
-      v_sql := v_sql || ' and j.kind = $2';
-    end if;
-    v_sql := v_sql || ' group by 1) c';
-    execute v_sql into v_counts using p_tenant_id, p_kind, v_start, v_now, p_buckets;
+      || ' where j.tenant_id = $1 and j.completed_at >= $3'
+      || case when p_kind is null then '' else ' and j.kind = $2' end
+      || ' group by 1';
   end if;
+  execute 'select coalesce(jsonb_object_agg(c.i, jsonb_build_array(c.finished, c.dead,'
+    || ' c.cancelled)), ''{}'') from (select a.i, sum(a.finished) as finished,'
+    || ' sum(a.dead) as dead, sum(a.cancelled) as cancelled from (' || v_sql
+    || ') a group by a.i) c'
+    into v_counts using p_tenant_id, p_kind, v_start, v_now, p_buckets;
 
   return query
   with buckets as (

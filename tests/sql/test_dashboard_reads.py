@@ -292,3 +292,26 @@ def test_job_activity_counts_agree_between_the_index_only_and_the_filtered_paths
     counts = [(r["succeeded"], r["dead"], r["cancelled"]) for r in unfiltered]
     assert counts == [(0, 0, 0), (1, 1, 0), (4, 1, 1)]
     assert counts == [(r["succeeded"], r["dead"], r["cancelled"]) for r in filtered]
+
+
+def test_job_activity_of_one_kind_counts_every_tenants_jobs_of_that_kind_only(
+    worker: Conn,
+) -> None:
+    first, second = new_tenant(), new_tenant()
+    for tenant, key, kind in ((first, "a", "report.build"), (first, "b", "report.build"),
+                              (first, "c", "email.send"), (second, "d", "report.build")):
+        enqueue(worker, tenant, key, kind=kind)
+        _succeed(worker, tenant)
+    enqueue(worker, first, "e", kind="report.build")
+    _fail(worker, first, message="x", retry=False)
+    enqueue(worker, second, "f", kind="report.build")
+    worker.execute("select * from app.cancel_jobs('op', %s, null, null, 1, null)", (second,))
+
+    query = "select * from app.job_activity(%s, %s, '1 hour', 2, 0)"
+    every = worker.execute(query, (None, "report.build")).fetchall()
+    per_tenant = [worker.execute(query, (t, "report.build")).fetchall() for t in (first, second)]
+
+    counts = [(r["succeeded"], r["dead"], r["cancelled"]) for r in every]
+    assert counts == [(0, 0, 0), (3, 1, 1)]
+    assert counts == [tuple(a[k] + b[k] for k in ("succeeded", "dead", "cancelled"))
+                      for a, b in zip(*per_tenant, strict=True)]
